@@ -1,0 +1,225 @@
+"""Run one Python function on N ranks: real processes over gloo with a real c10d store.
+
+This is the multi-process harness that the tests and the conformance suite stand on.
+`run_on_ranks(fn, world_size, *args)` calls `fn(*args)` once on every rank of a group
+of worker processes whose default process group is gloo over a TCPStore on loopback,
+and returns the list of results in rank order. The first rank to raise is re-raised in
+the caller as `RankError` with its rank and remote traceback; a rank that does not
+answer within the timeout is killed and reported as `RankTimeout`, naming it.
+
+Worker groups are started once per world size and reused, since starting a process
+that imports torch costs seconds on a small machine. A group whose ranks failed or hung
+is torn down, and the next call starts a fresh one. Functions and arguments travel by
+pickle, so `fn` must be importable (defined at module level).
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import sys
+import time
+import traceback
+
+__all__ = ["RankError", "RankTimeout", "run_on_ranks", "shutdown_all", "MAX_WORLD_SIZE"]
+
+MAX_WORLD_SIZE = 8
+DEFAULT_TIMEOUT_S = 120.0
+# After one rank fails, its peers are usually blocked in a collective that will never
+# complete; give them this long to report their own errors before the group is killed.
+PEER_GRACE_S = 3.0
+# The process group's own timeout: a collective that never completes raises after this.
+PG_TIMEOUT_S = 60.0
+
+
+class RankError(RuntimeError):
+    """A rank raised; `rank` and `remote_traceback` say where and how."""
+
+    def __init__(self, rank: int, exc_type: str, message: str, remote_traceback: str):
+        self.rank = rank
+        self.exc_type = exc_type
+        self.message = message
+        self.remote_traceback = remote_traceback
+        super().__init__(
+            f"rank {rank} raised {exc_type}: {message}\n"
+            f"--- traceback on rank {rank} ---\n{remote_traceback}"
+        )
+
+
+class RankTimeout(RuntimeError):
+    """Ranks did not answer in time; `ranks` lists the ones that hung."""
+
+    def __init__(self, ranks: list[int], timeout_s: float, world_size: int):
+        self.ranks = ranks
+        super().__init__(
+            f"rank(s) {ranks} of world size {world_size} did not finish within "
+            f"{timeout_s:.0f} s and were killed"
+        )
+
+
+def _worker_main(rank, world_size, store_port, prefix, sys_path, conn):
+    """Body of one rank: join the gloo group, then run tasks until told to stop."""
+    sys.path[:] = sys_path
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", store_port, is_master=False,
+                          timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+    dist.init_process_group(
+        "gloo", store=dist.PrefixStore(prefix, store), rank=rank, world_size=world_size,
+        timeout=datetime.timedelta(seconds=PG_TIMEOUT_S),
+    )
+    while True:
+        task = conn.recv_bytes()
+        if not task:
+            break
+        conn.send_bytes(_run_task(task))
+    dist.destroy_process_group()
+
+
+def _run_task(task: bytes) -> bytes:
+    try:
+        fn, args, kwargs = pickle.loads(task)
+        return pickle.dumps(("ok", fn(*args, **kwargs)))
+    except BaseException as exc:  # report everything, the caller decides
+        return pickle.dumps(("err", type(exc).__name__, str(exc), traceback.format_exc()))
+
+
+class _WorkerGroup:
+    """`world_size` live worker processes sharing one gloo default group."""
+
+    _generation = 0
+
+    def __init__(self, world_size: int):
+        import torch.distributed as dist
+
+        _WorkerGroup._generation += 1
+        self.world_size = world_size
+        self.store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True,
+                                   wait_for_workers=False)
+        prefix = f"refimpl-harness-{os.getpid()}-{_WorkerGroup._generation}"
+        ctx = _context()
+        self.conns, self.procs = [], []
+        for rank in range(world_size):
+            parent_end, child_end = ctx.Pipe()
+            proc = ctx.Process(
+                target=_worker_main,
+                args=(rank, world_size, self.store.port, prefix, list(sys.path), child_end),
+                daemon=True, name=f"refimpl-rank{rank}",
+            )
+            proc.start()
+            child_end.close()
+            self.conns.append(parent_end)
+            self.procs.append(proc)
+
+    def alive(self) -> bool:
+        return all(p.is_alive() for p in self.procs)
+
+    def run(self, fn, args, kwargs, timeout_s: float) -> list:
+        task = pickle.dumps((fn, args, kwargs))
+        for conn in self.conns:
+            conn.send_bytes(task)
+        replies = self._collect(timeout_s)
+        errors = [(r, rep) for r, rep in replies.items() if rep[0] == "err"]
+        if errors:
+            rank, (_, exc_type, message, tb) = min(errors)
+            raise RankError(rank, exc_type, message, tb)
+        missing = [r for r in range(self.world_size) if r not in replies]
+        if missing:
+            raise RankTimeout(missing, timeout_s, self.world_size)
+        return [replies[r][1] for r in range(self.world_size)]
+
+    def _collect(self, timeout_s: float) -> dict:
+        """Gather one reply per rank; stop early once a rank failed and peers stall."""
+        replies: dict[int, tuple] = {}
+        deadline = time.monotonic() + timeout_s
+        pending = dict(enumerate(self.conns))
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            ready = multiprocessing.connection.wait(list(pending.values()), remaining)
+            for rank, conn in list(pending.items()):
+                if conn not in ready:
+                    continue
+                del pending[rank]
+                replies[rank] = self._receive(rank, conn)
+                if replies[rank][0] == "err":
+                    deadline = min(deadline, time.monotonic() + PEER_GRACE_S)
+        return replies
+
+    def _receive(self, rank: int, conn) -> tuple:
+        try:
+            return pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            self.procs[rank].join(1.0)
+            code = self.procs[rank].exitcode
+            return ("err", "ProcessDied", f"rank {rank} exited with code {code}", "")
+
+    def shutdown(self, graceful: bool = True):
+        if graceful and self.alive():
+            for conn in self.conns:
+                try:
+                    conn.send_bytes(b"")
+                except OSError:
+                    pass
+            for proc in self.procs:
+                proc.join(5.0)
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5.0)
+        for conn in self.conns:
+            conn.close()
+
+
+_context_cache = None
+
+
+def _context():
+    """A forkserver context with torch preloaded: fast, and safe to start from threads."""
+    global _context_cache
+    if _context_cache is None:
+        _context_cache = multiprocessing.get_context("forkserver")
+        _context_cache.set_forkserver_preload(["torch", "torch.distributed"])
+    return _context_cache
+
+
+_groups: dict[int, _WorkerGroup] = {}
+
+
+def run_on_ranks(fn, world_size: int, *args, timeout: float = DEFAULT_TIMEOUT_S, **kwargs) -> list:
+    """Call `fn(*args, **kwargs)` on ranks 0..world_size-1; return their results in order.
+
+    Raises `RankError` for the lowest rank that raised, `RankTimeout` naming the ranks
+    that did not answer within `timeout` seconds (they are killed).
+    """
+    if not isinstance(world_size, int) or not 1 <= world_size <= MAX_WORLD_SIZE:
+        raise ValueError(f"world_size must be an int in 1..{MAX_WORLD_SIZE}, got {world_size!r}")
+    group = _groups.get(world_size)
+    if group is None or not group.alive():
+        if group is not None:
+            group.shutdown(graceful=False)
+        group = _groups[world_size] = _WorkerGroup(world_size)
+    try:
+        return group.run(fn, args, kwargs, timeout)
+    except (RankError, RankTimeout):
+        # A failed collective can leave the group's ranks out of step: start afresh.
+        del _groups[world_size]
+        group.shutdown(graceful=False)
+        raise
+
+
+def shutdown_all():
+    """Stop every worker group (called at exit)."""
+    for world_size in list(_groups):
+        _groups.pop(world_size).shutdown()
+
+
+atexit.register(shutdown_all)

@@ -1,0 +1,144 @@
+"""Rank-side helpers for the functional-collective tests: groups in every form, and cases.
+
+Each case runs on every rank and returns the plain result; the test process rebuilds
+every rank's input and compares with `conformance.oracle`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+import refimpl.functional_collectives as fc
+from conformance.oracle import rank_input
+
+GROUP_FORMS = ("name", "pg", "ranks", "noncontig", "rows", "mesh", "mesh_dim")
+_meshes: dict = {}
+
+
+def _mesh(shape, names):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    key = (shape, names)
+    if key not in _meshes:
+        _meshes[key] = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    return _meshes[key]
+
+
+def make_group(form: str):
+    """(group argument, global ranks of the caller's group), or None if not a member."""
+    world, me = dist.get_world_size(), dist.get_rank()
+    everyone = list(range(world))
+    if form == "name":
+        return dist.group.WORLD.group_name, everyone
+    if form == "pg":
+        return dist.group.WORLD, everyone
+    if form == "ranks":
+        return list(reversed(everyone)), everyone  # order does not matter (FC-14, FC-15)
+    if form == "noncontig":
+        members = [1, 3] if world == 4 else [1]
+        return (members, members) if me in members else None
+    if form == "rows":
+        rows = [[0, 2], [1, 3]] if world == 4 else [[0, 1]]
+        return rows, next(r for r in rows if me in r)
+    if form == "mesh":
+        return _mesh((world,), ("x",)), everyone
+    if form == "mesh_dim":
+        # dim "dp" of a (2, world/2) mesh: ranks {0, 2} and {1, 3} on 4 ranks.
+        mesh = _mesh((2, world // 2), ("dp", "tp"))
+        members = [r for r in everyone if r % (world // 2) == me % (world // 2)]
+        return (mesh, "dp"), members
+    raise ValueError(form)
+
+
+GATHER_SHAPE = (2, 3)
+SCATTER_SHAPE = (4, 4)
+
+
+def _plain(t):
+    return t.wait() if isinstance(t, fc.AsyncCollectiveTensor) else t
+
+
+def run_case(case: str, x: torch.Tensor, group, members: list[int]):
+    """Run one case on this rank. `case` is 'kind:arg:arg'."""
+    kind, *params = case.split(":")
+    n = len(members)
+    if kind == "all_reduce":
+        return _plain(fc.all_reduce(x, params[0], group))
+    if kind == "all_gather":
+        return _plain(fc.all_gather_tensor(x, int(params[0]), group))
+    if kind == "reduce_scatter":
+        return _plain(fc.reduce_scatter_tensor(x, params[0], int(params[1]), group))
+    if kind == "all_to_all":
+        if params[0] == "equal":
+            return _plain(fc.all_to_all_single(x, None, None, group))
+        ins, outs = uneven_splits(members.index(dist.get_rank()), n)
+        rows = x.reshape(-1, 1)[: sum(ins)]
+        return _plain(fc.all_to_all_single(rows, outs, ins, group))
+    if kind == "broadcast":
+        return _plain(fc.broadcast(x, int(params[0]) % n, group))
+    if kind == "all_reduce_coalesced":
+        return [_plain(t) for t in fc.all_reduce_coalesced([x, x * 2], params[0], group)]
+    if kind == "all_gather_coalesced":
+        return [_plain(t) for t in fc.all_gather_into_tensor_coalesced([x, x + 1], group)]
+    if kind == "reduce_scatter_coalesced":
+        outs = fc.reduce_scatter_tensor_coalesced([x, x * 3], params[0], [0, 1], group)
+        return [_plain(t) for t in outs]
+    return _run_raw_op(kind, params, x, group, n)
+
+
+def _run_raw_op(kind, params, x, group, n):
+    """The in-place and `_out` ops, straight from the op namespace."""
+    name = fc.resolve_group_name(group)
+    if kind == "all_reduce_":
+        y = x.clone()
+        return fc.ops.wait_tensor(fc.ops.all_reduce_(y, params[0], name))
+    if kind == "all_reduce_coalesced_":
+        ys = [x.clone(), x * 2]
+        fc.ops.all_reduce_coalesced_(ys, params[0], name)
+        return [fc.ops.wait_tensor(y) for y in ys]
+    if kind == "all_gather_out":
+        out = x.new_empty([x.shape[0] * n, *x.shape[1:]])
+        fc.ops.all_gather_into_tensor_out(x, n, name, out=out)
+        return fc.ops.wait_tensor(out)
+    if kind == "broadcast_":
+        y = x.clone()
+        return fc.ops.wait_tensor(fc.ops.broadcast_(y, int(params[0]) % n, name))
+    raise ValueError(kind)
+
+
+def uneven_splits(index: int, n: int) -> tuple[list[int], list[int]]:
+    """Input and output splits for group rank `index`: rank i sends i + j + 1 rows to j."""
+    ins = [index + j + 1 for j in range(n)]
+    outs = [j + index + 1 for j in range(n)]
+    return ins, outs
+
+
+def input_for(case: str, rank: int, dtype) -> torch.Tensor:
+    kind = case.split(":")[0]
+    shape = GATHER_SHAPE if "gather" in kind else SCATTER_SHAPE
+    if kind == "all_to_all":
+        shape = (4, 4) if case.endswith("equal") else (32, 1)
+    return rank_input(rank, shape, dtype, salt=hash_case(case))
+
+
+def hash_case(case: str) -> int:
+    return sum(ord(c) * (i + 1) for i, c in enumerate(case)) % 1000
+
+
+def run_cases(form: str, dtype, cases: list[str]):
+    """All `cases` on one group form and dtype; None on ranks outside the group."""
+    made = make_group(form)
+    if made is None:
+        return None
+    group, members = made
+    results = {}
+    for case in cases:
+        x = input_for(case, dist.get_rank(), dtype)
+        before = x.clone()
+        try:
+            out = run_case(case, x, group, members)
+            results[case] = ("ok", out, torch.equal(x, before))
+        except Exception as exc:  # reported per case by the test
+            results[case] = ("err", f"{type(exc).__name__}: {exc}", True)
+    return members, results, fc.work_registry_size()
