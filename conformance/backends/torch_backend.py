@@ -1,0 +1,51 @@
+"""The `torch` backend: upstream PyTorch of the installed version.
+
+Functional collectives come from `torch.distributed._functional_collectives` and the
+`_c10d_functional` ops. The other concepts are adapters in sibling modules
+(`torch_bucketing`, `torch_lowering`, `torch_symm_mem`, ...), each optional: a concept
+whose adapter is missing is reported "not implemented".
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+
+from conformance.backends import Backend
+
+
+def _adapter(module: str):
+    try:
+        return importlib.import_module(f"conformance.backends.{module}").concept()
+    except ModuleNotFoundError as exc:
+        if exc.name != f"conformance.backends.{module}":
+            raise
+        return None
+
+
+def _functional_collectives():
+    import torch
+    import torch.distributed._functional_collectives as ufc
+
+    names = ["all_reduce", "all_gather_tensor", "reduce_scatter_tensor", "all_to_all_single",
+             "broadcast", "all_reduce_coalesced", "all_gather_into_tensor_coalesced",
+             "reduce_scatter_tensor_coalesced", "wait_tensor", "AsyncCollectiveTensor"]
+    ns = types.SimpleNamespace(**{n: getattr(ufc, n) for n in names})
+    ns.ops = torch.ops._c10d_functional
+    # Upstream keeps its work registry in C++ and exposes no count of it.
+    ns.work_registry_size = None
+    return ns
+
+
+def _make() -> Backend:
+    return Backend("torch", {
+        "functional_collectives": _functional_collectives(),
+        "bucketing": _adapter("torch_bucketing"),
+        "lowering": _adapter("torch_lowering"),
+        "reorder": _adapter("torch_reorder"),
+        "memory": _adapter("torch_memory"),
+        "symmetric_memory": _adapter("torch_symm_mem"),
+    }, notes={"reorder": "adapter not written yet", "memory": "adapter not written yet"})
+
+
+backend = _make()

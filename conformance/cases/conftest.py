@@ -1,0 +1,92 @@
+"""pytest wiring of the conformance suite: --backend, SPEC IDs, expected failures.
+
+- `--backend NAME` (or REFIMPL_BACKEND) selects the backend; the `backend` fixture gives it.
+- `@pytest.mark.spec("FC-1", ...)` names the SPEC rules a case checks; every case must.
+- A case that hits `NotImplementedConcept` is reported "not implemented" (a skip whose
+  reason starts with that phrase), never passed.
+- `conformance/expected_failures/<backend>.txt`: `case-id  reason` per line; listed cases
+  are strict expected failures (an unexpected pass fails the run); an entry matching no
+  case warns.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+
+from conformance.backends import NotImplementedConcept, get_backend
+
+NOT_IMPLEMENTED = "not implemented"
+XFAIL_DIR = Path(__file__).resolve().parent.parent / "expected_failures"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--backend", default=None,
+                     help="conformance backend: a registered name or package.module:attr")
+
+
+def backend_spec(config) -> str:
+    return config.getoption("--backend") or os.environ.get("REFIMPL_BACKEND") or "refimpl"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "spec(*ids): the SPEC.md rules a conformance case checks")
+
+
+@pytest.fixture(scope="session")
+def backend(request):
+    return get_backend(backend_spec(request.config))
+
+
+def case_id(item) -> str:
+    """The id used in expected-failure files: `file.py::test_name[params]`."""
+    return item.nodeid.split("/")[-1]
+
+
+def read_expected_failures(name: str) -> dict[str, str]:
+    path = XFAIL_DIR / f"{name}.txt"
+    entries: dict[str, str] = {}
+    if not path.exists():
+        return entries
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        cid, _, reason = line.partition(" ")
+        entries[cid] = reason.strip() or "no reason given"
+    return entries
+
+
+def pytest_collection_modifyitems(config, items):
+    spec = backend_spec(config)
+    name = spec.split(":")[-1] if ":" in spec else spec
+    expected = read_expected_failures(name)
+    seen = set()
+    for item in items:
+        if item.get_closest_marker("spec") is None:
+            raise pytest.UsageError(f"{item.nodeid}: a conformance case must name its SPEC "
+                                    f"IDs with @pytest.mark.spec [CF-2]")
+        cid = case_id(item)
+        if cid in expected:
+            seen.add(cid)
+            item.add_marker(pytest.mark.xfail(reason=expected[cid], strict=True))
+    # Only warn for stale entries when the whole suite was collected.
+    if not config.getoption("-k") and not config.getoption("--lf", default=False):
+        for cid in sorted(set(expected) - seen):
+            warnings.warn(f"expected_failures/{name}.txt: {cid!r} matches no case [CF-4]",
+                          stacklevel=1)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if call.excinfo is not None and call.excinfo.errisinstance(NotImplementedConcept):
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0,
+                           f"{NOT_IMPLEMENTED}: {call.excinfo.value}")
+        if hasattr(report, "wasxfail"):
+            del report.wasxfail

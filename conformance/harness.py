@@ -1,0 +1,27 @@
+"""Helpers for conformance cases: run a rank function against the selected backend.
+
+A case's rank function receives the backend's spec string first and rebuilds the
+backend in the worker with `backend_in_rank(spec)`; everything else is the
+multi-process harness of refimpl (real processes, gloo, a real store).
+"""
+
+from __future__ import annotations
+
+from conformance.backends import NotImplementedConcept, get_backend
+from refimpl.multiprocess import RankError, run_on_ranks
+
+__all__ = ["run", "backend_in_rank", "NotImplementedConcept"]
+
+
+def backend_in_rank(spec: str):
+    return get_backend(spec)
+
+
+def run(backend, fn, world_size: int, *args, **kwargs) -> list:
+    """`fn(backend.spec, *args)` on every rank; a rank's NotImplementedConcept is re-raised."""
+    try:
+        return run_on_ranks(fn, world_size, backend.spec, *args, **kwargs)
+    except RankError as err:
+        if err.exc_type == "NotImplementedConcept":
+            raise NotImplementedConcept(err.message) from None
+        raise
