@@ -89,7 +89,7 @@ return %20""")
     def test_torch_compile_fullgraph_traces_and_differentiates(self):
         """FC-12, FC-23: fullgraph compile; compiled gradients equal eager ones."""
         results = run_on_ranks(_compiled_graph_and_grads, 2)
-        for graphs, grads_equal, pending in results:
+        for _graphs, grads_equal, pending in results:
             self.assertTrue(grads_equal)
             self.assertEqual(pending, 0)
         # Forward graphs are identical on every rank; backward graphs are not, since
