@@ -856,10 +856,19 @@ def reduce_scatter_tensor(self: torch.Tensor, reduceOp: str, scatter_dim: int,
 
 def all_to_all_single(self: torch.Tensor, output_split_sizes: list[int] | None,
                       input_split_sizes: list[int] | None, group: RankTypes, tag: str = ""):
-    """Send split i of dim 0 to group rank i; receive split j from group rank j."""
+    """Send split i of dim 0 to group rank i; receive split j from group rank j.
+
+    A split list given as None means equal splits, which are written out explicitly.
+    """
     name = resolve_group_name(group, tag)
-    return _wrap(ops.all_to_all_single(self, list(output_split_sizes or []),
-                                       list(input_split_sizes or []), name))
+    # Equal splits are written out, so a traced graph states every size it moves.
+    n = group_size(name)
+    if output_split_sizes is None or input_split_sizes is None:
+        _check_splits([], self.shape[0] if self.dim() else 0, n, "input_split_sizes")
+    equal = [self.shape[0] // n] * n if self.dim() else []
+    outs = equal if output_split_sizes is None else list(output_split_sizes)
+    ins = equal if input_split_sizes is None else list(input_split_sizes)
+    return _wrap(ops.all_to_all_single(self, outs, ins, name))
 
 
 def broadcast(self: torch.Tensor, src: int, group: RankTypes, tag: str = ""):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance import harness
 from conformance.backends import NotImplementedConcept, get_backend
 
 NOT_IMPLEMENTED = "not implemented"
@@ -65,10 +66,14 @@ def pytest_collection_modifyitems(config, items):
     name = spec.split(":")[-1] if ":" in spec else spec
     expected = read_expected_failures(name)
     seen = set()
+    here = Path(__file__).resolve().parent
     for item in items:
+        if here not in Path(item.path).resolve().parents:
+            continue  # refimpl's own tests, collected in the same run
         if item.get_closest_marker("spec") is None:
             raise pytest.UsageError(f"{item.nodeid}: a conformance case must name its SPEC "
                                     f"IDs with @pytest.mark.spec [CF-2]")
+        item.user_properties.append(("spec_ids", list(item.get_closest_marker("spec").args)))
         cid = case_id(item)
         if cid in expected:
             seen.add(cid)
@@ -78,6 +83,14 @@ def pytest_collection_modifyitems(config, items):
         for cid in sorted(set(expected) - seen):
             warnings.warn(f"expected_failures/{name}.txt: {cid!r} matches no case [CF-4]",
                           stacklevel=1)
+
+
+@pytest.fixture(autouse=True)
+def _record_world_sizes(request):
+    """Which world sizes a case ran on, for the report."""
+    harness.WORLD_SIZES_USED.clear()
+    yield
+    request.node.user_properties.append(("world_sizes", sorted(harness.WORLD_SIZES_USED)))
 
 
 @pytest.hookimpl(hookwrapper=True)
