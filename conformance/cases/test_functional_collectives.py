@@ -108,6 +108,10 @@ def _registry(spec):
     seen["after_view"] = count()
     y.wait()
     seen["after_wait"] = count()
+    raw = fc.ops.all_reduce(torch.ones(4), "sum", dist.group.WORLD.group_name)
+    seen["raw_issued"] = count()
+    fc.wait_tensor(raw)
+    seen["after_wait_tensor"] = count()
     fc.all_reduce(torch.empty(0), "sum", dist.group.WORLD)
     seen["empty"] = count()
     for i in range(4):
@@ -118,13 +122,14 @@ def _registry(spec):
     return seen
 
 
-@pytest.mark.spec("FC-6", "FC-7", "FC-8")
+@pytest.mark.spec("FC-5", "FC-6", "FC-7", "FC-8")
 def test_work_registry(backend):
     backend.require("functional_collectives", "work_registry_size")
     for seen in run(backend, _registry, 2):
         start = seen["start"]
         assert seen == {"start": start, "issued": start + 1, "after_view": start + 1,
-                        "after_wait": start, "empty": start, "dropped": start,
+                        "after_wait": start, "raw_issued": start + 1,
+                        "after_wait_tensor": start, "empty": start, "dropped": start,
                         "next": [2.0, 2.0]}
 
 
