@@ -135,3 +135,17 @@ all_reduce out-of-place group<unknown> sum in=b0:f32[2, 3] out=b1:f32[2, 3]
 wait b1
 all_reduce_ in-place group<unknown> avg in=b2:f32[2, 3]
 wait b2""")
+
+
+def test_a_case_without_spec_ids_stops_the_collection(tmp_path):
+    """CF-2."""
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    (cases / "conftest.py").write_text((ROOT / "conformance/cases/conftest.py").read_text())
+    (cases / "test_unmarked.py").write_text("def test_unmarked(backend):\n    pass\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p",
+                           "no:cacheprovider", str(cases)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "must name its SPEC IDs" in proc.stdout + proc.stderr

@@ -32,7 +32,7 @@ def _values(backend, world_size, form, dtype_name):
 
 
 @pytest.mark.spec("FC-1", "FC-2", "FC-4", "FC-5", "FC-13", "FC-14", "FC-15", "FC-16", "FC-17",
-                  "FC-18", "FC-20", "FC-21", "FC-22", "FC-26")
+                  "FC-18", "FC-20", "FC-21", "FC-22", "FC-26", "CF-9")
 @pytest.mark.parametrize("world_size,form,dtype_name,case", [
     pytest.param(*p, id="-".join(map(str, p)),
                  marks=pytest.mark.xdist_group(f"values-{p[0]}-{p[1]}-{p[2]}"))
