@@ -9,9 +9,10 @@ waits and clears the entry (FC-6..FC-8). The Python API wraps eager results in
 and under tracing emits the op followed by its `wait_tensor` (FC-12). Groups can be
 named in every form upstream accepts (FC-13..FC-16); reductions, sizes and dims are
 checked before any communication, so bad input raises instead of hanging
-(FC-17..FC-22). Autograd formulas pair all_gather with reduce_scatter (FC-23..FC-25).
+(FC-17..FC-22, FC-27). Coalesced forms are lists of single ops (FC-26). Autograd
+formulas pair all_gather with reduce_scatter (FC-23..FC-25).
 
-Implements SPEC.md section "Functional collectives": FC-1 .. FC-25.
+Implements SPEC.md section "Functional collectives": FC-1 .. FC-27.
 """
 
 from __future__ import annotations
@@ -301,19 +302,11 @@ def _allreduce_opts(op: str):
     return opts
 
 
-def _after(tensor: torch.Tensor, op: str, size: int):
-    """What finishing a reduction into `tensor` needs: avg divides the sum (FC-18)."""
-    if op == "avg":
-        return lambda: tensor.div_(size)
-    return _nothing
-
-
-def _nothing():
-    return None
-
-
 def _start(tensor, work, op="sum", size=1):
-    _register_work(tensor, _Completion(work, _after(tensor, op, size)) if op == "avg" else work)
+    """Register `work` as producing `tensor`; avg divides the sum once it is done (FC-18)."""
+    if op == "avg":
+        work = _Completion(work, lambda: tensor.div_(size))
+    _register_work(tensor, work)
     return tensor
 
 
