@@ -347,7 +347,7 @@ def _all_reduce_cases(numels, seed):
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_one_shot_and_two_shot_all_reduce_are_exact_and_identical_on_all_ranks_SM_15_SM_16(
         world):
-    numels = [1, 5, 1000] if world != 3 else [2, 1001]
+    numels = [0, 1, 5, 1000] if world == 2 else [1, 5, 1000] if world == 4 else [2, 1001]
     seed = random.getrandbits(16)
     per_rank = run_on_ranks(_all_reduce_cases, world, numels, seed)
     for case in range(len(per_rank[0])):
@@ -460,3 +460,25 @@ def _two_subgroups():
 
 def test_groups_rendezvous_side_by_side_without_colliding_SM_12():
     assert run_on_ranks(_two_subgroups, 4) == [[1.0], [1.0], [5.0], [5.0]]
+
+
+def _custom_group(name):
+    """A symmetric-memory group that is no ProcessGroup: only a name and a store (SM-2)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    store = dist.PrefixStore(name, dist.distributed_c10d._get_default_store())
+    sm.set_group_info(name, world - 1 - rank, world, store)  # ranks numbered in reverse
+    t = sm.empty(4, dtype=torch.int64)
+    t.fill_(rank)
+    h = sm.rendezvous(t, name)
+    order = [h.get_buffer(r, (4,), torch.int64)[0].item() for r in range(world)]
+    total = torch.ops.refimpl_symm_mem.one_shot_all_reduce(t, "sum", name)
+    return h.rank, order, total.tolist(), sm.is_symm_mem_enabled_for_group(name)
+
+
+def test_group_info_from_any_store_defines_the_group_SM_2():
+    name = f"custom-{random.getrandbits(32)}"
+    results = run_on_ranks(_custom_group, 3, name)
+    for rank, (group_rank, order, total, enabled) in enumerate(results):
+        assert group_rank == 2 - rank
+        assert order == [2, 1, 0], "group rank r is the process that registered as r"
+        assert total == [3] * 4 and enabled
