@@ -66,6 +66,16 @@ def test_allocator_registry_per_device_type_SM_1():
         sm._allocators.pop("privateuseone")
 
 
+def test_default_timeout_is_positive_and_settable_SM_11():
+    with pytest.raises(ValueError, match=r"^timeout_ms: .*\[SM-11\]"):
+        sm.set_default_timeout(0)
+    previous = sm.set_default_timeout(1234)
+    try:
+        assert sm._timeout_ms(0) == 1234 and sm._timeout_ms(5) == 5
+    finally:
+        assert sm.set_default_timeout(previous) == 1234
+
+
 def test_group_info_is_set_once_and_checked_SM_2():
     store = dist.HashStore()
     name = f"local-{random.getrandbits(32)}"
@@ -105,6 +115,10 @@ def test_allocation_gives_a_symmetric_tensor_SM_3():
         sm.empty_strided_p2p((-1,), (1,), torch.float32, "cpu")
     with pytest.raises(TypeError, match=r"^dtype: "):
         sm.empty_strided_p2p((1,), (1,), "float", "cpu")
+    with pytest.raises(TypeError, match=r"^group_name: "):
+        sm.empty_strided_p2p((1,), (1,), torch.float32, "cpu", 5)
+    with pytest.raises(TypeError, match=r"^alloc_id: .*\[SM-4\]"):
+        sm.empty_strided_p2p((1,), (1,), torch.float32, "cpu", "g", alloc_id="7")
 
 
 def test_not_a_symmetric_allocation_fails_before_communicating_SM_5_SM_6():
@@ -214,6 +228,7 @@ def _rendezvous_errors():
         _error(h.get_buffer, 0, (5,), torch.float32),
         _error(h.get_buffer, 0, (2,), torch.float32, storage_offset=3),
         _error(h.get_buffer, 0, (-1,), torch.float32),
+        _error(h.get_buffer, 0, (1,), torch.float32, storage_offset=-1),
         _error(h.get_signal_pad, 0, (sm.SIGNAL_PAD_SIZE // 4 + 1,)),
         _error(h.put_signal, 7),
         _error(h.wait_signal, 0, channel=h.channels),
@@ -227,8 +242,9 @@ def _rendezvous_errors():
     return size_error, errors, tuple(fits), (pad.dtype, pad.numel()), sm.leaked_segments()
 
 
-def test_rendezvous_and_handle_errors_name_argument_and_rule_SM_5_SM_8():
-    results = run_on_ranks(_rendezvous_errors, 3)
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_rendezvous_and_handle_errors_name_argument_and_rule_SM_5_SM_8(world):
+    results = run_on_ranks(_rendezvous_errors, world)
     for rank, (size_error, errors, fits, pad, _) in enumerate(results):
         kind, message = size_error
         assert kind == "ValueError" and "[SM-5]" in message
@@ -237,8 +253,8 @@ def test_rendezvous_and_handle_errors_name_argument_and_rule_SM_5_SM_8():
         assert f"rank {other} has" in message
         starts = [m.split(":")[0] for _, m in errors]
         assert starts == ["rank", "sizes/storage_offset", "sizes/storage_offset", "sizes",
-                          "sizes/storage_offset", "dst_rank", "channel", "channel",
-                          "timeout_ms", "group"]
+                          "storage_offset", "sizes/storage_offset", "dst_rank", "channel",
+                          "channel", "timeout_ms", "group"]
         assert all(k == "ValueError" for k, _ in errors)
         assert "[SM-8]" in errors[1][1] and "holds 16 bytes" in errors[1][1]
         assert fits == (2,)
@@ -279,7 +295,7 @@ def _signals():
     return received, pads_zero, no_signal, unconsumed, pads_zero_again
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, 3, 4])
 def test_signals_carry_data_per_channel_and_time_out_naming_the_peer_SM_9_SM_11(world):
     for rank, (received, zero, no_signal, unconsumed, zero_again) in enumerate(
             run_on_ranks(_signals, world)):
@@ -386,8 +402,9 @@ def _op_errors():
     return errors
 
 
-def test_op_argument_errors_name_argument_and_rule_SM_14():
-    for errors in run_on_ranks(_op_errors, 2):
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_op_argument_errors_name_argument_and_rule_SM_14(world):
+    for errors in run_on_ranks(_op_errors, world):
         assert [(k, m.split(":")[0]) for k, m in errors] == [
             ("ValueError", "input"), ("ValueError", "reduce_op"), ("ValueError", "reduce_op"),
             ("ValueError", "input"), ("ValueError", "input"), ("ValueError", "out"),
@@ -410,8 +427,9 @@ def _barrier_op_orders(rounds):
     return ok
 
 
-def test_barrier_op_synchronises_the_group_SM_17():
-    assert run_on_ranks(_barrier_op_orders, 3, 20) == [True] * 3
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_barrier_op_synchronises_the_group_SM_17(world):
+    assert run_on_ranks(_barrier_op_orders, world, 20) == [True] * world
 
 
 def test_ops_schemas_and_fake_kernels_SM_13():
