@@ -41,7 +41,10 @@ def _median_us(step, iterations: int) -> float:
     return statistics.median(times) * 1e6
 
 
-def _bench_rank(sizes: list[int], quick: bool) -> list[tuple[int, float, float, float]]:
+def _bench_rank(sizes: list[int], quick: bool, pin: bool) -> list[tuple[int, float, float, float]]:
+    if pin:  # one core per rank (round robin), for gloo and shared memory alike
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[dist.get_rank() % len(cpus)]})
     group = dist.group.WORLD.group_name
     sm.enable_symm_mem_for_group(group)
     rows = []
@@ -67,6 +70,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--quick", action="store_true", help="fewer iterations")
+    parser.add_argument("--pin", action="store_true", help="pin rank r to CPU r mod #CPUs")
     args = parser.parse_args()
     print(f"# symmetric-memory all-reduce vs gloo: {os.cpu_count()} CPUs, "
           f"{platform.processor() or platform.machine()}, torch {torch.__version__}\n")
@@ -74,7 +78,7 @@ def main() -> None:
           "| two-shot (us) | gloo / two-shot |")
     print("|---|---|---|---|---|---|---|")
     for world in args.worlds:
-        rows = run_on_ranks(_bench_rank, world, SIZES, args.quick, timeout=600)[0]
+        rows = run_on_ranks(_bench_rank, world, SIZES, args.quick, args.pin, timeout=600)[0]
         for nbytes, gloo, one, two in rows:
             print(f"| {world} | {_size(nbytes)} | {gloo:.1f} | {one:.1f} | {gloo / one:.1f}x "
                   f"| {two:.1f} | {gloo / two:.1f}x |", flush=True)

@@ -641,9 +641,6 @@ def _symmetric_input(input, group_name: str, where: str) -> tuple[SymmetricMemor
 
 def _one_shot_into(input, codes, group_name, out, where):
     handle, offset = _symmetric_input(input, group_name, where)
-    if out.untyped_storage().data_ptr() == input.untyped_storage().data_ptr():
-        raise ValueError(f"out: {where} must not write into the input's allocation, which "
-                         f"peers are reading [SM-14]")
     status = _lib.rsm_one_shot_all_reduce(
         handle._buffer_array, handle._pad_array, handle.rank, handle.world_size, _OP_CHANNEL,
         offset, input.numel(), codes[1], codes[0], out.data_ptr(),
@@ -664,6 +661,9 @@ def _one_shot_all_reduce(input, reduce_op, group_name):
 def _one_shot_all_reduce_out(input, reduce_op, group_name, *, out):
     codes = _check_reduce_input(input, reduce_op, "one_shot_all_reduce_out")
     _check_out(input, out)
+    if out.untyped_storage().data_ptr() == input.untyped_storage().data_ptr():
+        raise ValueError("out: one_shot_all_reduce_out must not write into the input's "
+                         "allocation, which peers are reading [SM-14]")
     return _one_shot_into(input, codes, group_name, out, "one_shot_all_reduce_out")
 
 

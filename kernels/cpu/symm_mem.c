@@ -5,19 +5,19 @@
  * points into POSIX shared memory mapped by all ranks of a group, so these functions
  * synchronise real processes:
  *
- *   - signals (SM-12): a signal slot is a uint32 on the receiver's signal pad. put sets it
- *     0 -> 1 with release ordering (waiting while the previous signal is unconsumed);
- *     wait sets it 1 -> 0 with acquire ordering. A completed synchronisation therefore
- *     leaves every slot zero, and whatever the sender wrote before `put` is visible to
- *     the receiver after `wait`.
- *   - barrier (SM-13): put to every peer, then wait for every peer, on one channel.
- *   - reductions (SM-16..SM-18): elementwise over the ranks' buffers in rank order, so
+ *   - signals (SM-9): a signal slot is a uint32 on the receiver's signal pad. put sets it
+ *     EMPTY -> FULL with release ordering (waiting while the previous signal is
+ *     unconsumed); wait sets it FULL -> EMPTY with acquire ordering. A completed
+ *     synchronisation therefore leaves the slot zero, and whatever the sender wrote
+ *     before `put` is visible to the receiver after `wait`.
+ *   - barrier (SM-10): put to every peer, then wait for every peer, on one channel.
+ *   - reductions (SM-15, SM-16): elementwise over the ranks' buffers in rank order, so
  *     every rank computes bitwise the same result; 16-bit floats accumulate in float32
  *     and round once.
  *
- * Every wait has a deadline (SM-14). Waits back off (spin, then sched_yield, then short
- * sleeps) because ranks may outnumber cores. A wait that times out reports the peer it
- * waited for through `*peer_out`.
+ * Every wait has a deadline (SM-11). Waits back off (spin, then sched_yield, then sleep
+ * on a futex until the other side changes the slot) because ranks may outnumber cores.
+ * A wait that times out reports the peer it waited for through `*peer_out`.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -56,35 +56,93 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-#define SPIN_STEPS 256
-#define YIELD_STEPS 4096
-#define SLEEP_NS 20000
+/* A signal slot is a one-place mailbox between one producer (the peer that puts) and one
+ * consumer (the rank that owns the pad). Besides EMPTY and FULL it records whether the
+ * other side is asleep in the kernel (futex), so that it is woken the moment the slot
+ * changes instead of polling: when ranks outnumber cores, a polling waiter would take
+ * the core from the very rank it waits for. Whoever sleeps marks the slot first; whoever
+ * then changes the slot sees the mark and wakes it. */
+enum { EMPTY = 0, FULL = 1, EMPTY_CONSUMER_ASLEEP = 2, FULL_PRODUCER_ASLEEP = 3 };
 
-/* One step of waiting. Spinning is fastest when every rank has a core; when ranks
- * outnumber cores a spinning waiter would steal the core of the rank it waits for, so
- * after a short spin it yields, and after that it sleeps. */
-static void backoff(uint32_t step) {
-  if (step < SPIN_STEPS) {
-    cpu_relax();
-  } else if (step < YIELD_STEPS) {
-    sched_yield();
-  } else {
-    struct timespec ts = {0, SLEEP_NS};
-    nanosleep(&ts, NULL);
+#define SPIN_STEPS 64   /* pause instructions before yielding the core */
+#define YIELD_STEPS 80  /* then sched_yield until this step, then sleep */
+#define MAX_SLEEP_NS 50000000LL
+
+#ifdef __linux__
+#include <limits.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+/* Shared (not process-private) futexes: the slot lives in memory mapped by several
+ * processes. */
+static void sleep_while(_Atomic uint32_t *slot, uint32_t value, int64_t ns) {
+  struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
+  syscall(SYS_futex, (uint32_t *)slot, FUTEX_WAIT, value, &ts, NULL, 0);
+}
+static void wake(_Atomic uint32_t *slot) {
+  syscall(SYS_futex, (uint32_t *)slot, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+#else
+static void sleep_while(_Atomic uint32_t *slot, uint32_t value, int64_t ns) {
+  (void)slot; (void)value;
+  struct timespec ts = {0, ns < 20000 ? (long)ns : 20000};
+  nanosleep(&ts, NULL);
+}
+static void wake(_Atomic uint32_t *slot) { (void)slot; }
+#endif
+
+static int cas(_Atomic uint32_t *slot, uint32_t from, uint32_t to, memory_order order) {
+  return atomic_compare_exchange_strong_explicit(slot, &from, to, order, memory_order_relaxed);
+}
+
+/* Move the slot from `ready` (or `ready_with_sleeper`, then wake the sleeper) to `next`.
+ * Called repeatedly while waiting; 1 once done. */
+static int try_transition(_Atomic uint32_t *slot, uint32_t ready, uint32_t ready_with_sleeper,
+                          uint32_t next, memory_order order) {
+  if (cas(slot, ready, next, order)) return 1;
+  if (cas(slot, ready_with_sleeper, next, order)) {
+    wake(slot);
+    return 1;
+  }
+  return 0;
+}
+
+/* Wait until the slot can go from `ready` to `next`, then move it. While it holds
+ * `busy` (the other side has not acted yet) spin, yield, then mark it `busy_asleep` and
+ * sleep until woken or the deadline. 0 on success, 1 on timeout. */
+static int transition(_Atomic uint32_t *slot, uint32_t ready, uint32_t ready_with_sleeper,
+                      uint32_t next, uint32_t busy, uint32_t busy_asleep, memory_order order,
+                      int64_t deadline_ns) {
+  for (uint32_t step = 0;; step++) {
+    if (try_transition(slot, ready, ready_with_sleeper, next, order)) return 0;
+    if (step < SPIN_STEPS) {
+      cpu_relax();
+      continue;
+    }
+    int64_t left = deadline_ns - now_ns();
+    if (left <= 0) {
+      cas(slot, busy_asleep, busy, memory_order_relaxed); /* withdraw our mark */
+      return try_transition(slot, ready, ready_with_sleeper, next, order) ? 0 : 1;
+    }
+    if (step < YIELD_STEPS) {
+      sched_yield();
+    } else if (cas(slot, busy, busy_asleep, memory_order_relaxed) ||
+               atomic_load_explicit(slot, memory_order_relaxed) == busy_asleep) {
+      sleep_while(slot, busy_asleep, left < MAX_SLEEP_NS ? left : MAX_SLEEP_NS);
+    }
   }
 }
 
-/* Swap *slot from `from` to `to` once it holds `from`; 0 on success, 1 on timeout. */
-static int swap_when(_Atomic uint32_t *slot, uint32_t from, uint32_t to, memory_order order,
-                     int64_t deadline_ns) {
-  for (uint32_t step = 0;; step++) {
-    uint32_t expected = from;
-    if (atomic_compare_exchange_weak_explicit(slot, &expected, to, order,
-                                              memory_order_relaxed))
-      return 0;
-    if (step >= SPIN_STEPS && now_ns() > deadline_ns) return 1;
-    backoff(step);
-  }
+/* Producer: EMPTY -> FULL (release), waiting while the previous signal is unconsumed. */
+static int put(_Atomic uint32_t *slot, int64_t deadline_ns) {
+  return transition(slot, EMPTY, EMPTY_CONSUMER_ASLEEP, FULL, FULL, FULL_PRODUCER_ASLEEP,
+                    memory_order_release, deadline_ns);
+}
+
+/* Consumer: FULL -> EMPTY (acquire), waiting while no signal has arrived. */
+static int take(_Atomic uint32_t *slot, int64_t deadline_ns) {
+  return transition(slot, FULL, FULL_PRODUCER_ASLEEP, EMPTY, EMPTY, EMPTY_CONSUMER_ASLEEP,
+                    memory_order_acquire, deadline_ns);
 }
 
 static _Atomic uint32_t *slot_of(uint32_t *pad, int world, int channel, int peer) {
@@ -93,18 +151,14 @@ static _Atomic uint32_t *slot_of(uint32_t *pad, int world, int channel, int peer
 
 /* put_signal: set slot [channel][rank] of dst's pad 0 -> 1 (release). */
 int rsm_put_signal(uint32_t *dst_pad, int rank, int world, int channel, int64_t timeout_ns) {
-  return swap_when(slot_of(dst_pad, world, channel, rank), 0, 1, memory_order_release,
-                   now_ns() + timeout_ns)
-             ? RSM_PUT_TIMEOUT
-             : RSM_OK;
+  return put(slot_of(dst_pad, world, channel, rank), now_ns() + timeout_ns) ? RSM_PUT_TIMEOUT
+                                                                            : RSM_OK;
 }
 
 /* wait_signal: set slot [channel][src] of my own pad 1 -> 0 (acquire). */
 int rsm_wait_signal(uint32_t *my_pad, int src, int world, int channel, int64_t timeout_ns) {
-  return swap_when(slot_of(my_pad, world, channel, src), 1, 0, memory_order_acquire,
-                   now_ns() + timeout_ns)
-             ? RSM_WAIT_TIMEOUT
-             : RSM_OK;
+  return take(slot_of(my_pad, world, channel, src), now_ns() + timeout_ns) ? RSM_WAIT_TIMEOUT
+                                                                         : RSM_OK;
 }
 
 static int barrier_until(uint32_t **pads, int rank, int world, int channel,
@@ -112,16 +166,14 @@ static int barrier_until(uint32_t **pads, int rank, int world, int channel,
   /* Visit peers starting after `rank` so that ranks do not all hit rank 0 first. */
   for (int i = 1; i < world; i++) {
     int peer = (rank + i) % world;
-    if (swap_when(slot_of(pads[peer], world, channel, rank), 0, 1, memory_order_release,
-                  deadline_ns)) {
+    if (put(slot_of(pads[peer], world, channel, rank), deadline_ns)) {
       *peer_out = peer;
       return RSM_PUT_TIMEOUT;
     }
   }
   for (int i = 1; i < world; i++) {
     int peer = (rank + i) % world;
-    if (swap_when(slot_of(pads[rank], world, channel, peer), 1, 0, memory_order_acquire,
-                  deadline_ns)) {
+    if (take(slot_of(pads[rank], world, channel, peer), deadline_ns)) {
       *peer_out = peer;
       return RSM_WAIT_TIMEOUT;
     }
@@ -256,7 +308,7 @@ int rsm_reduce(void *out, void *const *srcs, int nsrc, int64_t numel, int dtype,
 
 #define MAX_WORLD 64
 
-/* One-shot (SM-16): after a barrier every rank reads every rank's input, at the same
+/* One-shot (SM-15): after a barrier every rank reads every rank's input, at the same
  * byte offset of each buffer, and reduces them in rank order into `out`; a second
  * barrier keeps the inputs unchanged until every peer has read them. */
 int rsm_one_shot_all_reduce(void **bufs, uint32_t **pads, int rank, int world, int channel,
@@ -273,7 +325,7 @@ int rsm_one_shot_all_reduce(void **bufs, uint32_t **pads, int rank, int world, i
   return barrier_until(pads, rank, world, channel, deadline, peer_out);
 }
 
-/* Two-shot (SM-17), in place: rank r reduces chunk r of every rank's buffer into its own
+/* Two-shot (SM-16), in place: rank r reduces chunk r of every rank's buffer into its own
  * buffer (reduce-scatter), then copies every other chunk from the rank that reduced it
  * (all-gather). Barriers separate the phases and keep the buffers unchanged until
  * every peer is done reading them. */
