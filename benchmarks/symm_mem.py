@@ -1,8 +1,10 @@
 """Shared-memory all-reduce (one-shot, two-shot) against gloo's all_reduce, same ranks, one run.
 
 For 2 and 4 ranks and float32 tensors of 1 KiB to 4 MiB, every rank times each
-operation on its own; the table shows rank 0's median latency per op and the ratio
-gloo / symmetric memory (higher is better for refimpl). The target (DESIGN.md) is one-shot
+operation on its own; the table shows rank 0's median latency per op in microseconds
+and the ratio gloo / symmetric memory (higher is better for refimpl). `one-shot`
+allocates its result (at MiB sizes that is mostly page faults), `one-shot out=` writes a
+preallocated one; gloo and two-shot reduce in place. The target (DESIGN.md) is one-shot
 at least 50x faster than gloo up to 64 KiB on 2 ranks; with more ranks than cores the
 kernels' waits back off, and one-shot must still beat gloo.
 
@@ -41,7 +43,7 @@ def _median_us(step, iterations: int) -> float:
     return statistics.median(times) * 1e6
 
 
-def _bench_rank(sizes: list[int], quick: bool, pin: bool) -> list[tuple[int, float, float, float]]:
+def _bench_rank(sizes: list[int], quick: bool, pin: bool) -> list[tuple]:
     if pin:  # one core per rank (round robin), for gloo and shared memory alike
         cpus = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {cpus[dist.get_rank() % len(cpus)]})
@@ -56,9 +58,12 @@ def _bench_rank(sizes: list[int], quick: bool, pin: bool) -> list[tuple[int, flo
         buf = sm.empty(numel, dtype=torch.float32)
         buf.zero_()  # sums of zeros stay zero, however often two-shot reduces in place
         sm.rendezvous(buf, group)
+        out = torch.empty(numel)
         one_shot = _median_us(lambda: sm.ops.one_shot_all_reduce(buf, "sum", group), iterations)
+        one_out = _median_us(lambda: sm.ops.one_shot_all_reduce_out(buf, "sum", group, out=out),
+                             iterations)
         two_shot = _median_us(lambda: sm.ops.two_shot_all_reduce_(buf, "sum", group), iterations)
-        rows.append((nbytes, gloo, one_shot, two_shot))
+        rows.append((nbytes, gloo, one_shot, one_out, two_shot))
     return rows
 
 
@@ -73,15 +78,17 @@ def main() -> None:
     parser.add_argument("--pin", action="store_true", help="pin rank r to CPU r mod #CPUs")
     args = parser.parse_args()
     print(f"# symmetric-memory all-reduce vs gloo: {os.cpu_count()} CPUs, "
-          f"{platform.processor() or platform.machine()}, torch {torch.__version__}\n")
-    print("| ranks | size | gloo all_reduce (us) | one-shot (us) | gloo / one-shot "
-          "| two-shot (us) | gloo / two-shot |")
-    print("|---|---|---|---|---|---|---|")
+          f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
+          f"load average {os.getloadavg()[0]:.1f}, ranks pinned: {args.pin}\n")
+    print("| ranks | size | gloo all_reduce | one-shot | ratio | one-shot out= | ratio "
+          "| two-shot (in place) | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for world in args.worlds:
         rows = run_on_ranks(_bench_rank, world, SIZES, args.quick, args.pin, timeout=600)[0]
-        for nbytes, gloo, one, two in rows:
+        for nbytes, gloo, one, one_out, two in rows:
             print(f"| {world} | {_size(nbytes)} | {gloo:.1f} | {one:.1f} | {gloo / one:.1f}x "
-                  f"| {two:.1f} | {gloo / two:.1f}x |", flush=True)
+                  f"| {one_out:.1f} | {gloo / one_out:.1f}x | {two:.1f} | {gloo / two:.1f}x |",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -64,8 +64,13 @@ static inline void cpu_relax(void) {
  * then changes the slot sees the mark and wakes it. */
 enum { EMPTY = 0, FULL = 1, EMPTY_CONSUMER_ASLEEP = 2, FULL_PRODUCER_ASLEEP = 3 };
 
-#define SPIN_STEPS 64   /* pause instructions before yielding the core */
-#define YIELD_STEPS 80  /* then sched_yield until this step, then sleep */
+/* Waiting goes through three phases, measured from its start: spin (a peer on another
+ * core usually arrives within microseconds), then yield the core (a peer waiting for it
+ * on this core runs at once), then sleep until woken. Ranks run Python between their
+ * synchronisations, so their skew is tens of microseconds; sleeping sooner than that
+ * would add a wake-up to nearly every wait. */
+#define SPIN_NS 2000LL
+#define YIELD_NS 60000LL
 #define MAX_SLEEP_NS 50000000LL
 
 #ifdef __linux__
@@ -113,19 +118,25 @@ static int try_transition(_Atomic uint32_t *slot, uint32_t ready, uint32_t ready
 static int transition(_Atomic uint32_t *slot, uint32_t ready, uint32_t ready_with_sleeper,
                       uint32_t next, uint32_t busy, uint32_t busy_asleep, memory_order order,
                       int64_t deadline_ns) {
+  int64_t start = 0;
   for (uint32_t step = 0;; step++) {
     if (try_transition(slot, ready, ready_with_sleeper, next, order)) return 0;
-    if (step < SPIN_STEPS) {
+    if (step % 32 != 31) { /* read the clock only now and then while spinning */
       cpu_relax();
       continue;
     }
-    int64_t left = deadline_ns - now_ns();
+    int64_t now = now_ns();
+    if (start == 0) start = now;
+    int64_t left = deadline_ns - now;
     if (left <= 0) {
       cas(slot, busy_asleep, busy, memory_order_relaxed); /* withdraw our mark */
       return try_transition(slot, ready, ready_with_sleeper, next, order) ? 0 : 1;
     }
-    if (step < YIELD_STEPS) {
+    if (now - start < SPIN_NS) {
+      cpu_relax();
+    } else if (now - start < YIELD_NS) {
       sched_yield();
+      step |= 31; /* after a yield, look at the clock on every step */
     } else if (cas(slot, busy, busy_asleep, memory_order_relaxed) ||
                atomic_load_explicit(slot, memory_order_relaxed) == busy_asleep) {
       sleep_while(slot, busy_asleep, left < MAX_SLEEP_NS ? left : MAX_SLEEP_NS);
