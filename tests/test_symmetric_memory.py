@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import itertools
+import json
 import os
 import random
 
@@ -218,13 +219,27 @@ def _rendezvous_and_handle(alloc_id):
     p2 = sm.empty_strided_p2p((8,), (1,), torch.int64, "cpu", group, alloc_id=alloc_id)
     kept = sm.rendezvous(p2, group) is hp and p2.data_ptr() == p_address
     own_segments = [n for n in sm.leaked_segments() if n.split("-")[2] == str(os.getpid())]
-    return same, facts, peers, written, pads_zero, kept, own_segments
+    # The names went through the group's store; each is already unlinked (SM-12).
+    info = sm._groups[group]
+    records = [json.loads(info.store.get(f"rdzv{info.rendezvous_count}/segment{r}"))
+               for r in range(world)]
+    published = [(r["name"], r["pid"], os.path.exists(os.path.join(sm.SHM_DIR, r["name"])))
+                 for r in records]
+    return same, facts, peers, written, pads_zero, kept, own_segments, published, os.getpid()
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_rendezvous_maps_every_peer_and_returns_one_handle_SM_5_SM_6_SM_7_SM_8(world):
     results = run_on_ranks(_rendezvous_and_handle, world, random.getrandbits(40))
-    for rank, (same, facts, peers, written, pads_zero, kept, own) in enumerate(results):
+    pids = [r[-1] for r in results]
+    for rank, (same, facts, peers, written, pads_zero, kept, own, published, _) in enumerate(
+            results):
+        names = [name for name, _, _ in published]
+        assert len(set(names)) == world and all(n.startswith(sm.SEGMENT_PREFIX) for n in names)
+        assert [pid for _, pid, _ in published] == pids, "each rank published its own segment"
+        assert [f"{sm.SEGMENT_PREFIX}{pid}-" for pid in pids] == [n[:n.rindex("-") + 1]
+                                                                  for n in names]
+        assert not any(exists for _, _, exists in published), "unlinked once all mapped"
         assert same, "a repeated rendezvous and get_symmetric_memory give the same handle"
         assert facts == (rank, world, 128, sm.SIGNAL_PAD_SIZE, world, world, True)
         assert peers == [[float(r)] for r in range(world)]
