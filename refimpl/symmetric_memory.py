@@ -323,7 +323,12 @@ class _Allocation:
 
 def _open_segment(size: int) -> tuple[int, mmap.mmap]:
     """A new, zeroed, still unnamed shared-memory file of `size` bytes, mapped."""
-    fd = os.open(SHM_DIR, os.O_TMPFILE | os.O_RDWR, 0o600)
+    try:
+        fd = os.open(SHM_DIR, getattr(os, "O_TMPFILE", 0) | os.O_RDWR, 0o600)
+    except OSError as exc:
+        raise OSError(exc.errno, f"symmetric memory allocates unnamed files (O_TMPFILE) in "
+                                 f"{SHM_DIR} (a tmpfs on Linux; REFIMPL_SHM_DIR chooses "
+                                 f"another): {exc.strerror} [SM-12]") from exc
     try:
         os.ftruncate(fd, size)
         return fd, mmap.mmap(fd, size)
