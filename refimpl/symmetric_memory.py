@@ -102,7 +102,13 @@ _allocators: dict[str, object] = {}
 
 
 def register_allocator(device_type: str, allocator) -> None:
-    """Make `allocator` serve symmetric allocations on devices of `device_type`."""
+    """Make `allocator` serve symmetric allocations on devices of `device_type`.
+
+    An allocator provides `empty_strided_p2p(size, stride, dtype, group_name, alloc_id)`
+    returning a tensor, `allocation_of(tensor)` returning its allocation record or None,
+    and `rendezvous(allocation, group_name, timeout_ms)` returning a `SymmetricMemory`;
+    see `CpuAllocator`.
+    """
     _allocators[str(device_type)] = allocator
 
 
