@@ -219,7 +219,9 @@ def _rendezvous_and_handle(alloc_id):
     p2 = sm.empty_strided_p2p((8,), (1,), torch.int64, "cpu", group, alloc_id=alloc_id)
     kept = sm.rendezvous(p2, group) is hp and p2.data_ptr() == p_address
     own_segments = [n for n in sm.leaked_segments() if n.split("-")[2] == str(os.getpid())]
-    # The names went through the group's store; each is already unlinked (SM-12).
+    # The names went through the group's store; each rank unlinked its own before its
+    # rendezvous returned, so after a barrier none is left (SM-12).
+    h.barrier(timeout_ms=20_000)
     info = sm._groups[group]
     records = [json.loads(info.store.get(f"rdzv{info.rendezvous_count}/segment{r}"))
                for r in range(world)]
@@ -316,7 +318,10 @@ def _signals():
     h.wait_signal(left, channel=1, timeout_ms=20_000)
     h.wait_signal(left, channel=3, timeout_ms=20_000)
     h.barrier(channel=2, timeout_ms=20_000)
-    pads_zero = h.get_signal_pad(rank).view(torch.int32).count_nonzero().item() == 0
+    # Channels 0..3 are done; a fast peer may already signal on later ones (channel 4).
+    used = h.get_signal_pad(rank, (4 * world,), torch.int32)
+    pads_zero = used.count_nonzero().item() == 0
+    h.barrier(channel=4, timeout_ms=20_000)
     # Nobody signals: the wait ends at its timeout, naming the rank it waited for.
     no_signal = _error(h.wait_signal, left, channel=5, timeout_ms=200)
     # The right neighbour never consumes: a second put on the same channel times out.
