@@ -119,9 +119,10 @@ static int transition(_Atomic uint32_t *slot, uint32_t ready, uint32_t ready_wit
                       uint32_t next, uint32_t busy, uint32_t busy_asleep, memory_order order,
                       int64_t deadline_ns) {
   int64_t start = 0;
+  int spinning = 1;
   for (uint32_t step = 0;; step++) {
     if (try_transition(slot, ready, ready_with_sleeper, next, order)) return 0;
-    if (step % 32 != 31) { /* read the clock only now and then while spinning */
+    if (spinning && step % 32 != 31) { /* while spinning, read the clock now and then */
       cpu_relax();
       continue;
     }
@@ -134,9 +135,11 @@ static int transition(_Atomic uint32_t *slot, uint32_t ready, uint32_t ready_wit
     }
     if (now - start < SPIN_NS) {
       cpu_relax();
-    } else if (now - start < YIELD_NS) {
+      continue;
+    }
+    spinning = 0; /* from here on, every step reads the clock */
+    if (now - start < YIELD_NS) {
       sched_yield();
-      step |= 31; /* after a yield, look at the clock on every step */
     } else if (cas(slot, busy, busy_asleep, memory_order_relaxed) ||
                atomic_load_explicit(slot, memory_order_relaxed) == busy_asleep) {
       sleep_while(slot, busy_asleep, left < MAX_SLEEP_NS ? left : MAX_SLEEP_NS);
