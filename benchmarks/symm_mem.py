@@ -8,7 +8,7 @@ preallocated one; gloo and two-shot reduce in place. The target (DESIGN.md) is o
 at least 50x faster than gloo up to 64 KiB on 2 ranks; with more ranks than cores the
 kernels' waits back off, and one-shot must still beat gloo.
 
-    python benchmarks/symm_mem.py [--worlds 2 4] [--quick]
+    python benchmarks/symm_mem.py [--worlds 2 4] [--quick] [--pin]
 """
 
 from __future__ import annotations
@@ -43,10 +43,16 @@ def _median_us(step, iterations: int) -> float:
     return statistics.median(times) * 1e6
 
 
-def _bench_rank(sizes: list[int], quick: bool, pin: bool) -> list[tuple]:
-    if pin:  # one core per rank (round robin), for gloo and shared memory alike
-        cpus = sorted(os.sched_getaffinity(0))
+def _pinned(pin: bool):
+    """Pin this rank's thread to one CPU (round robin) if `pin`; returns how to undo it."""
+    everywhere = os.sched_getaffinity(0)
+    if pin:
+        cpus = sorted(everywhere)
         os.sched_setaffinity(0, {cpus[dist.get_rank() % len(cpus)]})
+    return lambda: os.sched_setaffinity(0, everywhere)
+
+
+def _bench_rank(sizes: list[int], quick: bool, pin: bool) -> list[tuple]:
     group = dist.group.WORLD.group_name
     sm.enable_symm_mem_for_group(group)
     rows = []
@@ -54,7 +60,10 @@ def _bench_rank(sizes: list[int], quick: bool, pin: bool) -> list[tuple]:
         numel = nbytes // 4
         iterations = (50 if quick else 300) if nbytes <= 64 << 10 else (10 if quick else 40)
         plain = torch.zeros(numel)
+        # gloo always runs unpinned: its I/O threads keep their own placement, and pinning
+        # only its calling thread makes it wait for scheduler ticks (4 ms here).
         gloo = _median_us(lambda: dist.all_reduce(plain), iterations)
+        unpin = _pinned(pin)
         buf = sm.empty(numel, dtype=torch.float32)
         buf.zero_()  # sums of zeros stay zero, however often two-shot reduces in place
         sm.rendezvous(buf, group)
@@ -63,6 +72,7 @@ def _bench_rank(sizes: list[int], quick: bool, pin: bool) -> list[tuple]:
         one_out = _median_us(lambda: sm.ops.one_shot_all_reduce_out(buf, "sum", group, out=out),
                              iterations)
         two_shot = _median_us(lambda: sm.ops.two_shot_all_reduce_(buf, "sum", group), iterations)
+        unpin()
         rows.append((nbytes, gloo, one_shot, one_out, two_shot))
     return rows
 
@@ -75,7 +85,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--quick", action="store_true", help="fewer iterations")
-    parser.add_argument("--pin", action="store_true", help="pin rank r to CPU r mod #CPUs")
+    parser.add_argument("--pin", action="store_true",
+                        help="pin rank r to CPU r mod #CPUs for the shared-memory ops")
     args = parser.parse_args()
     print(f"# symmetric-memory all-reduce vs gloo: {os.cpu_count()} CPUs, "
           f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
