@@ -60,7 +60,9 @@ def _handle_and_buffers(spec: str):
     h.barrier()
     got = t[1].unique().tolist()
     facts = (h.rank, h.world_size, h.buffer_size >= 128, len(h.buffer_ptrs),
-             len(h.signal_pad_ptrs), h.buffer_ptrs[rank] == t.data_ptr())
+             len(h.signal_pad_ptrs),
+             # upstream may place the tensor at `offset` inside a larger allocation
+             h.buffer_ptrs[rank] + getattr(h, "offset", 0) == t.data_ptr())
     return same, facts, peers, got
 
 
