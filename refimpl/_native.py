@@ -1,0 +1,113 @@
+"""Build and load refimpl's C kernels (`kernels/cpu/*.c`) as plain shared libraries.
+
+The kernels are plain C11 (no torch headers), loaded with ctypes. A library is found in
+this order:
+
+1. the one the package install built (`setup.py`, next to this file), if it was built
+   from the very source this checkout holds (the build stamps a hash of the source in);
+2. one compiled earlier into `build/refimpl-kernels/` of this checkout (or, when the
+   checkout is read-only, the user's cache directory) under the source's hash;
+3. otherwise it is compiled now into that place: into a temporary file first, then
+   renamed, so that parallel test workers never see a half-written library.
+
+A checkout that was never pip-installed therefore works too, and an edited kernel is
+rebuilt on the next import instead of running stale code.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import hashlib
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+__all__ = ["load_kernel_library", "source_hash", "compile_library", "CFLAGS"]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+KERNEL_DIR = REPO_ROOT / "kernels" / "cpu"
+PACKAGE_DIR = Path(__file__).resolve().parent
+CFLAGS = ["-std=c11", "-O2", "-fPIC", "-shared", "-ffp-contract=off", "-Wall", "-Wextra"]
+_loaded: dict[str, ctypes.CDLL] = {}
+
+
+def source_hash(source: Path) -> str:
+    """Hash of a kernel's source and its compile flags: the library's identity."""
+    digest = hashlib.sha256(source.read_bytes())
+    digest.update(" ".join(CFLAGS).encode())
+    return digest.hexdigest()[:16]
+
+
+def compile_library(source: Path, target: Path) -> Path:
+    """Compile `source` into the shared library `target` atomically (temp file + rename)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    compiler = os.environ.get("CC", "gcc")
+    fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        cmd = [compiler, *CFLAGS, f'-DREFIMPL_SOURCE_HASH="{source_hash(source)}"',
+               "-o", tmp, str(source), "-lm"]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"compiling {source} failed ({' '.join(cmd)}):\n{result.stderr}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def _cache_dirs() -> list[Path]:
+    user_cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return [REPO_ROOT / "build" / "refimpl-kernels", user_cache / "refimpl-kernels"]
+
+
+def _stamped_hash(lib: ctypes.CDLL) -> str | None:
+    try:
+        fn = lib.rsm_source_hash
+    except AttributeError:
+        return None
+    fn.restype = ctypes.c_char_p
+    return fn().decode()
+
+
+def _installed_library(name: str, wanted_hash: str | None) -> ctypes.CDLL | None:
+    """The library the package install put next to this file, if it is current."""
+    for path in sorted(glob.glob(str(PACKAGE_DIR / f"_{name}*.so"))):
+        lib = ctypes.CDLL(path)
+        if wanted_hash is None or _stamped_hash(lib) == wanted_hash:
+            return lib
+    return None
+
+
+def _compiled_library(source: Path, name: str, digest: str) -> ctypes.CDLL:
+    errors = []
+    for directory in _cache_dirs():
+        target = directory / f"lib{name}-{digest}.so"
+        if not target.exists():
+            try:
+                compile_library(source, target)
+            except OSError as exc:  # read-only checkout: try the next place
+                errors.append(f"{directory}: {exc}")
+                continue
+        return ctypes.CDLL(str(target))
+    raise RuntimeError(f"cannot build kernel library {name!r}: " + "; ".join(errors))
+
+
+def load_kernel_library(name: str) -> ctypes.CDLL:
+    """Load the C library built from `kernels/cpu/<name>.c` (building it if needed)."""
+    if name in _loaded:
+        return _loaded[name]
+    source = KERNEL_DIR / f"{name}.c"
+    if source.exists():
+        digest = source_hash(source)
+        lib = _installed_library(name, digest) or _compiled_library(source, name, digest)
+    else:  # an installed package without its sources: only the built library exists
+        lib = _installed_library(name, None)
+        if lib is None:
+            raise RuntimeError(f"kernel library {name!r}: neither {source} nor a built "
+                               f"library in {PACKAGE_DIR} exists; reinstall refimpl")
+    _loaded[name] = lib
+    return lib

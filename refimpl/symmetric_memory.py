@@ -1,0 +1,696 @@
+"""Symmetric memory: buffers that every rank of a group can read and write directly.
+
+A symmetric allocation is one buffer per rank, of the same size, that all ranks of a
+group map into their address space, together with a small *signal pad* per rank for
+synchronisation. `empty_strided_p2p` / `empty` allocate the local buffer (SM-3, SM-4);
+the collective `rendezvous` exchanges the segments through the group's c10d store and
+returns a `SymmetricMemory` handle (SM-5..SM-7) that gives tensors on any peer's buffer,
+signals, and barriers with timeouts that name the late peer (SM-8..SM-11). The CPU
+backend keeps each allocation in a POSIX shared-memory segment under /dev/shm that is
+unlinked as soon as every peer mapped it (SM-12). The `refimpl_symm_mem` op library
+runs one-shot and two-shot all-reduce and a barrier through these buffers with C
+kernels (`kernels/cpu/symm_mem.c`, SM-13..SM-18).
+
+Implements SPEC.md section "6. Symmetric memory": SM-1 .. SM-18.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import json
+import math
+import mmap
+import os
+import secrets
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from refimpl._native import load_kernel_library
+
+__all__ = [
+    "SymmetricMemory", "SymmMemTimeout", "register_allocator", "get_allocator",
+    "set_group_info", "enable_symm_mem_for_group", "is_symm_mem_enabled_for_group",
+    "empty_strided_p2p", "empty", "rendezvous", "get_symmetric_memory", "is_symm_mem_tensor",
+    "set_default_timeout", "leaked_segments", "ops", "LIBRARY", "SIGNAL_PAD_SIZE",
+    "SEGMENT_PREFIX", "SUPPORTED_DTYPES", "REDUCE_OPS", "DEVICE",
+]
+
+LIBRARY = "refimpl_symm_mem"
+DEVICE = "cpu"  # the device this module's backend allocates on (for conformance cases)
+SIGNAL_PAD_SIZE = 4096  # bytes per rank: uint32 slots, one per (channel, peer)
+SEGMENT_PREFIX = "refimpl-symm-"
+SHM_DIR = os.environ.get("REFIMPL_SHM_DIR", "/dev/shm")
+MAX_WORLD_SIZE = 64  # the C kernels' limit
+_default_timeout_ms = int(os.environ.get("REFIMPL_SYMM_MEM_TIMEOUT_MS", "60000"))
+
+
+def set_default_timeout(timeout_ms: int) -> int:
+    """Set the timeout used when a call passes none (or 0); returns the previous one."""
+    global _default_timeout_ms
+    if not isinstance(timeout_ms, int) or timeout_ms <= 0:
+        raise ValueError(f"timeout_ms: must be a positive int, got {timeout_ms!r} [SM-11]")
+    previous, _default_timeout_ms = _default_timeout_ms, timeout_ms
+    return previous
+
+
+def _timeout_ms(timeout_ms) -> int:
+    """0 (upstream's default) means the module default: no wait in refimpl is unbounded."""
+    if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or timeout_ms < 0:
+        raise ValueError(f"timeout_ms: must be a non-negative int, got {timeout_ms!r} [SM-11]")
+    return timeout_ms or _default_timeout_ms
+
+
+class SymmMemTimeout(TimeoutError):
+    """A wait on a peer ran out of time; `peer` is the group rank waited for."""
+
+    def __init__(self, message: str, peer: int):
+        super().__init__(message)
+        self.peer = peer
+
+
+# --------------------------------------------------------------------------------------
+# The C kernels (SM-18)
+# --------------------------------------------------------------------------------------
+_lib = load_kernel_library("symm_mem")
+_i32, _i64, _ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
+_peer_p = ctypes.POINTER(ctypes.c_int32)
+_lib.rsm_put_signal.argtypes = [_ptr, _i32, _i32, _i32, _i64]
+_lib.rsm_wait_signal.argtypes = [_ptr, _i32, _i32, _i32, _i64]
+_lib.rsm_barrier.argtypes = [_ptr, _i32, _i32, _i32, _i64, _peer_p]
+_lib.rsm_one_shot_all_reduce.argtypes = [_ptr, _ptr, _i32, _i32, _i32, _i64, _i64, _i32, _i32,
+                                         _ptr, _i64, _peer_p]
+_lib.rsm_two_shot_all_reduce.argtypes = [_ptr, _ptr, _i32, _i32, _i32, _i64, _i64, _i32, _i32,
+                                         _i64, _peer_p]
+_OK, _PUT_TIMEOUT, _WAIT_TIMEOUT, _BAD_ARGUMENT = 0, 1, 2, 3
+
+# dtype and reduction codes shared with kernels/cpu/symm_mem.c
+SUPPORTED_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int32: 3,
+                    torch.int64: 4}
+REDUCE_OPS = {"sum": 0, "avg": 1, "max": 2, "min": 3}
+
+
+# --------------------------------------------------------------------------------------
+# Allocator registry (SM-1)
+# --------------------------------------------------------------------------------------
+_allocators: dict[str, object] = {}
+
+
+def register_allocator(device_type: str, allocator) -> None:
+    """Make `allocator` serve symmetric allocations on devices of `device_type`."""
+    _allocators[str(device_type)] = allocator
+
+
+def get_allocator(device_type) -> object:
+    device_type = getattr(device_type, "type", device_type)
+    try:
+        return _allocators[str(device_type)]
+    except KeyError:
+        raise ValueError(f"device: symmetric memory has no allocator for device type "
+                         f"{str(device_type)!r} (registered: {sorted(_allocators)}) "
+                         f"[SM-1]") from None
+
+
+# --------------------------------------------------------------------------------------
+# Groups (SM-2)
+# --------------------------------------------------------------------------------------
+@dataclass
+class _GroupInfo:
+    rank: int
+    world_size: int
+    store: dist.Store
+    rendezvous_count: int = 0
+
+
+_groups: dict[str, _GroupInfo] = {}
+
+
+def set_group_info(group_name: str, rank: int, world_size: int, store: dist.Store) -> None:
+    """Register the rank, size and rendezvous store of the group `group_name`, once."""
+    if not isinstance(group_name, str):
+        raise TypeError(f"group_name: expected a str, got {type(group_name).__name__} [SM-2]")
+    if group_name in _groups:
+        raise ValueError(f"group_name: group info for {group_name!r} is already set [SM-2]")
+    if not isinstance(world_size, int) or not 1 <= world_size <= MAX_WORLD_SIZE:
+        raise ValueError(f"world_size: must be in 1..{MAX_WORLD_SIZE}, got {world_size!r} [SM-2]")
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank: must be in 0..{world_size - 1}, got {rank!r} [SM-2]")
+    if not isinstance(store, dist.Store):
+        raise TypeError(f"store: expected a torch.distributed.Store, got "
+                        f"{type(store).__name__} [SM-2]")
+    _groups[group_name] = _GroupInfo(rank, world_size, store)
+
+
+def _group_name_of(group) -> str:
+    if isinstance(group, str):
+        return group
+    if isinstance(group, dist.ProcessGroup):
+        return group.group_name
+    raise TypeError(f"group: expected a group name or a ProcessGroup, got "
+                    f"{type(group).__name__} [SM-2]")
+
+
+def enable_symm_mem_for_group(group) -> None:
+    """Set the group info of a registered ProcessGroup from the group itself (idempotent)."""
+    group_name = _group_name_of(group)
+    if group_name in _groups:
+        return
+    try:
+        pg = c10d._resolve_process_group(group_name)
+    except Exception as exc:
+        raise ValueError(f"group: no process group is registered as {group_name!r} "
+                         f"[SM-2]") from exc
+    global_ranks = "_".join(map(str, dist.get_process_group_ranks(pg)))
+    # Groups with the same ranks share the same store keys only under the same name.
+    store = dist.PrefixStore(f"{SEGMENT_PREFIX}{global_ranks}-{group_name}",
+                             c10d._get_process_group_store(pg))
+    set_group_info(group_name, pg.rank(), pg.size(), store)
+
+
+def is_symm_mem_enabled_for_group(group) -> bool:
+    return _group_name_of(group) in _groups
+
+
+def _group_info(group_name: str, where: str) -> _GroupInfo:
+    if group_name not in _groups:
+        enable_symm_mem_for_group(group_name)  # a registered ProcessGroup needs no setup
+    return _groups[group_name]
+
+
+# --------------------------------------------------------------------------------------
+# The handle (SM-6 .. SM-11)
+# --------------------------------------------------------------------------------------
+def _check_index(name: str, value, limit: int, rule: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < limit:
+        raise ValueError(f"{name}: must be an int in 0..{limit - 1}, got {value!r} [{rule}]")
+    return value
+
+
+class SymmetricMemory:
+    """One rank's view of a rendezvoused symmetric allocation of a group."""
+
+    def __init__(self, group_name: str, rank: int, world_size: int, buffer_size: int,
+                 maps: list[mmap.mmap], pad_offset: int):
+        self.group_name = group_name
+        self.rank = rank
+        self.world_size = world_size
+        self.buffer_size = buffer_size
+        self.signal_pad_size = SIGNAL_PAD_SIZE
+        self._maps = maps  # keeps every rank's segment mapped while the handle lives
+        self._pad_offset = pad_offset
+        bases = [_address_of(m) for m in maps]
+        self.buffer_ptrs = bases
+        self.signal_pad_ptrs = [b + pad_offset for b in bases]
+        self._buffer_array = (ctypes.c_void_p * world_size)(*self.buffer_ptrs)
+        self._pad_array = (ctypes.c_void_p * world_size)(*self.signal_pad_ptrs)
+        self.channels = SIGNAL_PAD_SIZE // (4 * world_size)
+
+    def __repr__(self):
+        return (f"SymmetricMemory(group={self.group_name!r}, rank={self.rank}, "
+                f"world_size={self.world_size}, buffer_size={self.buffer_size})")
+
+    # ---- tensors on any rank's memory (SM-8)
+    def _view(self, rank, sizes, dtype, storage_offset, base: int, limit: int, what: str):
+        _check_index("rank", rank, self.world_size, "SM-8")
+        sizes = tuple(sizes)
+        if any(not isinstance(s, int) or s < 0 for s in sizes):
+            raise ValueError(f"sizes: must be non-negative ints, got {sizes} [SM-8]")
+        if not isinstance(storage_offset, int) or storage_offset < 0:
+            raise ValueError(f"storage_offset: must be a non-negative int, got "
+                             f"{storage_offset!r} [SM-8]")
+        element = torch.empty((), dtype=dtype).element_size()
+        begin = base + storage_offset * element
+        end = begin + math.prod(sizes) * element
+        if end > base + limit:
+            raise ValueError(
+                f"sizes/storage_offset: {what} of rank {rank} holds {limit} bytes; "
+                f"{sizes} of {dtype} at offset {storage_offset} needs {end - base} [SM-8]")
+        view = memoryview(self._maps[rank])[begin:max(end, begin + element)]
+        flat = torch.frombuffer(view, dtype=torch.uint8).view(dtype)
+        return flat[: math.prod(sizes)].view(sizes)
+
+    def get_buffer(self, rank: int, sizes: Sequence[int], dtype: torch.dtype,
+                   storage_offset: int = 0) -> torch.Tensor:
+        """A tensor on rank `rank`'s buffer (this rank's own, or a peer's)."""
+        return self._view(rank, sizes, dtype, storage_offset, 0, self.buffer_size, "the buffer")
+
+    def get_signal_pad(self, rank: int, sizes: Sequence[int] | None = None,
+                       dtype: torch.dtype | None = None, storage_offset: int = 0) -> torch.Tensor:
+        """A tensor on rank `rank`'s signal pad (default: all of it, as uint32)."""
+        dtype = dtype or torch.uint32
+        if sizes is None or len(sizes) == 0:
+            element = torch.empty((), dtype=dtype).element_size()
+            sizes = (self.signal_pad_size // element - storage_offset,)
+        return self._view(rank, sizes, dtype, storage_offset, self._pad_offset,
+                          self.signal_pad_size, "the signal pad")
+
+    # ---- synchronisation (SM-9 .. SM-11)
+    def _channel(self, channel) -> int:
+        return _check_index("channel", channel, self.channels, "SM-9")
+
+    def put_signal(self, dst_rank: int, channel: int = 0, timeout_ms: int = 0) -> None:
+        """Signal `dst_rank` on `channel`; waits while its previous signal is unconsumed."""
+        _check_index("dst_rank", dst_rank, self.world_size, "SM-9")
+        channel, timeout = self._channel(channel), _timeout_ms(timeout_ms)
+        status = _lib.rsm_put_signal(self.signal_pad_ptrs[dst_rank], self.rank,
+                                     self.world_size, channel, timeout * 1_000_000)
+        self._check(status, dst_rank, "put_signal", channel, timeout)
+
+    def wait_signal(self, src_rank: int, channel: int = 0, timeout_ms: int = 0) -> None:
+        """Wait for (and consume) a signal from `src_rank` on `channel`."""
+        _check_index("src_rank", src_rank, self.world_size, "SM-9")
+        channel, timeout = self._channel(channel), _timeout_ms(timeout_ms)
+        status = _lib.rsm_wait_signal(self.signal_pad_ptrs[self.rank], src_rank,
+                                      self.world_size, channel, timeout * 1_000_000)
+        self._check(status, src_rank, "wait_signal", channel, timeout)
+
+    def barrier(self, channel: int = 0, timeout_ms: int = 0) -> None:
+        """Return once every rank of the group reached this barrier on `channel`."""
+        channel, timeout = self._channel(channel), _timeout_ms(timeout_ms)
+        peer = ctypes.c_int32(-1)
+        status = _lib.rsm_barrier(self._pad_array, self.rank, self.world_size, channel,
+                                  timeout * 1_000_000, ctypes.byref(peer))
+        self._check(status, peer.value, "barrier", channel, timeout)
+
+    def _check(self, status: int, peer: int, what: str, channel: int, timeout_ms: int):
+        if status == _OK:
+            return
+        if status == _PUT_TIMEOUT:
+            did = "did not consume this rank's previous signal"
+        elif status == _WAIT_TIMEOUT:
+            did = "did not signal"
+        else:
+            raise RuntimeError(f"{what}: the kernel refused its arguments (status {status})")
+        raise SymmMemTimeout(
+            f"{what}: rank {peer} of group {self.group_name!r} {did} on channel {channel} "
+            f"within {timeout_ms} ms (waiting on rank {self.rank}) [SM-11]", peer)
+
+
+def _address_of(m: mmap.mmap) -> int:
+    holder = ctypes.c_char.from_buffer(m)
+    try:
+        return ctypes.addressof(holder)
+    finally:
+        del holder  # release the export so the mapping can be closed later
+
+
+# --------------------------------------------------------------------------------------
+# The CPU backend: POSIX shared memory (SM-3, SM-4, SM-5, SM-12)
+# --------------------------------------------------------------------------------------
+def _pad_offset(nbytes: int) -> int:
+    return (nbytes + 63) // 64 * 64  # the signal pad starts on its own cache line
+
+
+@dataclass(eq=False)
+class _Allocation:
+    """This rank's segment: buffer bytes, then the signal pad."""
+
+    nbytes: int
+    map: mmap.mmap
+    group_name: str | None
+    alloc_id: int | None
+    fd: int | None  # the unnamed segment's file, until rendezvous names it
+    handle: SymmetricMemory | None = None
+    holder: weakref.ref | None = None  # the memoryview behind the live tensor
+    base: int = field(default=0)
+
+
+def _open_segment(size: int) -> tuple[int, mmap.mmap]:
+    """A new, zeroed, still unnamed shared-memory file of `size` bytes, mapped."""
+    fd = os.open(SHM_DIR, os.O_TMPFILE | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        return fd, mmap.mmap(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _segment_path(name: str) -> str:
+    return os.path.join(SHM_DIR, name)
+
+
+def _name_segment(fd: int) -> str:
+    """Give the unnamed segment a name under SHM_DIR, unique to this process and call."""
+    name = f"{SEGMENT_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+    proc_fds = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.link(str(fd), _segment_path(name), src_dir_fd=proc_fds, follow_symlinks=True)
+    finally:
+        os.close(proc_fds)
+    return name
+
+
+def _unlink_quietly(name: str) -> None:
+    try:
+        os.unlink(_segment_path(name))
+    except FileNotFoundError:
+        pass
+
+
+def leaked_segments() -> list[str]:
+    """Names of refimpl segments present under SHM_DIR (there should be none, SM-12)."""
+    try:
+        return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(SEGMENT_PREFIX))
+    except FileNotFoundError:
+        return []
+
+
+def _storage_elements(size: tuple[int, ...], stride: tuple[int, ...]) -> int:
+    if any(s == 0 for s in size):
+        return 0
+    return 1 + sum((s - 1) * st for s, st in zip(size, stride, strict=True))
+
+
+class CpuAllocator:
+    """Symmetric allocations in /dev/shm, exchanged through the group's store."""
+
+    def __init__(self):
+        self._live: dict[int, _Allocation] = {}  # base address -> live allocation
+        self._persistent: dict[int, _Allocation] = {}  # alloc_id -> allocation
+
+    # ---- allocation (SM-3, SM-4)
+    def empty_strided_p2p(self, size, stride, dtype, group_name, alloc_id) -> torch.Tensor:
+        element = torch.empty((), dtype=dtype).element_size()
+        nbytes = _storage_elements(size, stride) * element
+        if alloc_id is None:
+            alloc = self._new_allocation(nbytes, group_name, None)
+        else:
+            alloc = self._persistent_allocation(nbytes, group_name, alloc_id)
+        view = memoryview(alloc.map)[: max(nbytes, element)]
+        alloc.holder = weakref.ref(view)
+        weakref.finalize(view, self._release, alloc.base, alloc)
+        self._live[alloc.base] = alloc
+        flat = torch.frombuffer(view, dtype=torch.uint8).view(dtype)
+        return flat.as_strided(size, stride)
+
+    def _new_allocation(self, nbytes, group_name, alloc_id) -> _Allocation:
+        fd, segment = _open_segment(_pad_offset(nbytes) + SIGNAL_PAD_SIZE)
+        alloc = _Allocation(nbytes, segment, group_name, alloc_id, fd)
+        alloc.base = _address_of(segment)
+        return alloc
+
+    def _persistent_allocation(self, nbytes, group_name, alloc_id) -> _Allocation:
+        alloc = self._persistent.get(alloc_id)
+        if alloc is None:
+            alloc = self._persistent[alloc_id] = self._new_allocation(nbytes, group_name, alloc_id)
+            return alloc
+        if alloc.holder is not None and alloc.holder() is not None:
+            raise RuntimeError(f"alloc_id: cannot allocate alloc_id {alloc_id} while the "
+                               f"previous allocation with this id is still alive [SM-4]")
+        if alloc.nbytes != nbytes:
+            raise ValueError(f"alloc_id: alloc_id {alloc_id} was allocated with {alloc.nbytes} "
+                             f"bytes; this request needs {nbytes} [SM-4]")
+        if alloc.group_name != group_name:
+            raise ValueError(f"alloc_id: alloc_id {alloc_id} belongs to group "
+                             f"{alloc.group_name!r}, not {group_name!r} [SM-4]")
+        return alloc
+
+    def _release(self, base: int, alloc: _Allocation) -> None:
+        """The tensor over `alloc` died: forget it (a persistent one keeps its memory)."""
+        if self._live.get(base) is alloc:
+            del self._live[base]
+        if alloc.alloc_id is None and alloc.fd is not None:
+            os.close(alloc.fd)
+            alloc.fd = None
+
+    def allocation_of(self, tensor: torch.Tensor) -> _Allocation | None:
+        return self._live.get(tensor.untyped_storage().data_ptr())
+
+    # ---- rendezvous (SM-5, SM-12)
+    def rendezvous(self, alloc: _Allocation, group_name: str, timeout_ms: int) -> SymmetricMemory:
+        info = _group_info(group_name, "rendezvous")
+        info.rendezvous_count += 1
+        key = f"rdzv{info.rendezvous_count}"
+        deadline_s = timeout_ms / 1000
+        own_name = _name_segment(alloc.fd)
+        published: list[str] = [own_name]
+        try:
+            record = {"name": own_name, "nbytes": alloc.nbytes, "pid": os.getpid()}
+            info.store.set(f"{key}/segment{info.rank}", json.dumps(record))
+            records = _gather(info, f"{key}/segment", deadline_s, "rendezvous")
+            published = [r["name"] for r in records]
+            _check_sizes(records, alloc.nbytes, info.rank)
+            maps = [alloc.map if r == info.rank else _map_peer(records[r], alloc.map.size())
+                    for r in range(info.world_size)]
+            info.store.set(f"{key}/mapped{info.rank}", "1")
+            _gather(info, f"{key}/mapped", deadline_s, "rendezvous")
+        except BaseException:
+            # A peer may have died before unlinking its segment: unlink every one we know.
+            for name in published:
+                _unlink_quietly(name)
+            raise
+        _unlink_quietly(own_name)  # every peer has it mapped now; nothing can leak
+        os.close(alloc.fd)
+        alloc.fd = None
+        return SymmetricMemory(group_name, info.rank, info.world_size, alloc.nbytes, maps,
+                               _pad_offset(alloc.nbytes))
+
+
+def _gather(info: _GroupInfo, prefix: str, timeout_s: float, what: str) -> list:
+    """Wait for key `prefix<r>` of every rank r; name the ranks missing at the timeout."""
+    keys = [f"{prefix}{r}" for r in range(info.world_size)]
+    try:
+        info.store.wait(keys, datetime.timedelta(seconds=timeout_s))
+    except Exception:
+        missing = [r for r, k in enumerate(keys) if not info.store.check([k])]
+        raise SymmMemTimeout(
+            f"{what}: rank(s) {missing} of the group did not arrive within "
+            f"{timeout_s * 1000:.0f} ms (waiting on rank {info.rank}) [SM-11]",
+            missing[0] if missing else -1) from None
+    values = [info.store.get(k).decode() for k in keys]
+    return [json.loads(v) if v.startswith("{") else v for v in values]
+
+
+def _check_sizes(records: list[dict], nbytes: int, rank: int) -> None:
+    for peer, record in enumerate(records):
+        if record["nbytes"] != nbytes:
+            raise ValueError(f"tensor: rendezvous needs allocations of one size on every rank; "
+                             f"rank {rank} has {nbytes} bytes, rank {peer} has "
+                             f"{record['nbytes']} [SM-5]")
+
+
+def _map_peer(record: dict, size: int) -> mmap.mmap:
+    fd = os.open(_segment_path(record["name"]), os.O_RDWR)
+    try:
+        actual = os.fstat(fd).st_size
+        if actual != size:
+            raise RuntimeError(f"rendezvous: segment {record['name']} has {actual} bytes, "
+                               f"expected {size} [SM-12]")
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+
+
+register_allocator("cpu", CpuAllocator())
+
+
+# --------------------------------------------------------------------------------------
+# Public API (SM-3 .. SM-6)
+# --------------------------------------------------------------------------------------
+def _check_shape(size, stride) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    size, stride = tuple(size), tuple(stride)
+    if any(not isinstance(s, int) or s < 0 for s in size):
+        raise ValueError(f"size: must be non-negative ints, got {size} [SM-3]")
+    if len(stride) != len(size) or any(not isinstance(s, int) or s < 0 for s in stride):
+        raise ValueError(f"stride: must be {len(size)} non-negative ints, got {stride} [SM-3]")
+    return size, stride
+
+
+def empty_strided_p2p(size, stride, dtype: torch.dtype, device, group_name: str | None = None,
+                      alloc_id: int | None = None) -> torch.Tensor:
+    """An uninitialised tensor whose storage is a symmetric allocation (not collective).
+
+    With `alloc_id`, the allocation is persistent: the same id gives the same memory at
+    the same address once the previous tensor with that id is gone (SM-4).
+    """
+    size, stride = _check_shape(size, stride)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype: expected a torch.dtype, got {dtype!r} [SM-3]")
+    if group_name is not None and not isinstance(group_name, str):
+        raise TypeError(f"group_name: expected a str or None, got {group_name!r} [SM-3]")
+    if alloc_id is not None and (not isinstance(alloc_id, int) or isinstance(alloc_id, bool)):
+        raise TypeError(f"alloc_id: expected an int or None, got {alloc_id!r} [SM-4]")
+    allocator = get_allocator(torch.device(device).type)
+    return allocator.empty_strided_p2p(size, stride, dtype, group_name, alloc_id)
+
+
+def empty(*size, dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
+    """Like `torch.empty`, but the storage is a symmetric allocation (SM-3)."""
+    if len(size) == 1 and isinstance(size[0], Sequence):
+        size = tuple(size[0])
+    dtype = dtype or torch.get_default_dtype()
+    device = torch.device(device) if device is not None else torch.get_default_device()
+    stride = tuple(torch._prims_common.make_contiguous_strides_for(size))
+    return empty_strided_p2p(size, stride, dtype, device)
+
+
+def _allocation(tensor, where: str, arg: str = "tensor"):
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{arg}: expected a Tensor, got {type(tensor).__name__} [SM-5]")
+    allocator = get_allocator(tensor.device.type)
+    alloc = allocator.allocation_of(tensor)
+    if alloc is None:
+        raise ValueError(f"{arg}: {where} needs a tensor allocated by empty_strided_p2p or "
+                         f"empty (a symmetric allocation); this one is not [SM-5]")
+    return allocator, alloc
+
+
+def rendezvous(tensor: torch.Tensor, group=None, *, timeout_ms: int = 0) -> SymmetricMemory:
+    """Collective: map every rank's allocation of `tensor`; returns the (cached) handle."""
+    allocator, alloc = _allocation(tensor, "rendezvous")
+    group_name = _group_name_of(group) if group is not None else alloc.group_name
+    if group_name is None:
+        raise ValueError("group: rendezvous needs a group when the tensor was allocated "
+                         "without one [SM-5]")
+    if alloc.group_name is not None and alloc.group_name != group_name:
+        raise ValueError(f"group: the tensor was allocated for group {alloc.group_name!r}, "
+                         f"not {group_name!r} [SM-5]")
+    if alloc.handle is not None:
+        if alloc.handle.group_name != group_name:
+            raise ValueError(f"group: the tensor was rendezvoused with group "
+                             f"{alloc.handle.group_name!r}, not {group_name!r} [SM-5]")
+        return alloc.handle
+    alloc.handle = allocator.rendezvous(alloc, group_name, _timeout_ms(timeout_ms))
+    return alloc.handle
+
+
+def get_symmetric_memory(tensor: torch.Tensor) -> SymmetricMemory:
+    """The handle of a rendezvoused tensor; fails before its rendezvous (SM-6)."""
+    _, alloc = _allocation(tensor, "get_symmetric_memory")
+    if alloc.handle is None:
+        raise RuntimeError("tensor: get_symmetric_memory needs a tensor that went through "
+                           "rendezvous first [SM-6]")
+    return alloc.handle
+
+
+def is_symm_mem_tensor(tensor: torch.Tensor) -> bool:
+    allocator = _allocators.get(tensor.device.type)
+    return allocator is not None and allocator.allocation_of(tensor) is not None
+
+
+# --------------------------------------------------------------------------------------
+# Ops (SM-13 .. SM-17)
+# --------------------------------------------------------------------------------------
+SCHEMAS = {
+    "one_shot_all_reduce": "(Tensor input, str reduce_op, str group_name) -> Tensor",
+    "one_shot_all_reduce_out":
+        "(Tensor input, str reduce_op, str group_name, *, Tensor(a!) out) -> Tensor(a!)",
+    "two_shot_all_reduce_": "(Tensor(a!) input, str reduce_op, str group_name) -> Tensor(a!)",
+    "barrier": "(Tensor(a!) input, str group_name, int channel=0, int timeout_ms=0) -> ()",
+}
+_oplib = torch.library.Library(LIBRARY, "DEF")
+for _name, _schema in SCHEMAS.items():
+    _oplib.define(_name + _schema)
+ops = getattr(torch.ops, LIBRARY)
+_OP_CHANNEL = 0  # the signal-pad channel the all-reduce kernels synchronise on
+
+
+def _check_reduce_input(input, reduce_op, where: str) -> int:
+    """Checks every backend applies before anything runs, fake kernels included (SM-14)."""
+    if not isinstance(reduce_op, str) or reduce_op.lower() not in REDUCE_OPS:
+        raise ValueError(f"reduce_op: {where} supports {sorted(REDUCE_OPS)}, got "
+                         f"{reduce_op!r} [SM-14]")
+    op = reduce_op.lower()
+    if input.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"input: {where} supports dtypes {list(SUPPORTED_DTYPES)}, got "
+                         f"{input.dtype} [SM-14]")
+    if op == "avg" and not input.dtype.is_floating_point:
+        raise ValueError(f"reduce_op: 'avg' needs a floating dtype, got {input.dtype} [SM-14]")
+    if not input.is_contiguous():
+        raise ValueError(f"input: {where} needs a contiguous tensor [SM-14]")
+    return REDUCE_OPS[op]
+
+
+def _check_out(input, out) -> None:
+    if out.shape != input.shape or out.dtype != input.dtype or not out.is_contiguous():
+        raise ValueError(f"out: must be contiguous with the input's shape {tuple(input.shape)} "
+                         f"and dtype {input.dtype}, got {tuple(out.shape)} {out.dtype} [SM-14]")
+
+
+def _symmetric_input(input, group_name: str, where: str) -> tuple[SymmetricMemory, int]:
+    """The handle of `input`'s allocation (rendezvous on first use) and its byte offset."""
+    _, alloc = _allocation(input, where, arg="input")
+    handle = rendezvous(input, group_name)
+    return handle, input.data_ptr() - alloc.base
+
+
+def _raise_kernel_status(status: int, peer: int, handle: SymmetricMemory, where: str):
+    handle._check(status, peer, where, _OP_CHANNEL, _default_timeout_ms)
+
+
+def _one_shot_into(input, op_code, group_name, out, where):
+    handle, offset = _symmetric_input(input, group_name, where)
+    if out.untyped_storage().data_ptr() == input.untyped_storage().data_ptr():
+        raise ValueError(f"out: {where} must not write into the input's allocation, which "
+                         f"peers are reading [SM-14]")
+    peer = ctypes.c_int32(-1)
+    status = _lib.rsm_one_shot_all_reduce(
+        handle._buffer_array, handle._pad_array, handle.rank, handle.world_size, _OP_CHANNEL,
+        offset, input.numel(), SUPPORTED_DTYPES[input.dtype], op_code, out.data_ptr(),
+        _default_timeout_ms * 1_000_000, ctypes.byref(peer))
+    _raise_kernel_status(status, peer.value, handle, where)
+    return out
+
+
+@torch.library.impl(_oplib, "one_shot_all_reduce", "CPU")
+def _one_shot_all_reduce(input, reduce_op, group_name):
+    op_code = _check_reduce_input(input, reduce_op, "one_shot_all_reduce")
+    out = torch.empty(input.shape, dtype=input.dtype)
+    return _one_shot_into(input, op_code, group_name, out, "one_shot_all_reduce")
+
+
+@torch.library.impl(_oplib, "one_shot_all_reduce_out", "CPU")
+def _one_shot_all_reduce_out(input, reduce_op, group_name, *, out):
+    op_code = _check_reduce_input(input, reduce_op, "one_shot_all_reduce_out")
+    _check_out(input, out)
+    return _one_shot_into(input, op_code, group_name, out, "one_shot_all_reduce_out")
+
+
+@torch.library.impl(_oplib, "two_shot_all_reduce_", "CPU")
+def _two_shot_all_reduce_(input, reduce_op, group_name):
+    op_code = _check_reduce_input(input, reduce_op, "two_shot_all_reduce_")
+    handle, offset = _symmetric_input(input, group_name, "two_shot_all_reduce_")
+    peer = ctypes.c_int32(-1)
+    status = _lib.rsm_two_shot_all_reduce(
+        handle._buffer_array, handle._pad_array, handle.rank, handle.world_size, _OP_CHANNEL,
+        offset, input.numel(), SUPPORTED_DTYPES[input.dtype], op_code,
+        _default_timeout_ms * 1_000_000, ctypes.byref(peer))
+    _raise_kernel_status(status, peer.value, handle, "two_shot_all_reduce_")
+    return input
+
+
+@torch.library.impl(_oplib, "barrier", "CPU")
+def _barrier(input, group_name, channel=0, timeout_ms=0):
+    handle, _ = _symmetric_input(input, group_name, "barrier")
+    handle.barrier(channel, timeout_ms)
+
+
+# Fake kernels: shapes without communication, after the same argument checks (SM-13).
+@torch.library.register_fake(f"{LIBRARY}::one_shot_all_reduce", lib=_oplib)
+def _(input, reduce_op, group_name):
+    _check_reduce_input(input, reduce_op, "one_shot_all_reduce")
+    return input.new_empty(input.shape)
+
+
+@torch.library.register_fake(f"{LIBRARY}::one_shot_all_reduce_out", lib=_oplib)
+def _(input, reduce_op, group_name, *, out):
+    _check_reduce_input(input, reduce_op, "one_shot_all_reduce_out")
+    _check_out(input, out)
+    return out
+
+
+@torch.library.register_fake(f"{LIBRARY}::two_shot_all_reduce_", lib=_oplib)
+def _(input, reduce_op, group_name):
+    _check_reduce_input(input, reduce_op, "two_shot_all_reduce_")
+    return input
+
+
+@torch.library.register_fake(f"{LIBRARY}::barrier", lib=_oplib)
+def _(input, group_name, channel=0, timeout_ms=0):
+    return None
