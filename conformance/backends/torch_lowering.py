@@ -6,7 +6,8 @@ program with `torch.compile(backend="inductor", fullgraph=True)` on CPU, capture
 generated wrapper code with `torch._inductor.utils.run_and_get_code`, and reads every
 `torch.ops._c10d_functional.*` / `torch.ops.symm_mem.*` call of it, in order, into
 `conformance.comm_trace.CommEvent`s. Buffer shapes and dtypes come from the
-`empty_strided_cpu` and `assert_size_stride` lines of the same code.
+`empty_strided_cpu`, `assert_size_stride` and `rand_strided` (graph inputs) lines of
+the same code.
 
 Options (a dict, the same keys as refimpl's CommLoweringConfig) map onto
 `torch._inductor.config`: `auto_select` and `one_shot_all_reduce_threshold_bytes` onto
@@ -36,6 +37,8 @@ _EMPTY = re.compile(r"^(\w+) = empty_strided_\w+\(\(([^)]*)\), \([^)]*\), torch\
 _ASSERT = re.compile(r"^assert_size_stride\((\w+), \(([^)]*)\),")
 _GETITEM = re.compile(r"^(\w+) = (\w+)\[(\d+)\]$")
 _ALIAS = re.compile(r"^(\w+) = (\w+); del \w+\s*# reuse")
+_RAND_ARG = re.compile(r"^\s*(\w+) = rand_strided\(\(([^)]*)\), \([^)]*\), device='\w+', "
+                       r"dtype=torch\.(\w+)\)")
 _REINTERPRET = re.compile(r"^(\w+) = reinterpret_tensor\((\w+), \(([^)]*)\),")
 
 
@@ -71,13 +74,13 @@ def _shape(text: str) -> list[int]:
 class _CodeReader:
     """Reads wrapper code into comm events; buffers numbered by first use in an event."""
 
-    def __init__(self, lines: list[str], example_inputs):
+    def __init__(self, lines: list[str], arg_lines: list[str]):
         self.meta: dict[str, tuple[torch.dtype, list[int]]] = {}
         self.ids: dict[str, int] = {}
         self.next = 0
-        tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
-        for i, t in enumerate(tensors):
-            self.meta[f"arg{i}_1"] = (t.dtype, list(t.shape))
+        # The graph inputs, as the module's own `get_args` rebuilds them.
+        for m in filter(None, map(_RAND_ARG.match, arg_lines)):
+            self.meta[m.group(1)] = (getattr(torch, m.group(3)), _shape(m.group(2)))
         self.shapes = {m.group(1): _shape(m.group(2))
                        for m in map(_ASSERT.match, lines) if m}
         self.lines = lines
@@ -154,7 +157,7 @@ class _CodeReader:
 
     def fresh_outputs(self, result, inputs, schema) -> list[str]:
         dtype = self.meta.get(inputs[0], (torch.float32, []))[0] if inputs else torch.float32
-        if str(schema.returns[0].type) == "Tensor[]":
+        if isinstance(schema.returns[0].type, torch.ListType):
             ids = []
             labels = []
             for i, source in enumerate(inputs):
@@ -200,9 +203,9 @@ def _call_lines(code: str) -> list[str]:
     return lines
 
 
-def comm_trace_of_code(code: str, example_inputs) -> list[CommEvent]:
+def comm_trace_of_code(code: str) -> list[CommEvent]:
     """The comm trace of one Inductor wrapper module."""
-    return _CodeReader(_call_lines(code), example_inputs).events()
+    return _CodeReader(_call_lines(code), code.splitlines()).events()
 
 
 def lowered_comm_trace(fn, example_inputs, options=None) -> list[CommEvent]:
@@ -210,7 +213,7 @@ def lowered_comm_trace(fn, example_inputs, options=None) -> list[CommEvent]:
     _, codes = _compile_and_run(fn, example_inputs, options)
     events = []
     for code in codes:
-        events.extend(comm_trace_of_code(code, example_inputs))
+        events.extend(comm_trace_of_code(code))
     return events
 
 
