@@ -246,8 +246,8 @@ wait b0""")
 # ---- one-shot all-reduce (CL-10 .. CL-14) -----------------------------------------------
 @pytest.mark.spec("CL-10", "CL-11", "CL-9", "CL-15")
 def test_small_sum_all_reduce_goes_one_shot(backend, fake_world):
-    assert_expected_inline(comm_trace(backend, "ar_small_intermediate", [(4,)], ONE_SHOT),
-                           """one_shot_all_reduce out-of-place ranks[0,1] sum in=b0:f32[4] out=b1:f32[4]""")
+    assert_expected_inline(comm_trace(backend, "ar_small_intermediate", [(4,)], ONE_SHOT), """\
+one_shot_all_reduce out-of-place ranks[0,1] sum in=b0:f32[4] out=b1:f32[4]""")
     graph = lowered_text(backend, "ar_small_intermediate", [(4,)], ONE_SHOT)
     if graph is not None:
         assert_expected_inline(graph, """\
@@ -256,13 +256,14 @@ def test_small_sum_all_reduce_goes_one_shot(backend, fake_world):
 %2 = aten.mul.out(%0, 2, out=%1) : f32[4]
 %3 = refimpl_symm_mem.one_shot_all_reduce(%2, 'sum', ranks[0,1]) : f32[4]
 %4 = aten.add.Tensor(%3, 1) : f32[4]
-return %4""")
+return %4""")  # noqa: E501
     check_numerics(backend, "ar_small_intermediate", [(4,)], ONE_SHOT)
 
 
 @pytest.mark.spec("CL-14", "CL-10", "CL-9", "CL-15")
 def test_small_sum_all_reduce_inplace_goes_one_shot(backend, fake_world):
-    assert_expected_inline(comm_trace(backend, "ar_inplace_small", [(4,)], ONE_SHOT), """one_shot_all_reduce out-of-place ranks[0,1] sum in=b0:f32[4] out=b1:f32[4]""")
+    assert_expected_inline(comm_trace(backend, "ar_inplace_small", [(4,)], ONE_SHOT), """\
+one_shot_all_reduce out-of-place ranks[0,1] sum in=b0:f32[4] out=b1:f32[4]""")
     graph = lowered_text(backend, "ar_inplace_small", [(4,)], ONE_SHOT)
     if graph is not None:
         assert_expected_inline(graph, """\
@@ -272,7 +273,7 @@ def test_small_sum_all_reduce_inplace_goes_one_shot(backend, fake_world):
 %3 = refimpl_symm_mem.one_shot_all_reduce(%2, 'sum', ranks[0,1]) : f32[4]
 %4 = aten.copy_(%2, %3) : f32[4]
 %5 = aten.add.Tensor(%4, 1) : f32[4]
-return %5""")
+return %5""")  # noqa: E501
     check_numerics(backend, "ar_inplace_small", [(4,)], ONE_SHOT)
 
 
