@@ -435,6 +435,20 @@ class _Lowering:
         self.keep_outputs_out_of_comm_buffers()
 
 
+def _check_traced(gm: torch.fx.GraphModule) -> None:
+    """Collectives must be op overloads whose tensor arguments carry fake values (CL-1)."""
+    for node in gm.graph.nodes:
+        target = node.target
+        if (isinstance(target, torch._ops.OpOverloadPacket)
+                and target._qualified_op_name.split("::")[0] in COLLECTIVE_NAMESPACES):
+            raise ValueError(f"gm: node {node.name!r} calls the packet {target} with no "
+                             f"overload and no meta['val']; lower needs a graph traced with "
+                             f"fake values (make_fx, torch.compile) [CL-1]")
+        if _op_name(node) is not None:
+            _val(node)
+            torch.fx.node.map_arg(node.args, _val)
+
+
 def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     graph = torch.fx.Graph()
     outputs = graph.graph_copy(gm.graph, {})
@@ -451,9 +465,7 @@ def lower(gm: torch.fx.GraphModule, config: CommLoweringConfig | None = None
     if not isinstance(config, CommLoweringConfig):
         raise TypeError(f"config: expected a CommLoweringConfig, got "
                         f"{type(config).__name__} [CL-1]")
-    for node in gm.graph.nodes:
-        if node.op != "output" and _op_name(node) is not None:
-            torch.fx.node.map_arg(node.args, _val)
+    _check_traced(gm)
     lowered = _copy(gm)
     _Lowering(lowered, config).run()
     lowered.graph.lint()
