@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import re
 import types
+import warnings
 
 import torch
 
@@ -53,7 +54,10 @@ def _enable_symm_mem(options: dict) -> None:
     from torch.distributed._symmetric_memory import enable_symm_mem_for_group
 
     for name in options.get("enable_symm_mem_for", ()):
-        enable_symm_mem_for_group(name)
+        with warnings.catch_warnings():
+            # 2.13 deprecates the call (groups need no enabling); older versions need it.
+            warnings.simplefilter("ignore", FutureWarning)
+            enable_symm_mem_for_group(name)
 
 
 def _compile_and_run(fn, example_inputs, options):
