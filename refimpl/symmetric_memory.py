@@ -209,6 +209,8 @@ class SymmetricMemory:
         self._buffer_array = (ctypes.c_void_p * world_size)(*self.buffer_ptrs)
         self._pad_array = (ctypes.c_void_p * world_size)(*self.signal_pad_ptrs)
         self.channels = SIGNAL_PAD_SIZE // (4 * world_size)
+        self._peer = ctypes.c_int32(-1)  # where a kernel reports the peer it timed out on
+        self._peer_ref = ctypes.pointer(self._peer)
 
     def __repr__(self):
         return (f"SymmetricMemory(group={self.group_name!r}, rank={self.rank}, "
@@ -272,10 +274,9 @@ class SymmetricMemory:
     def barrier(self, channel: int = 0, timeout_ms: int = 0) -> None:
         """Return once every rank of the group reached this barrier on `channel`."""
         channel, timeout = self._channel(channel), _timeout_ms(timeout_ms)
-        peer = ctypes.c_int32(-1)
         status = _lib.rsm_barrier(self._pad_array, self.rank, self.world_size, channel,
-                                  timeout * 1_000_000, ctypes.byref(peer))
-        self._check(status, peer.value, "barrier", channel, timeout)
+                                  timeout * 1_000_000, self._peer_ref)
+        self._check(status, self._peer.value, "barrier", channel, timeout)
 
     def _check(self, status: int, peer: int, what: str, channel: int, timeout_ms: int):
         if status == _OK:
@@ -487,7 +488,8 @@ def _map_peer(record: dict, size: int) -> mmap.mmap:
         os.close(fd)
 
 
-register_allocator("cpu", CpuAllocator())
+_cpu_allocator = CpuAllocator()
+register_allocator("cpu", _cpu_allocator)
 
 
 # --------------------------------------------------------------------------------------
@@ -591,20 +593,34 @@ ops = getattr(torch.ops, LIBRARY)
 _OP_CHANNEL = 0  # the signal-pad channel the all-reduce kernels synchronise on
 
 
-def _check_reduce_input(input, reduce_op, where: str) -> int:
+# Valid (reduce_op, dtype) pairs and their kernel codes, so the hot path is one lookup.
+_KERNEL_CODES = {(op, dtype): (op_code, dtype_code)
+                 for op, op_code in REDUCE_OPS.items()
+                 for dtype, dtype_code in SUPPORTED_DTYPES.items()
+                 if op != "avg" or dtype.is_floating_point}
+
+
+def _check_reduce_input(input, reduce_op, where: str) -> tuple[int, int]:
     """Checks every backend applies before anything runs, fake kernels included (SM-14)."""
+    codes = _KERNEL_CODES.get((reduce_op, input.dtype))
+    if codes is None:
+        codes = _explain_reduce_input(input, reduce_op, where)
+    if not input.is_contiguous():
+        raise ValueError(f"input: {where} needs a contiguous tensor [SM-14]")
+    return codes
+
+
+def _explain_reduce_input(input, reduce_op, where: str) -> tuple[int, int]:
     if not isinstance(reduce_op, str) or reduce_op.lower() not in REDUCE_OPS:
         raise ValueError(f"reduce_op: {where} supports {sorted(REDUCE_OPS)}, got "
                          f"{reduce_op!r} [SM-14]")
-    op = reduce_op.lower()
     if input.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"input: {where} supports dtypes {list(SUPPORTED_DTYPES)}, got "
                          f"{input.dtype} [SM-14]")
-    if op == "avg" and not input.dtype.is_floating_point:
+    codes = _KERNEL_CODES.get((reduce_op.lower(), input.dtype))
+    if codes is None:
         raise ValueError(f"reduce_op: 'avg' needs a floating dtype, got {input.dtype} [SM-14]")
-    if not input.is_contiguous():
-        raise ValueError(f"input: {where} needs a contiguous tensor [SM-14]")
-    return REDUCE_OPS[op]
+    return codes
 
 
 def _check_out(input, out) -> None:
@@ -615,53 +631,52 @@ def _check_out(input, out) -> None:
 
 def _symmetric_input(input, group_name: str, where: str) -> tuple[SymmetricMemory, int]:
     """The handle of `input`'s allocation (rendezvous on first use) and its byte offset."""
-    _, alloc = _allocation(input, where, arg="input")
-    handle = rendezvous(input, group_name)
-    return handle, input.data_ptr() - alloc.base
+    alloc = _cpu_allocator._live.get(input.untyped_storage().data_ptr())
+    if alloc is None or alloc.handle is None or alloc.handle.group_name != group_name:
+        _, alloc = _allocation(input, where, arg="input")  # the checks, with their errors
+        rendezvous(input, group_name)
+    return alloc.handle, input.data_ptr() - alloc.base
 
 
-def _raise_kernel_status(status: int, peer: int, handle: SymmetricMemory, where: str):
-    handle._check(status, peer, where, _OP_CHANNEL, _default_timeout_ms)
-
-
-def _one_shot_into(input, op_code, group_name, out, where):
+def _one_shot_into(input, codes, group_name, out, where):
     handle, offset = _symmetric_input(input, group_name, where)
     if out.untyped_storage().data_ptr() == input.untyped_storage().data_ptr():
         raise ValueError(f"out: {where} must not write into the input's allocation, which "
                          f"peers are reading [SM-14]")
-    peer = ctypes.c_int32(-1)
     status = _lib.rsm_one_shot_all_reduce(
         handle._buffer_array, handle._pad_array, handle.rank, handle.world_size, _OP_CHANNEL,
-        offset, input.numel(), SUPPORTED_DTYPES[input.dtype], op_code, out.data_ptr(),
-        _default_timeout_ms * 1_000_000, ctypes.byref(peer))
-    _raise_kernel_status(status, peer.value, handle, where)
+        offset, input.numel(), codes[1], codes[0], out.data_ptr(),
+        _default_timeout_ms * 1_000_000, handle._peer_ref)
+    if status:
+        handle._check(status, handle._peer.value, where, _OP_CHANNEL, _default_timeout_ms)
     return out
 
 
 @torch.library.impl(_oplib, "one_shot_all_reduce", "CPU")
 def _one_shot_all_reduce(input, reduce_op, group_name):
-    op_code = _check_reduce_input(input, reduce_op, "one_shot_all_reduce")
+    codes = _check_reduce_input(input, reduce_op, "one_shot_all_reduce")
     out = torch.empty(input.shape, dtype=input.dtype)
-    return _one_shot_into(input, op_code, group_name, out, "one_shot_all_reduce")
+    return _one_shot_into(input, codes, group_name, out, "one_shot_all_reduce")
 
 
 @torch.library.impl(_oplib, "one_shot_all_reduce_out", "CPU")
 def _one_shot_all_reduce_out(input, reduce_op, group_name, *, out):
-    op_code = _check_reduce_input(input, reduce_op, "one_shot_all_reduce_out")
+    codes = _check_reduce_input(input, reduce_op, "one_shot_all_reduce_out")
     _check_out(input, out)
-    return _one_shot_into(input, op_code, group_name, out, "one_shot_all_reduce_out")
+    return _one_shot_into(input, codes, group_name, out, "one_shot_all_reduce_out")
 
 
 @torch.library.impl(_oplib, "two_shot_all_reduce_", "CPU")
 def _two_shot_all_reduce_(input, reduce_op, group_name):
-    op_code = _check_reduce_input(input, reduce_op, "two_shot_all_reduce_")
+    codes = _check_reduce_input(input, reduce_op, "two_shot_all_reduce_")
     handle, offset = _symmetric_input(input, group_name, "two_shot_all_reduce_")
-    peer = ctypes.c_int32(-1)
     status = _lib.rsm_two_shot_all_reduce(
         handle._buffer_array, handle._pad_array, handle.rank, handle.world_size, _OP_CHANNEL,
-        offset, input.numel(), SUPPORTED_DTYPES[input.dtype], op_code,
-        _default_timeout_ms * 1_000_000, ctypes.byref(peer))
-    _raise_kernel_status(status, peer.value, handle, "two_shot_all_reduce_")
+        offset, input.numel(), codes[1], codes[0], _default_timeout_ms * 1_000_000,
+        handle._peer_ref)
+    if status:
+        handle._check(status, handle._peer.value, "two_shot_all_reduce_", _OP_CHANNEL,
+                      _default_timeout_ms)
     return input
 
 

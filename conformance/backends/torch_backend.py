@@ -45,7 +45,8 @@ def _make() -> Backend:
         "reorder": _adapter("torch_reorder"),
         "memory": _adapter("torch_memory"),
         "symmetric_memory": _adapter("torch_symm_mem"),
-    }, notes={"reorder": "adapter not written yet", "memory": "adapter not written yet"})
+    }, notes={"reorder": "adapter not written yet", "memory": "adapter not written yet",
+             "symmetric_memory": "upstream implements it for CUDA only"})
 
 
 backend = _make()

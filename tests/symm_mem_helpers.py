@@ -1,0 +1,78 @@
+"""Shared pieces of the symmetric-memory tests: the /dev/shm leak check and references.
+
+A segment counts as leaked (SM-12) when it is still present after a test and either its
+creator is one of this session's worker processes (every rendezvous has finished by
+then) or its creator is dead and the segment is older than a rendezvous timeout (a
+concurrent session's rendezvous may be under way, and survivors of a killed peer unlink
+its segment only once they time out).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+import refimpl.multiprocess as mp
+import refimpl.symmetric_memory as sm
+
+STALE_AFTER_S = 90.0
+
+
+def worker_pids() -> set[int]:
+    return {p.pid for group in mp._groups.values() for p in group.procs}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def segment_pid(name: str) -> int:
+    return int(name[len(sm.SEGMENT_PREFIX):].split("-")[0])
+
+
+def leaked(pids: set[int]) -> list[str]:
+    """Segments left by the processes `pids`, or by dead processes long ago."""
+    found = []
+    for name in sm.leaked_segments():
+        try:
+            pid = segment_pid(name)
+            age = time.time() - os.stat(os.path.join(sm.SHM_DIR, name)).st_ctime
+        except (ValueError, FileNotFoundError):
+            continue
+        if pid in pids or (not _alive(pid) and age > STALE_AFTER_S):
+            found.append(name)
+    return found
+
+
+def rank_data(rank: int, dtype: torch.dtype, numel: int, seed: int = 0) -> torch.Tensor:
+    """Rank `rank`'s input, the same on every process that asks for it."""
+    g = torch.Generator().manual_seed(1000 * seed + rank)
+    if dtype.is_floating_point:
+        return (torch.randn(numel, generator=g) * 4).to(dtype)
+    return torch.randint(-1000, 1000, (numel,), generator=g, dtype=dtype)
+
+
+def reference_all_reduce(inputs: list[torch.Tensor], op: str) -> torch.Tensor:
+    """The specified result (SM-15): rank order, 16-bit floats accumulated in float32."""
+    dtype = inputs[0].dtype
+    wide = dtype in (torch.float16, torch.bfloat16)
+    acc = inputs[0].float() if wide else inputs[0].clone()
+    for x in inputs[1:]:
+        x = x.float() if wide else x
+        if op in ("sum", "avg"):
+            acc = acc + x
+        elif op == "max":
+            acc = torch.maximum(acc, x)
+        else:
+            acc = torch.minimum(acc, x)
+    if op == "avg":
+        acc = acc / len(inputs)
+    return acc.to(dtype)

@@ -1,0 +1,502 @@
+"""Symmetric memory on real processes: allocation, rendezvous, handles, signals, ops.
+
+Every multi-rank test runs over the gloo harness; a rank checks what it can see and
+returns values that the test compares across ranks. Error cases catch the error on the
+rank and return its message, so that no worker group is torn down. After every test no
+segment of this session may remain in /dev/shm (SM-12).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import itertools
+import os
+import random
+
+import pytest
+import torch
+import torch.distributed as dist
+from symm_mem_helpers import leaked, rank_data, reference_all_reduce, worker_pids
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import refimpl.symmetric_memory as sm
+from refimpl import _native
+from refimpl.multiprocess import run_on_ranks
+
+
+@pytest.fixture(autouse=True)
+def no_segment_left_behind():
+    before = worker_pids()
+    yield
+    gc.collect()
+    assert leaked(before | worker_pids()) == [], "segments left in /dev/shm [SM-12]"
+
+
+def _world() -> str:
+    name = dist.group.WORLD.group_name
+    sm.enable_symm_mem_for_group(name)
+    return name
+
+
+def _error(fn, *args, **kwargs) -> tuple[str, str]:
+    """Run `fn` on this rank and return (exception type, message); fail if it passes."""
+    try:
+        fn(*args, **kwargs)
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+    raise AssertionError(f"{fn.__name__} did not raise")
+
+
+# --------------------------------------------------------------------------------------
+# Local rules: registry, group info, allocation, persistent ids (SM-1 .. SM-4, SM-18)
+# --------------------------------------------------------------------------------------
+def test_allocator_registry_per_device_type_SM_1():
+    assert isinstance(sm.get_allocator("cpu"), sm.CpuAllocator)
+    assert sm.get_allocator(torch.device("cpu")) is sm.get_allocator("cpu")
+    with pytest.raises(ValueError, match=r"device type 'meta'.*\[SM-1\]"):
+        sm.empty(4, dtype=torch.float32, device="meta")
+    with pytest.raises(ValueError, match=r"no allocator for device type 'cuda'"):
+        sm.get_allocator("cuda")
+    marker = object()
+    sm.register_allocator("privateuseone", marker)
+    try:
+        assert sm.get_allocator("privateuseone") is marker
+    finally:
+        sm._allocators.pop("privateuseone")
+
+
+def test_default_timeout_is_positive_and_settable_SM_11():
+    with pytest.raises(ValueError, match=r"^timeout_ms: .*\[SM-11\]"):
+        sm.set_default_timeout(0)
+    previous = sm.set_default_timeout(1234)
+    try:
+        assert sm._timeout_ms(0) == 1234 and sm._timeout_ms(5) == 5
+    finally:
+        assert sm.set_default_timeout(previous) == 1234
+
+
+def test_group_info_is_set_once_and_checked_SM_2():
+    store = dist.HashStore()
+    name = f"local-{random.getrandbits(32)}"
+    assert not sm.is_symm_mem_enabled_for_group(name)
+    sm.set_group_info(name, 1, 3, store)
+    assert sm.is_symm_mem_enabled_for_group(name)
+    with pytest.raises(ValueError, match=r"already set \[SM-2\]"):
+        sm.set_group_info(name, 1, 3, store)
+    with pytest.raises(ValueError, match=r"^rank: .*\[SM-2\]"):
+        sm.set_group_info(name + "x", 3, 3, store)
+    with pytest.raises(ValueError, match=r"^world_size: "):
+        sm.set_group_info(name + "x", 0, 0, store)
+    with pytest.raises(TypeError, match=r"^store: "):
+        sm.set_group_info(name + "x", 0, 1, "not a store")
+    with pytest.raises(TypeError, match=r"^group: "):
+        sm.is_symm_mem_enabled_for_group(3)
+    with pytest.raises(ValueError, match=r"no process group is registered as 'nope'"):
+        sm.enable_symm_mem_for_group("nope")
+
+
+def test_allocation_gives_a_symmetric_tensor_SM_3():
+    t = sm.empty(2, 3, dtype=torch.bfloat16, device="cpu")
+    assert (t.shape, t.dtype, t.device.type, t.is_contiguous()) == ((2, 3), torch.bfloat16,
+                                                                   True and "cpu", True)
+    assert sm.is_symm_mem_tensor(t) and sm.is_symm_mem_tensor(t[1])
+    assert sm.empty([4], dtype=torch.int64).shape == (4,)
+    s = sm.empty_strided_p2p((3, 2), (1, 3), torch.float32, "cpu", "g")
+    assert s.stride() == (1, 3) and s.untyped_storage().nbytes() == 24
+    s.copy_(torch.arange(6.0).view(3, 2))
+    assert s.tolist() == [[0, 1], [2, 3], [4, 5]]
+    zero = sm.empty(0, 5, dtype=torch.float32)
+    assert zero.numel() == 0 and sm.is_symm_mem_tensor(zero)
+    assert not sm.is_symm_mem_tensor(torch.empty(3))
+    with pytest.raises(ValueError, match=r"^stride: .*\[SM-3\]"):
+        sm.empty_strided_p2p((3, 2), (1,), torch.float32, "cpu")
+    with pytest.raises(ValueError, match=r"^size: "):
+        sm.empty_strided_p2p((-1,), (1,), torch.float32, "cpu")
+    with pytest.raises(TypeError, match=r"^dtype: "):
+        sm.empty_strided_p2p((1,), (1,), "float", "cpu")
+    with pytest.raises(TypeError, match=r"^group_name: "):
+        sm.empty_strided_p2p((1,), (1,), torch.float32, "cpu", 5)
+    with pytest.raises(TypeError, match=r"^alloc_id: .*\[SM-4\]"):
+        sm.empty_strided_p2p((1,), (1,), torch.float32, "cpu", "g", alloc_id="7")
+
+
+def test_not_a_symmetric_allocation_fails_before_communicating_SM_5_SM_6():
+    with pytest.raises(ValueError, match=r"^tensor: rendezvous needs .*symmetric allocation"):
+        sm.rendezvous(torch.ones(4), "0")  # would hang if it waited on peers
+    with pytest.raises(TypeError, match=r"^tensor: "):
+        sm.rendezvous([1, 2], "0")
+    t = sm.empty(4, dtype=torch.float32)
+    with pytest.raises(RuntimeError, match=r"rendezvous first \[SM-6\]"):
+        sm.get_symmetric_memory(t)
+    with pytest.raises(ValueError, match=r"^group: rendezvous needs a group"):
+        sm.rendezvous(t)
+    g = sm.empty_strided_p2p((4,), (1,), torch.float32, "cpu", "group-a")
+    with pytest.raises(ValueError, match=r"allocated for group 'group-a', not 'group-b'"):
+        sm.rendezvous(g, "group-b")
+
+
+def test_persistent_allocation_reuses_memory_and_refuses_misuse_SM_4():
+    alloc_id = random.getrandbits(40)
+    first = sm.empty_strided_p2p((16,), (1,), torch.float32, "cpu", "g", alloc_id=alloc_id)
+    address = first.data_ptr()
+    first.fill_(7)
+    with pytest.raises(RuntimeError, match=rf"alloc_id {alloc_id} while the previous"):
+        sm.empty_strided_p2p((16,), (1,), torch.float32, "cpu", "g", alloc_id=alloc_id)
+    view = first[4:]
+    del first
+    with pytest.raises(RuntimeError, match=r"still alive \[SM-4\]"):  # a view keeps it alive
+        sm.empty_strided_p2p((16,), (1,), torch.float32, "cpu", "g", alloc_id=alloc_id)
+    del view
+    again = sm.empty_strided_p2p((4, 4), (4, 1), torch.float32, "cpu", "g", alloc_id=alloc_id)
+    assert again.data_ptr() == address
+    assert again.flatten().tolist() == [7.0] * 16, "the same memory"
+    del again
+    with pytest.raises(ValueError, match=rf"alloc_id {alloc_id} was allocated with 64 bytes"):
+        sm.empty_strided_p2p((8,), (1,), torch.float32, "cpu", "g", alloc_id=alloc_id)
+    with pytest.raises(ValueError, match=rf"alloc_id {alloc_id} belongs to group 'g'"):
+        sm.empty_strided_p2p((16,), (1,), torch.float32, "cpu", "h", alloc_id=alloc_id)
+    other = sm.empty_strided_p2p((8,), (1,), torch.float32, "cpu", "g", alloc_id=alloc_id + 1)
+    assert other.data_ptr() != address
+
+
+def test_kernels_build_from_source_and_carry_its_hash_SM_18(tmp_path):
+    source = _native.KERNEL_DIR / "symm_mem.c"
+    target = _native.compile_library(source, tmp_path / "libsymm_mem-test.so")
+    lib = ctypes.CDLL(str(target))
+    lib.rsm_source_hash.restype = ctypes.c_char_p
+    assert lib.rsm_source_hash().decode() == _native.source_hash(source)
+    assert [p.name for p in tmp_path.iterdir()] == ["libsymm_mem-test.so"], "no temp file left"
+    loaded = _native.load_kernel_library("symm_mem")
+    loaded.rsm_source_hash.restype = ctypes.c_char_p
+    assert loaded.rsm_source_hash().decode() == _native.source_hash(source), "not stale"
+
+
+# --------------------------------------------------------------------------------------
+# Rendezvous and the handle (SM-5 .. SM-8, SM-12)
+# --------------------------------------------------------------------------------------
+def _rendezvous_and_handle(alloc_id):
+    group = _world()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = sm.empty(4, 8, dtype=torch.float32, device="cpu")
+    t.fill_(rank)
+    h = sm.rendezvous(t, dist.group.WORLD)
+    same = sm.rendezvous(t, group) is h and sm.get_symmetric_memory(t[1:]) is h
+    facts = (h.rank, h.world_size, h.buffer_size, h.signal_pad_size, len(h.buffer_ptrs),
+             len(h.signal_pad_ptrs), h.buffer_ptrs[rank] == t.data_ptr())
+    peers = [h.get_buffer(r, (4, 8), torch.float32).unique().tolist() for r in range(world)]
+    h.barrier(timeout_ms=20_000)
+    # Write into the next rank's buffer; after a barrier each rank sees its left neighbour's.
+    h.get_buffer((rank + 1) % world, (8,), torch.float32, storage_offset=8).fill_(100 + rank)
+    h.barrier(timeout_ms=20_000)
+    written = t[1].unique().tolist()
+    pads_zero = h.get_signal_pad(rank).view(torch.int32).count_nonzero().item() == 0
+    # A persistent allocation keeps its handle for its next holder, without communicating.
+    p = sm.empty_strided_p2p((8,), (1,), torch.int64, "cpu", group, alloc_id=alloc_id)
+    hp = sm.rendezvous(p, group)
+    p_address = p.data_ptr()
+    del p
+    p2 = sm.empty_strided_p2p((8,), (1,), torch.int64, "cpu", group, alloc_id=alloc_id)
+    kept = sm.rendezvous(p2, group) is hp and p2.data_ptr() == p_address
+    own_segments = [n for n in sm.leaked_segments() if n.split("-")[2] == str(os.getpid())]
+    return same, facts, peers, written, pads_zero, kept, own_segments
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_rendezvous_maps_every_peer_and_returns_one_handle_SM_5_SM_6_SM_7_SM_8(world):
+    results = run_on_ranks(_rendezvous_and_handle, world, random.getrandbits(40))
+    for rank, (same, facts, peers, written, pads_zero, kept, own) in enumerate(results):
+        assert same, "a repeated rendezvous and get_symmetric_memory give the same handle"
+        assert facts == (rank, world, 128, sm.SIGNAL_PAD_SIZE, world, world, True)
+        assert peers == [[float(r)] for r in range(world)]
+        assert written == [100.0 + (rank - 1) % world]
+        assert pads_zero, "signal pads are zero after completed synchronisations [SM-9]"
+        assert kept
+        assert own == [], "a rank's segment is unlinked once every peer mapped it [SM-12]"
+
+
+def _rendezvous_errors():
+    group = _world()
+    rank = dist.get_rank()
+    # Rank 1 brings a bigger allocation: every rank refuses, naming the ranks' sizes.
+    t = sm.empty(8 if rank == 1 else 4, dtype=torch.float32)
+    size_error = _error(sm.rendezvous, t, group, timeout_ms=20_000)
+    ok = sm.empty(4, dtype=torch.float32)
+    h = sm.rendezvous(ok, group)
+    errors = [
+        _error(h.get_buffer, 5, (1,), torch.float32),
+        _error(h.get_buffer, 0, (5,), torch.float32),
+        _error(h.get_buffer, 0, (2,), torch.float32, storage_offset=3),
+        _error(h.get_buffer, 0, (-1,), torch.float32),
+        _error(h.get_buffer, 0, (1,), torch.float32, storage_offset=-1),
+        _error(h.get_signal_pad, 0, (sm.SIGNAL_PAD_SIZE // 4 + 1,)),
+        _error(h.put_signal, 7),
+        _error(h.wait_signal, 0, channel=h.channels),
+        _error(h.barrier, channel=-1),
+        _error(h.barrier, timeout_ms=-5),
+        _error(sm.rendezvous, ok, "another-group"),
+    ]
+    h.barrier(timeout_ms=20_000)
+    fits = h.get_buffer(0, (2,), torch.float32, storage_offset=2).shape
+    pad = h.get_signal_pad(0)
+    return size_error, errors, tuple(fits), (pad.dtype, pad.numel()), sm.leaked_segments()
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_rendezvous_and_handle_errors_name_argument_and_rule_SM_5_SM_8(world):
+    results = run_on_ranks(_rendezvous_errors, world)
+    for rank, (size_error, errors, fits, pad, _) in enumerate(results):
+        kind, message = size_error
+        assert kind == "ValueError" and "[SM-5]" in message
+        other = 0 if rank == 1 else 1
+        assert f"rank {rank} has {32 if rank == 1 else 16} bytes" in message
+        assert f"rank {other} has" in message
+        starts = [m.split(":")[0] for _, m in errors]
+        assert starts == ["rank", "sizes/storage_offset", "sizes/storage_offset", "sizes",
+                          "storage_offset", "sizes/storage_offset", "dst_rank", "channel",
+                          "channel", "timeout_ms", "group"]
+        assert all(k == "ValueError" for k, _ in errors)
+        assert "[SM-8]" in errors[1][1] and "holds 16 bytes" in errors[1][1]
+        assert fits == (2,)
+        assert pad == (torch.uint32, sm.SIGNAL_PAD_SIZE // 4)
+
+
+# --------------------------------------------------------------------------------------
+# Signals, barriers and timeouts (SM-9 .. SM-11)
+# --------------------------------------------------------------------------------------
+def _signals():
+    group = _world()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = sm.empty(world, dtype=torch.int64)
+    t.zero_()
+    h = sm.rendezvous(t, group)
+    right, left = (rank + 1) % world, (rank - 1) % world
+    # Data written before put_signal is visible after wait_signal.
+    h.get_buffer(right, (world,), torch.int64)[rank] = 10 + rank
+    h.put_signal(right, timeout_ms=20_000)
+    h.wait_signal(left, timeout_ms=20_000)
+    received = t[left].item()
+    # Channels are independent: signals on 3 and 1 are consumed in the other order.
+    h.put_signal(right, channel=3, timeout_ms=20_000)
+    h.put_signal(right, channel=1, timeout_ms=20_000)
+    h.wait_signal(left, channel=1, timeout_ms=20_000)
+    h.wait_signal(left, channel=3, timeout_ms=20_000)
+    h.barrier(channel=2, timeout_ms=20_000)
+    pads_zero = h.get_signal_pad(rank).view(torch.int32).count_nonzero().item() == 0
+    # Nobody signals: the wait ends at its timeout, naming the rank it waited for.
+    no_signal = _error(h.wait_signal, left, channel=5, timeout_ms=200)
+    # The right neighbour never consumes: a second put on the same channel times out.
+    h.put_signal(right, channel=6, timeout_ms=20_000)
+    unconsumed = _error(h.put_signal, right, channel=6, timeout_ms=200)
+    h.barrier(channel=7, timeout_ms=20_000)
+    h.wait_signal(left, channel=6, timeout_ms=20_000)
+    h.barrier(channel=7, timeout_ms=20_000)
+    pads_zero_again = h.get_signal_pad(rank).view(torch.int32).count_nonzero().item() == 0
+    return received, pads_zero, no_signal, unconsumed, pads_zero_again
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_signals_carry_data_per_channel_and_time_out_naming_the_peer_SM_9_SM_11(world):
+    for rank, (received, zero, no_signal, unconsumed, zero_again) in enumerate(
+            run_on_ranks(_signals, world)):
+        left, right = (rank - 1) % world, (rank + 1) % world
+        assert received == 10 + left
+        assert zero and zero_again, "every completed synchronisation leaves the pad zero"
+        assert no_signal[0] == "SymmMemTimeout"
+        assert f"wait_signal: rank {left} of group" in no_signal[1]
+        assert "within 200 ms" in no_signal[1] and "[SM-11]" in no_signal[1]
+        assert unconsumed[0] == "SymmMemTimeout"
+        assert f"put_signal: rank {right} of group" in unconsumed[1]
+        assert "did not consume" in unconsumed[1]
+
+
+def _barriers(rounds):
+    group = _world()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = sm.empty(1, dtype=torch.int64)
+    h = sm.rendezvous(t, group)
+    seen = []
+    for i in range(rounds):
+        t.fill_(i * world + rank)
+        h.barrier(timeout_ms=20_000)
+        seen.append([h.get_buffer(r, (1,), torch.int64).item() for r in range(world)])
+        h.barrier(timeout_ms=20_000)  # nobody overwrites before everyone has read
+    return seen
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_barrier_orders_writes_and_reads_of_all_ranks_SM_10(world):
+    rounds = 50
+    expected = [[i * world + r for r in range(world)] for i in range(rounds)]
+    assert run_on_ranks(_barriers, world, rounds) == [expected] * world
+
+
+# --------------------------------------------------------------------------------------
+# Ops (SM-13 .. SM-17)
+# --------------------------------------------------------------------------------------
+CASES = [(dtype, op) for dtype in sm.SUPPORTED_DTYPES for op in sm.REDUCE_OPS
+         if not (op == "avg" and not dtype.is_floating_point)]
+
+
+def _all_reduce_cases(numels, seed):
+    group = _world()
+    rank = dist.get_rank()
+    results = []
+    for (dtype, op), numel in itertools.product(CASES, numels):
+        data = rank_data(rank, dtype, numel, seed)
+        # One allocation holds two inputs: the second starts at an offset (views work).
+        buf = sm.empty(2 * numel + 3, dtype=dtype)
+        first, second = buf[:numel], buf[numel + 3:]
+        first.copy_(data)
+        second.copy_(data.flip(0))
+        one = torch.ops.refimpl_symm_mem.one_shot_all_reduce(first, op, group)
+        out = torch.empty_like(second)
+        returned = torch.ops.refimpl_symm_mem.one_shot_all_reduce_out(second, op.upper(), group,
+                                                                       out=out)
+        assert returned is out
+        torch.ops.refimpl_symm_mem.two_shot_all_reduce_(first, op, group)
+        unchanged = torch.equal(second, data.flip(0))
+        results.append((str(dtype), op, numel, one, out, first.clone(), unchanged))
+    return results
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_one_shot_and_two_shot_all_reduce_are_exact_and_identical_on_all_ranks_SM_15_SM_16(
+        world):
+    numels = [0, 1, 5, 1000] if world == 2 else [1, 5, 1000] if world == 4 else [2, 1001]
+    seed = random.getrandbits(16)
+    per_rank = run_on_ranks(_all_reduce_cases, world, numels, seed)
+    for case in range(len(per_rank[0])):
+        name, op, numel = per_rank[0][case][:3]
+        dtype = getattr(torch, name.split(".")[1])
+        inputs = [rank_data(r, dtype, numel, seed) for r in range(world)]
+        want = reference_all_reduce(inputs, op)
+        want_flipped = reference_all_reduce([x.flip(0) for x in inputs], op)
+        for rank in range(world):
+            _, _, _, one, out, two, unchanged = per_rank[rank][case]
+            where = f"{name} {op} numel={numel} rank {rank}"
+            assert torch.equal(one, want), where  # bitwise: same order on every rank
+            assert torch.equal(out, want_flipped), where
+            assert torch.equal(two, want), where + " (two-shot, in place)"
+            assert unchanged, where + ": one-shot must not modify its input"
+
+
+def _op_errors():
+    group = _world()
+    f = sm.empty(6, dtype=torch.float32)
+    f.fill_(1.0)
+    plain = torch.ones(6)
+    errors = [
+        _error(sm.ops.one_shot_all_reduce, plain, "sum", group),  # not symmetric: no hang
+        _error(sm.ops.one_shot_all_reduce, f, "product", group),
+        _error(sm.ops.one_shot_all_reduce, sm.empty(6, dtype=torch.int32), "avg", group),
+        _error(sm.ops.one_shot_all_reduce, sm.empty(6, dtype=torch.float64), "sum", group),
+        _error(sm.ops.one_shot_all_reduce, f.view(2, 3).t(), "sum", group),
+        _error(sm.ops.one_shot_all_reduce_out, f, "sum", group, out=torch.empty(5)),
+        _error(sm.ops.two_shot_all_reduce_, plain, "sum", group),
+        _error(sm.ops.barrier, plain, group),
+    ]
+    # out may not be the input's own allocation, which peers are reading.
+    errors.append(_error(sm.ops.one_shot_all_reduce_out, f[:3], "sum", group, out=f[3:]))
+    sm.ops.barrier(f, group)
+    return errors
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_op_argument_errors_name_argument_and_rule_SM_14(world):
+    for errors in run_on_ranks(_op_errors, world):
+        assert [(k, m.split(":")[0]) for k, m in errors] == [
+            ("ValueError", "input"), ("ValueError", "reduce_op"), ("ValueError", "reduce_op"),
+            ("ValueError", "input"), ("ValueError", "input"), ("ValueError", "out"),
+            ("ValueError", "input"), ("ValueError", "input"), ("ValueError", "out")]
+        assert all("[SM-14]" in m or "[SM-5]" in m for _, m in errors)
+        assert "symmetric allocation" in errors[0][1]
+
+
+def _barrier_op_orders(rounds):
+    group = _world()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = sm.empty(world, dtype=torch.int64)
+    h = sm.rendezvous(t, group)
+    ok = True
+    for i in range(rounds):
+        h.get_buffer((rank + 1) % world, (world,), torch.int64)[rank] = i
+        torch.ops.refimpl_symm_mem.barrier(t, group, 1, 20_000)
+        ok &= t[(rank - 1) % world].item() == i
+        torch.ops.refimpl_symm_mem.barrier(t, group)
+    return ok
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_barrier_op_synchronises_the_group_SM_17(world):
+    assert run_on_ranks(_barrier_op_orders, world, 20) == [True] * world
+
+
+def test_ops_schemas_and_fake_kernels_SM_13():
+    ns = torch.ops.refimpl_symm_mem
+    assert str(ns.one_shot_all_reduce.default._schema) == (
+        "refimpl_symm_mem::one_shot_all_reduce(Tensor input, str reduce_op, str group_name)"
+        " -> Tensor")
+    assert str(ns.one_shot_all_reduce_out.default._schema).endswith(
+        "(Tensor input, str reduce_op, str group_name, *, Tensor(a!) out) -> Tensor(a!)")
+    assert str(ns.two_shot_all_reduce_.default._schema).endswith(
+        "(Tensor(a!) input, str reduce_op, str group_name) -> Tensor(a!)")
+
+    def program(x):
+        y = ns.one_shot_all_reduce(x, "sum", "g")
+        ns.barrier(x, "g")
+        return ns.two_shot_all_reduce_(y, "avg", "g") * 2
+
+    gm = make_fx(program, tracing_mode="fake")(torch.ones(3, 4))
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets == ["refimpl_symm_mem.one_shot_all_reduce.default",
+                       "refimpl_symm_mem.barrier.default",
+                       "refimpl_symm_mem.two_shot_all_reduce_.default", "aten.mul.Tensor"]
+    out = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+    assert out.meta["val"].shape == (3, 4)
+    with pytest.raises(ValueError, match=r"^reduce_op: .*\[SM-14\]"):
+        make_fx(lambda x: ns.one_shot_all_reduce(x, "prod", "g"), tracing_mode="fake")(
+            torch.ones(3))
+    with pytest.raises(ValueError, match=r"^reduce_op: 'avg' needs a floating dtype"):
+        make_fx(lambda x: ns.two_shot_all_reduce_(x, "avg", "g"), tracing_mode="fake")(
+            torch.ones(3, dtype=torch.int32))
+
+
+# --------------------------------------------------------------------------------------
+# Groups never share segments or signals (SM-12)
+# --------------------------------------------------------------------------------------
+def _two_subgroups():
+    rank = dist.get_rank()
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    mine = pairs[rank // 2]
+    sm.enable_symm_mem_for_group(mine)
+    t = sm.empty(16, dtype=torch.float32)
+    t.fill_(rank)
+    result = torch.ops.refimpl_symm_mem.one_shot_all_reduce(t, "sum", mine.group_name)
+    return result.unique().tolist()
+
+
+def test_groups_rendezvous_side_by_side_without_colliding_SM_12():
+    assert run_on_ranks(_two_subgroups, 4) == [[1.0], [1.0], [5.0], [5.0]]
+
+
+def _custom_group(name):
+    """A symmetric-memory group that is no ProcessGroup: only a name and a store (SM-2)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    store = dist.PrefixStore(name, dist.distributed_c10d._get_default_store())
+    sm.set_group_info(name, world - 1 - rank, world, store)  # ranks numbered in reverse
+    t = sm.empty(4, dtype=torch.int64)
+    t.fill_(rank)
+    h = sm.rendezvous(t, name)
+    order = [h.get_buffer(r, (4,), torch.int64)[0].item() for r in range(world)]
+    total = torch.ops.refimpl_symm_mem.one_shot_all_reduce(t, "sum", name)
+    return h.rank, order, total.tolist(), sm.is_symm_mem_enabled_for_group(name)
+
+
+def test_group_info_from_any_store_defines_the_group_SM_2():
+    name = f"custom-{random.getrandbits(32)}"
+    results = run_on_ranks(_custom_group, 3, name)
+    for rank, (group_rank, order, total, enabled) in enumerate(results):
+        assert group_rank == 2 - rank
+        assert order == [2, 1, 0], "group rank r is the process that registered as r"
+        assert total == [3] * 4 and enabled
