@@ -112,8 +112,10 @@ class _Builder:
 
     def __init__(self, graph: torch.fx.Graph):
         self.graph = graph
-        vals = [n.meta.get("val") for n in graph.nodes]
-        self.fake_mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+        # Every value of one traced graph lives in the same fake mode: one tensor tells.
+        first = next((n.meta["val"] for n in graph.nodes
+                      if isinstance(n.meta.get("val"), torch.Tensor)), None)
+        self.fake_mode = detect_fake_mode([first]) if first is not None else None
 
     def call(self, target, args, kwargs=None, *, before: torch.fx.Node, val=None):
         with self.graph.inserting_before(before):
