@@ -116,6 +116,10 @@ class _Builder:
         first = next((n.meta["val"] for n in graph.nodes
                       if isinstance(n.meta.get("val"), torch.Tensor)), None)
         self.fake_mode = detect_fake_mode([first]) if first is not None else None
+        if self.fake_mode is None:  # real values (make_fx "real"): derive fake ones
+            from torch._subclasses.fake_tensor import FakeTensorMode
+
+            self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
 
     def call(self, target, args, kwargs=None, *, before: torch.fx.Node, val=None):
         with self.graph.inserting_before(before):
@@ -126,8 +130,6 @@ class _Builder:
     def run_fake(self, target, args, kwargs):
         fake_args = torch.fx.node.map_arg(tuple(args), _val)
         fake_kwargs = torch.fx.node.map_arg(dict(kwargs or {}), _val)
-        if self.fake_mode is None:
-            raise ValueError("gm: no fake values to derive new ones from [CL-1]")
         with self.fake_mode:
             return target(*fake_args, **fake_kwargs)
 
