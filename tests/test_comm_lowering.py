@@ -77,6 +77,21 @@ def test_cl1_lower_returns_a_new_module_and_leaves_its_input_alone(fake_world):
     assert "refimpl_c10d.all_reduce_.default" in targets(lowered)
 
 
+@pytest.mark.parametrize("name, one_shot", [
+    ("ar_graph_input", False), ("ar_coalesced", False), ("broadcast", False),
+    ("ar_small_intermediate", True), ("ar_inplace_small", True)])
+def test_cl1_lowering_a_lowered_graph_changes_nothing(fake_world, name, one_shot):
+    """Kernels, clones and comm buffers are left as they are by a second lowering. (With
+    auto_select, an explicit `all_reduce_` of a clone is itself a one-shot candidate, so
+    a graph lowered without it may change when lowered again with it.)"""
+    from conformance.canonical import canonical_graph
+
+    config = ONE_SHOT if one_shot else CommLoweringConfig()
+    shapes = [(4,), (2, 3)] if name == "ar_coalesced" else [(4,)]
+    once = lower(traced(name, *shapes), config)
+    assert canonical_graph(lower(once, config)) == canonical_graph(once)
+
+
 def test_cl1_bad_arguments_are_refused(fake_world):
     with pytest.raises(TypeError, match=r"gm: .*\[CL-1\]"):
         lower(torch.nn.Linear(2, 2))
