@@ -163,6 +163,13 @@ def test_all_gather_is_out_of_place(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "all_gather", [(4, 2)]), """\
 all_gather_into_tensor out-of-place ranks[0,1] in=b0:f32[4, 2] out=b1:f32[8, 2]
 wait b1""")
+    graph = lowered_text(backend, "all_gather", [(4, 2)])
+    if graph is not None:
+        assert_expected_inline(graph, """\
+%0 = input : f32[4, 2]
+%1 = funcol.all_gather_into_tensor(%0, 2, ranks[0,1]) : f32[8, 2]
+%2 = funcol.wait_tensor(%1) : f32[8, 2]
+return %2""")
     check_numerics(backend, "all_gather", [(4, 2)])
 
 
@@ -171,6 +178,13 @@ def test_reduce_scatter_is_out_of_place(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "reduce_scatter", [(4, 2)]), """\
 reduce_scatter_tensor out-of-place ranks[0,1] sum in=b0:f32[4, 2] out=b1:f32[2, 2]
 wait b1""")
+    graph = lowered_text(backend, "reduce_scatter", [(4, 2)])
+    if graph is not None:
+        assert_expected_inline(graph, """\
+%0 = input : f32[4, 2]
+%1 = funcol.reduce_scatter_tensor(%0, 'sum', 2, ranks[0,1]) : f32[2, 2]
+%2 = funcol.wait_tensor(%1) : f32[2, 2]
+return %2""")
     check_numerics(backend, "reduce_scatter", [(4, 2)])
 
 
@@ -179,6 +193,13 @@ def test_all_to_all_single_is_out_of_place(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "all_to_all", [(4, 2)]), """\
 all_to_all_single out-of-place ranks[0,1] in=b0:f32[4, 2] out=b1:f32[4, 2]
 wait b1""")
+    graph = lowered_text(backend, "all_to_all", [(4, 2)])
+    if graph is not None:
+        assert_expected_inline(graph, """\
+%0 = input : f32[4, 2]
+%1 = funcol.all_to_all_single(%0, [], [], ranks[0,1]) : f32[4, 2]
+%2 = funcol.wait_tensor(%1) : f32[4, 2]
+return %2""")
     check_numerics(backend, "all_to_all", [(4, 2)])
 
 
@@ -188,6 +209,17 @@ def test_coalesced_all_gather_is_out_of_place(backend, fake_world):
 all_gather_into_tensor_coalesced out-of-place ranks[0,1] in=b0:f32[4],b1:f32[2, 3] out=b2:f32[8],b3:f32[4, 3]
 wait b2
 wait b3""")  # noqa: E501
+    graph = lowered_text(backend, "all_gather_coalesced", [(4,), (2, 3)])
+    if graph is not None:
+        assert_expected_inline(graph, """\
+%0 = input : f32[4]
+%1 = input : f32[2, 3]
+%2 = funcol.all_gather_into_tensor_coalesced([%0, %1], 2, ranks[0,1]) : (f32[8], f32[4, 3])
+%3 = getitem(%2, 0) : f32[8]
+%4 = getitem(%2, 1) : f32[4, 3]
+%5 = funcol.wait_tensor(%3) : f32[8]
+%6 = funcol.wait_tensor(%4) : f32[4, 3]
+return [%5, %6]""")
     check_numerics(backend, "all_gather_coalesced", [(4,), (2, 3)])
 
 
@@ -198,6 +230,17 @@ def test_coalesced_reduce_scatter_is_out_of_place(backend, fake_world):
 reduce_scatter_tensor_coalesced out-of-place ranks[0,1] sum in=b0:f32[4],b1:f32[2, 3] out=b2:f32[2],b3:f32[1, 3]
 wait b2
 wait b3""")  # noqa: E501
+    graph = lowered_text(backend, "reduce_scatter_coalesced", [(4,), (2, 3)])
+    if graph is not None:
+        assert_expected_inline(graph, """\
+%0 = input : f32[4]
+%1 = input : f32[2, 3]
+%2 = funcol.reduce_scatter_tensor_coalesced([%0, %1], 'sum', 2, ranks[0,1]) : (f32[2], f32[1, 3])
+%3 = getitem(%2, 0) : f32[2]
+%4 = getitem(%2, 1) : f32[1, 3]
+%5 = funcol.wait_tensor(%3) : f32[2]
+%6 = funcol.wait_tensor(%4) : f32[1, 3]
+return [%5, %6]""")
     check_numerics(backend, "reduce_scatter_coalesced", [(4,), (2, 3)])
 
 
@@ -240,6 +283,15 @@ def test_broadcast_inplace_stays_in_place(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "broadcast_inplace", [(4,)]), """\
 broadcast_ in-place ranks[0,1] in=b0:f32[4]
 wait b0""")
+    graph = lowered_text(backend, "broadcast_inplace", [(4,)])
+    if graph is not None:
+        assert_expected_inline(graph, """\
+%0 = input : f32[4]
+%1 = aten.add.Tensor(%0, 1) : f32[4]
+%2 = funcol.broadcast_(%1, 1, ranks[0,1]) : f32[4]
+%3 = funcol.wait_tensor(%2) : f32[4]
+%4 = aten.mul.Tensor(%3, 1) : f32[4]
+return %4""")
     check_numerics(backend, "broadcast_inplace", [(4,)])
 
 
