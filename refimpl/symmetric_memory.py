@@ -176,7 +176,7 @@ def is_symm_mem_enabled_for_group(group) -> bool:
     return _group_name_of(group) in _groups
 
 
-def _group_info(group_name: str, where: str) -> _GroupInfo:
+def _group_info(group_name: str) -> _GroupInfo:
     if group_name not in _groups:
         enable_symm_mem_for_group(group_name)  # a registered ProcessGroup needs no setup
     return _groups[group_name]
@@ -425,7 +425,7 @@ class CpuAllocator:
 
     # ---- rendezvous (SM-5, SM-12)
     def rendezvous(self, alloc: _Allocation, group_name: str, timeout_ms: int) -> SymmetricMemory:
-        info = _group_info(group_name, "rendezvous")
+        info = _group_info(group_name)
         info.rendezvous_count += 1
         key = f"rdzv{info.rendezvous_count}"
         deadline_s = timeout_ms / 1000
@@ -434,13 +434,14 @@ class CpuAllocator:
         try:
             record = {"name": own_name, "nbytes": alloc.nbytes, "pid": os.getpid()}
             info.store.set(f"{key}/segment{info.rank}", json.dumps(record))
-            records = _gather(info, f"{key}/segment", deadline_s, "rendezvous")
+            what = f"rendezvous on group {group_name!r}"
+            records = _gather(info, f"{key}/segment", deadline_s, what)
             published = [r["name"] for r in records]
             _check_sizes(records, alloc.nbytes, info.rank)
             maps = [alloc.map if r == info.rank else _map_peer(records[r], alloc.map.size())
                     for r in range(info.world_size)]
             info.store.set(f"{key}/mapped{info.rank}", "1")
-            _gather(info, f"{key}/mapped", deadline_s, "rendezvous")
+            _gather(info, f"{key}/mapped", deadline_s, what)
         except BaseException:
             # A peer may have died before unlinking its segment: unlink every one we know.
             for name in published:
@@ -461,7 +462,7 @@ def _gather(info: _GroupInfo, prefix: str, timeout_s: float, what: str) -> list:
     except Exception:
         missing = [r for r, k in enumerate(keys) if not info.store.check([k])]
         raise SymmMemTimeout(
-            f"{what}: rank(s) {missing} of the group did not arrive within "
+            f"{what}: rank(s) {missing} did not arrive within "
             f"{timeout_s * 1000:.0f} ms (waiting on rank {info.rank}) [SM-11]",
             missing[0] if missing else -1) from None
     values = [info.store.get(k).decode() for k in keys]

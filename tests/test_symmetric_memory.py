@@ -172,6 +172,25 @@ def test_kernels_build_from_source_and_carry_its_hash_SM_18(tmp_path):
     assert loaded.rsm_source_hash().decode() == _native.source_hash(source), "not stale"
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16_bit_kernels_round_like_torch_for_every_bit_pattern_SM_15(dtype):
+    """The C conversions (float32 <-> 16-bit, round to nearest even) against torch's."""
+    every = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype)
+    for value in [1.0, -3.5, 6e-8, 60000.0, 0.1, float("inf"), float("nan")]:
+        other = torch.full_like(every, value)
+        for op, reference in [("sum", torch.add), ("avg", lambda x, y: (x + y) / 2),
+                              ("max", torch.maximum), ("min", torch.minimum)]:
+            out = torch.empty_like(every)
+            sources = (ctypes.c_void_p * 2)(every.data_ptr(), other.data_ptr())
+            assert sm._lib.rsm_reduce(ctypes.c_void_p(out.data_ptr()), sources, 2,
+                                      ctypes.c_int64(every.numel()),
+                                      sm.SUPPORTED_DTYPES[dtype], sm.REDUCE_OPS[op]) == 0
+            want = reference(every.float(), other.float()).to(dtype)
+            same = ((out.view(torch.int16) == want.view(torch.int16))
+                    | (out.isnan() & want.isnan()) | ((out == 0) & (want == 0)))
+            assert same.all(), (dtype, value, op, every[~same][:5], out[~same][:5])
+
+
 # --------------------------------------------------------------------------------------
 # Rendezvous and the handle (SM-5 .. SM-8, SM-12)
 # --------------------------------------------------------------------------------------
