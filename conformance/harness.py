@@ -13,12 +13,17 @@ from refimpl.multiprocess import RankError, run_on_ranks
 __all__ = ["run", "backend_in_rank", "NotImplementedConcept"]
 
 
+# World sizes the current case ran on (read by the report).
+WORLD_SIZES_USED: set[int] = set()
+
+
 def backend_in_rank(spec: str):
     return get_backend(spec)
 
 
 def run(backend, fn, world_size: int, *args, **kwargs) -> list:
     """`fn(backend.spec, *args)` on every rank; a rank's NotImplementedConcept is re-raised."""
+    WORLD_SIZES_USED.add(world_size)
     try:
         return run_on_ranks(fn, world_size, backend.spec, *args, **kwargs)
     except RankError as err:

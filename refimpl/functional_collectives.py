@@ -9,9 +9,10 @@ waits and clears the entry (FC-6..FC-8). The Python API wraps eager results in
 and under tracing emits the op followed by its `wait_tensor` (FC-12). Groups can be
 named in every form upstream accepts (FC-13..FC-16); reductions, sizes and dims are
 checked before any communication, so bad input raises instead of hanging
-(FC-17..FC-22). Autograd formulas pair all_gather with reduce_scatter (FC-23..FC-25).
+(FC-17..FC-22, FC-27). Coalesced forms are lists of single ops (FC-26). Autograd
+formulas pair all_gather with reduce_scatter (FC-23..FC-25).
 
-Implements SPEC.md section "Functional collectives": FC-1 .. FC-25.
+Implements SPEC.md section "Functional collectives": FC-1 .. FC-27.
 """
 
 from __future__ import annotations
@@ -301,19 +302,11 @@ def _allreduce_opts(op: str):
     return opts
 
 
-def _after(tensor: torch.Tensor, op: str, size: int):
-    """What finishing a reduction into `tensor` needs: avg divides the sum (FC-18)."""
-    if op == "avg":
-        return lambda: tensor.div_(size)
-    return _nothing
-
-
-def _nothing():
-    return None
-
-
 def _start(tensor, work, op="sum", size=1):
-    _register_work(tensor, _Completion(work, _after(tensor, op, size)) if op == "avg" else work)
+    """Register `work` as producing `tensor`; avg divides the sum once it is done (FC-18)."""
+    if op == "avg":
+        work = _Completion(work, lambda: tensor.div_(size))
+    _register_work(tensor, work)
     return tensor
 
 
@@ -552,16 +545,32 @@ def _(tensor):
 # Autograd (FC-23 .. FC-25). Backward collectives run on the same group and are waited
 # at once: the autograd engine hands their results straight to the next node.
 # --------------------------------------------------------------------------------------
-def _check_differentiable(ctx, inputs, output, reduce_op, what):
+def _check_differentiable(reduce_op: str, what: str) -> str:
     op = reduce_op.lower()
     if op not in DIFFERENTIABLE_REDUCE_OPS:
         raise RuntimeError(f"reduce_op: {what} with {reduce_op!r} has no gradient; only "
                            f"{DIFFERENTIABLE_REDUCE_OPS} are differentiable [FC-24]")
-    ctx.reduce_op = op
+    return op
+
+
+def _check_grad_before_issue(tensor: torch.Tensor, reduce_op: str, what: str) -> None:
+    """The Python API refuses before communicating (FC-24, FC-27)."""
+    if tensor.requires_grad and torch.is_grad_enabled():
+        _check_differentiable(reduce_op, what)
+
+
+def _setup_reduction(ctx, output, reduce_op, what):
+    try:
+        ctx.reduce_op = _check_differentiable(reduce_op, what)
+    except RuntimeError:
+        # A direct op call gets here after the collective started: finish it, so the
+        # group stays in step, then refuse.
+        _wait_tensor(output)
+        raise
 
 
 def _setup_all_reduce(ctx, inputs, output):
-    _check_differentiable(ctx, inputs, output, inputs[1], "all_reduce")
+    _setup_reduction(ctx, output, inputs[1], "all_reduce")
     ctx.group_name = inputs[2]
 
 
@@ -582,7 +591,7 @@ def _backward_all_gather(ctx, grad):
 
 
 def _setup_reduce_scatter(ctx, inputs, output):
-    _check_differentiable(ctx, inputs, output, inputs[1], "reduce_scatter_tensor")
+    _setup_reduction(ctx, output, inputs[1], "reduce_scatter_tensor")
     ctx.group_size, ctx.group_name = inputs[2], inputs[3]
 
 
@@ -760,7 +769,9 @@ def _wrap(tensor: torch.Tensor) -> torch.Tensor:
 
 def _then(tensor: torch.Tensor, shape, rearrange) -> torch.Tensor:
     """A result `rearrange(waited tensor)`: eager stays asynchronous, tracing is explicit."""
-    if _are_we_tracing():
+    if _are_we_tracing() or (tensor.requires_grad and torch.is_grad_enabled()):
+        # Traced: the wait is explicit in the graph. Recording autograd: the rearranging
+        # ops must be recorded too, so the result is completed here (FC-25).
         return rearrange(ops.wait_tensor(tensor))
     out = tensor.new_empty(shape)
 
@@ -784,7 +795,7 @@ _DONE = _Done()
 # Python API, upstream's names (FC-12 .. FC-16, FC-20)
 # --------------------------------------------------------------------------------------
 def _dim(dim: int, ndim: int, arg: str) -> int:
-    if isinstance(dim, bool) or not isinstance(dim, int) or not -ndim <= dim < max(ndim, 1):
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -ndim <= dim < ndim:
         raise ValueError(f"{arg}: {dim!r} is not a dim of a {ndim}-d tensor [FC-20]")
     return dim % ndim
 
@@ -796,6 +807,7 @@ def wait_tensor(tensor: torch.Tensor) -> torch.Tensor:
 
 def all_reduce(self: torch.Tensor, reduceOp: str, group: RankTypes, tag: str = ""):
     """Reduce `self` over `group`; every rank gets the result. The input is unchanged."""
+    _check_grad_before_issue(self, reduceOp, "all_reduce")
     return _wrap(ops.all_reduce(self, reduceOp, resolve_group_name(group, tag)))
 
 
@@ -830,16 +842,26 @@ def reduce_scatter_tensor(self: torch.Tensor, reduceOp: str, scatter_dim: int,
     name = resolve_group_name(group, tag)
     n = group_size(name)
     _check_reduce_op(reduceOp, self.dtype)
+    _check_grad_before_issue(self, reduceOp, "reduce_scatter_tensor")
     return _wrap(ops.reduce_scatter_tensor(_scatter_dim_to_front(self, scatter_dim, n),
                                            reduceOp, n, name))
 
 
 def all_to_all_single(self: torch.Tensor, output_split_sizes: list[int] | None,
                       input_split_sizes: list[int] | None, group: RankTypes, tag: str = ""):
-    """Send split i of dim 0 to group rank i; receive split j from group rank j."""
+    """Send split i of dim 0 to group rank i; receive split j from group rank j.
+
+    A split list given as None means equal splits, which are written out explicitly.
+    """
     name = resolve_group_name(group, tag)
-    return _wrap(ops.all_to_all_single(self, list(output_split_sizes or []),
-                                       list(input_split_sizes or []), name))
+    # Equal splits are written out, so a traced graph states every size it moves.
+    n = group_size(name)
+    if output_split_sizes is None or input_split_sizes is None:
+        _check_splits([], self.shape[0] if self.dim() else 0, n, "input_split_sizes")
+    equal = [self.shape[0] // n] * n if self.dim() else []
+    outs = equal if output_split_sizes is None else list(output_split_sizes)
+    ins = equal if input_split_sizes is None else list(input_split_sizes)
+    return _wrap(ops.all_to_all_single(self, outs, ins, name))
 
 
 def broadcast(self: torch.Tensor, src: int, group: RankTypes, tag: str = ""):

@@ -44,10 +44,13 @@ class NotImplementedConcept(Exception):
 class Backend:
     """A named bundle of concept namespaces; absent concepts are 'not implemented'."""
 
-    def __init__(self, name: str, concepts: dict, notes: dict | None = None):
+    def __init__(self, name: str, concepts: dict, notes: dict | None = None,
+                 expected_failures: str | None = None):
         self.name = name
         self._concepts = dict(concepts)
         self.notes = dict(notes or {})
+        # A file of `case-id  reason` lines; default conformance/expected_failures/<name>.txt
+        self.expected_failures = expected_failures
 
     def implements(self, concept: str) -> bool:
         return self._concepts.get(concept) is not None

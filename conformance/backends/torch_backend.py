@@ -32,6 +32,7 @@ def _functional_collectives():
              "reduce_scatter_tensor_coalesced", "wait_tensor", "AsyncCollectiveTensor"]
     ns = types.SimpleNamespace(**{n: getattr(ufc, n) for n in names})
     ns.ops = torch.ops._c10d_functional
+    ns.resolve_group_name = ufc._resolve_group_name
     # Upstream keeps its work registry in C++ and exposes no count of it.
     ns.work_registry_size = None
     return ns

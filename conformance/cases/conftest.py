@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance import harness
 from conformance.backends import NotImplementedConcept, get_backend
 
 NOT_IMPLEMENTED = "not implemented"
@@ -46,8 +47,13 @@ def case_id(item) -> str:
     return item.nodeid.split("/")[-1]
 
 
-def read_expected_failures(name: str) -> dict[str, str]:
-    path = XFAIL_DIR / f"{name}.txt"
+def expected_failures_path(backend) -> Path:
+    """A backend's own list if it names one, else expected_failures/<name>.txt."""
+    own = getattr(backend, "expected_failures", None)
+    return Path(own) if own else XFAIL_DIR / f"{backend.name}.txt"
+
+
+def read_expected_failures(path: Path) -> dict[str, str]:
     entries: dict[str, str] = {}
     if not path.exists():
         return entries
@@ -60,24 +66,33 @@ def read_expected_failures(name: str) -> dict[str, str]:
     return entries
 
 
+@pytest.hookimpl(tryfirst=True)  # before -k deselects: stale entries are judged on all cases
 def pytest_collection_modifyitems(config, items):
-    spec = backend_spec(config)
-    name = spec.split(":")[-1] if ":" in spec else spec
-    expected = read_expected_failures(name)
+    path = expected_failures_path(get_backend(backend_spec(config)))
+    expected = read_expected_failures(path)
     seen = set()
+    here = Path(__file__).resolve().parent
     for item in items:
+        if here not in Path(item.path).resolve().parents:
+            continue  # refimpl's own tests, collected in the same run
         if item.get_closest_marker("spec") is None:
             raise pytest.UsageError(f"{item.nodeid}: a conformance case must name its SPEC "
                                     f"IDs with @pytest.mark.spec [CF-2]")
+        item.user_properties.append(("spec_ids", list(item.get_closest_marker("spec").args)))
         cid = case_id(item)
         if cid in expected:
             seen.add(cid)
             item.add_marker(pytest.mark.xfail(reason=expected[cid], strict=True))
-    # Only warn for stale entries when the whole suite was collected.
-    if not config.getoption("-k") and not config.getoption("--lf", default=False):
-        for cid in sorted(set(expected) - seen):
-            warnings.warn(f"expected_failures/{name}.txt: {cid!r} matches no case [CF-4]",
-                          stacklevel=1)
+    for cid in sorted(set(expected) - seen):
+        warnings.warn(f"{path.name}: {cid!r} matches no case [CF-4]", stacklevel=1)
+
+
+@pytest.fixture(autouse=True)
+def _record_world_sizes(request):
+    """Which world sizes a case ran on, for the report."""
+    harness.WORLD_SIZES_USED.clear()
+    yield
+    request.node.user_properties.append(("world_sizes", sorted(harness.WORLD_SIZES_USED)))
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,7 +1,8 @@
-"""Rank-side helpers for the functional-collective tests: groups in every form, and cases.
+"""Rank-side functional-collective cases: groups in every form, ops, backend-neutral.
 
-Each case runs on every rank and returns the plain result; the test process rebuilds
-every rank's input and compares with `conformance.oracle`.
+Each case runs on every rank against a backend's functional-collectives namespace and
+returns the plain result; the checking process rebuilds every rank's input and compares
+with `conformance.oracle` (see `expected`).
 """
 
 from __future__ import annotations
@@ -9,10 +10,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-import refimpl.functional_collectives as fc
+from conformance import oracle
+from conformance.backends import get_backend
 from conformance.oracle import rank_input
 
-GROUP_FORMS = ("name", "pg", "ranks", "noncontig", "rows", "mesh", "mesh_dim")
+GROUP_FORMS = ("name", "pg", "ranks", "noncontig", "rows", "mesh", "mesh_dim", "mesh_dim_name")
 _meshes: dict = {}
 
 
@@ -43,11 +45,11 @@ def make_group(form: str):
         return rows, next(r for r in rows if me in r)
     if form == "mesh":
         return _mesh((world,), ("x",)), everyone
-    if form == "mesh_dim":
-        # dim "dp" of a (2, world/2) mesh: ranks {0, 2} and {1, 3} on 4 ranks.
+    if form in ("mesh_dim", "mesh_dim_name"):
+        # dim 0 ("dp") of a (2, world/2) mesh: ranks {0, 2} and {1, 3} on 4 ranks.
         mesh = _mesh((2, world // 2), ("dp", "tp"))
         members = [r for r in everyone if r % (world // 2) == me % (world // 2)]
-        return (mesh, "dp"), members
+        return (mesh, 0 if form == "mesh_dim" else "dp"), members
     raise ValueError(form)
 
 
@@ -55,11 +57,15 @@ GATHER_SHAPE = (2, 3)
 SCATTER_SHAPE = (4, 4)
 
 
+def funcol_api(spec: str):
+    return get_backend(spec).require("functional_collectives")
+
+
 def _plain(t):
-    return t.wait() if isinstance(t, fc.AsyncCollectiveTensor) else t
+    return t.wait() if hasattr(t, "wait") and type(t) is not torch.Tensor else t
 
 
-def run_case(case: str, x: torch.Tensor, group, members: list[int]):
+def run_case(fc, case: str, x: torch.Tensor, group, members: list[int]):
     """Run one case on this rank. `case` is 'kind:arg:arg'."""
     kind, *params = case.split(":")
     n = len(members)
@@ -84,10 +90,10 @@ def run_case(case: str, x: torch.Tensor, group, members: list[int]):
     if kind == "reduce_scatter_coalesced":
         outs = fc.reduce_scatter_tensor_coalesced([x, x * 3], params[0], [0, 1], group)
         return [_plain(t) for t in outs]
-    return _run_raw_op(kind, params, x, group, n)
+    return _run_raw_op(fc, kind, params, x, group, n)
 
 
-def _run_raw_op(kind, params, x, group, n):
+def _run_raw_op(fc, kind, params, x, group, n):
     """The in-place and `_out` ops, straight from the op namespace."""
     name = fc.resolve_group_name(group)
     if kind == "all_reduce_":
@@ -126,8 +132,15 @@ def hash_case(case: str) -> int:
     return sum(ord(c) * (i + 1) for i, c in enumerate(case)) % 1000
 
 
-def run_cases(form: str, dtype, cases: list[str]):
+def run_cases(spec: str, form: str, dtype, cases: list[str]):
     """All `cases` on one group form and dtype; None on ranks outside the group."""
+    fc = funcol_api(spec)
+    # The meshes create process groups; creating them first makes the group registry
+    # the same whichever cases ran before in this worker (upstream's rank-list lookup
+    # depends on it; see test_rank_list_creates_its_group).
+    world = dist.get_world_size()
+    _mesh((world,), ("x",))
+    _mesh((2, world // 2), ("dp", "tp"))
     made = make_group(form)
     if made is None:
         return None
@@ -137,8 +150,71 @@ def run_cases(form: str, dtype, cases: list[str]):
         x = input_for(case, dist.get_rank(), dtype)
         before = x.clone()
         try:
-            out = run_case(case, x, group, members)
+            out = run_case(fc, case, x, group, members)
             results[case] = ("ok", out, torch.equal(x, before))
         except Exception as exc:  # reported per case by the test
             results[case] = ("err", f"{type(exc).__name__}: {exc}", True)
-    return members, results, fc.work_registry_size()
+    pending = fc.work_registry_size() if fc.work_registry_size else None
+    return members, results, pending
+
+
+# --- the checking side -------------------------------------------------------------
+FLOAT_REDUCTIONS = ["sum", "avg", "product", "min", "max"]
+INT_REDUCTIONS = ["sum", "product", "min", "max", "band", "bor", "bxor"]
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "i64": torch.int64}
+
+
+def cases_for(dtype) -> list[str]:
+    reductions = INT_REDUCTIONS if not dtype.is_floating_point else FLOAT_REDUCTIONS
+    cases = [f"all_reduce:{op}" for op in reductions]
+    cases += [f"all_reduce_:{op}" for op in reductions[:2]]
+    cases += ["all_gather:0", "all_gather:1", "all_gather:-1", "all_gather_out"]
+    cases += [f"reduce_scatter:{op}:{d}" for op in reductions[:2] for d in (0, 1, -1)]
+    cases += ["all_to_all:equal", "all_to_all:uneven", "broadcast:0", "broadcast:1",
+              "broadcast_:1"]
+    cases += ["all_reduce_coalesced:sum", "all_reduce_coalesced_:max",
+              "all_gather_coalesced", f"reduce_scatter_coalesced:{reductions[0]}"]
+    return cases
+
+
+def expected(case: str, members: list[int], index: int, dtype):
+    """The oracle's result for group rank `index` of `members`."""
+    xs = [input_for(case, r, dtype) for r in members]
+    kind, *params = case.split(":")
+    n = len(members)
+    if kind in ("all_reduce", "all_reduce_"):
+        return oracle.reduce(xs, params[0])
+    if kind == "all_gather":
+        return oracle.all_gather(xs, int(params[0]))
+    if kind == "all_gather_out":
+        return oracle.all_gather(xs, 0)
+    if kind == "reduce_scatter":
+        return oracle.reduce_scatter(xs, params[0], index, int(params[1]))
+    if kind == "all_to_all":
+        if params[0] == "equal":
+            return oracle.all_to_all_single(xs, index)
+        ins = [uneven_splits(i, n)[0] for i in range(n)]
+        rows = [x.reshape(-1, 1)[: sum(s)] for x, s in zip(xs, ins, strict=True)]
+        return oracle.all_to_all_single(rows, index, ins)
+    if kind in ("broadcast", "broadcast_"):
+        return xs[int(params[0]) % n]
+    if kind in ("all_reduce_coalesced", "all_reduce_coalesced_"):
+        return [oracle.reduce(xs, params[0]), oracle.reduce([x * 2 for x in xs], params[0])]
+    if kind == "all_gather_coalesced":
+        return [oracle.all_gather(xs), oracle.all_gather([x + 1 for x in xs])]
+    if kind == "reduce_scatter_coalesced":
+        return [oracle.reduce_scatter(xs, params[0], index, 0),
+                oracle.reduce_scatter([x * 3 for x in xs], params[0], index, 1)]
+    raise ValueError(case)
+
+
+def assert_same(got, want, where):
+    if isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert_same(g, w, f"{where}[{i}]")
+        return
+    assert type(got) is torch.Tensor, f"{where}: got {type(got).__name__}"
+    assert got.dtype == want.dtype and got.shape == want.shape, (
+        f"{where}: got {got.dtype}{list(got.shape)}, want {want.dtype}{list(want.shape)}")
+    assert torch.equal(got, want), f"{where}: got\n{got}\nwant\n{want}"

@@ -1,0 +1,151 @@
+"""The conformance machinery: third-party backends, strict expected failures, not implemented,
+canonical text and comm traces (CF-1..CF-8)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import expecttest
+import torch
+import torch.fx
+
+from conformance.canonical import canonical_graph
+from conformance.comm_trace import comm_trace_of_graph, format_comm_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+CASE = "test_functional_collectives.py::test_make_fx_graph"
+
+THIRD_PARTY = '''
+"""A backend that lives outside the refimpl repository."""
+from pathlib import Path
+
+import refimpl.functional_collectives as implementation  # stands in for your own library
+from conformance.backends import Backend
+
+backend = Backend(
+    "acme",
+    {"functional_collectives": implementation},
+    notes={"bucketing": "acme does not bucket"},
+    expected_failures=str(Path(__file__).with_name("acme_expected_failures.txt")),
+)
+nothing = Backend("nothing", {})
+'''
+
+
+def _run_suite(tmp_path, backend, expr, xfail_lines=()):
+    (tmp_path / "acme_backend.py").write_text(textwrap.dedent(THIRD_PARTY))
+    (tmp_path / "acme_expected_failures.txt").write_text("\n".join(xfail_lines) + "\n")
+    report = tmp_path / "report.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    env.pop("EXPECTTEST_ACCEPT", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "conformance", "--backend", backend, "-n", "0", "-k", expr,
+         "--json", str(report)], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=300)
+    data = json.loads(report.read_text()) if report.exists() else {"cases": []}
+    return proc, {c["id"]: c["outcome"] for c in data["cases"]}, data
+
+
+def test_a_backend_outside_the_repo_runs_through_module_attr(tmp_path):
+    """CF-1, CF-7: `--backend module:attr`, the report and its JSON."""
+    proc, outcomes, data = _run_suite(tmp_path, "acme_backend:backend", "make_fx or bucket")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert outcomes[CASE] == "passed"
+    assert data["backend"] == "acme_backend:backend" and data["world_sizes"] == [2]
+    assert data["torch_version"] == torch.__version__
+    case = next(c for c in data["cases"] if c["id"] == CASE)
+    assert case["spec_ids"] == ["FC-3", "FC-12"] and case["section"].endswith("collectives")
+    assert "1. Functional collectives" in proc.stdout and "passed" in proc.stdout
+
+
+def test_expected_failures_are_strict_and_stale_entries_warn(tmp_path):
+    """CF-4: a listed case that passes fails the run; an entry matching no case warns."""
+    proc, outcomes, _ = _run_suite(
+        tmp_path, "acme_backend:backend", "make_fx",
+        [f"{CASE}  listed although it passes", "test_nothing.py::test_gone  stale"])
+    assert proc.returncode == 1
+    assert outcomes[CASE] == "xpassed"
+    assert "'test_nothing.py::test_gone' matches no case [CF-4]" in proc.stdout + proc.stderr
+
+
+def test_a_concept_not_implemented_never_passes(tmp_path):
+    """CF-3: a backend that declares nothing gets 'not implemented' for every case."""
+    proc, outcomes, _ = _run_suite(tmp_path, "acme_backend:nothing",
+                                   "make_fx or async_collective")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert outcomes and set(outcomes.values()) == {"not_implemented"}
+
+
+def test_an_unknown_backend_is_refused(tmp_path):
+    """CF-1."""
+    proc, _, _ = _run_suite(tmp_path, "no_such_backend", "make_fx")
+    assert proc.returncode != 0
+    assert "neither a registered backend" in proc.stdout + proc.stderr
+
+
+def _graph_with(namespace: str) -> torch.fx.GraphModule:
+    """all_reduce + wait, then an in-place all_reduce_ on a clone, from one op namespace."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    ops = getattr(torch.ops, namespace)
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    a = graph.call_function(ops.all_reduce.default, (x, "sum", "0"))
+    w = graph.call_function(ops.wait_tensor.default, (a,))
+    c = graph.call_function(torch.ops.aten.clone.default, (w,))
+    b = graph.call_function(ops.all_reduce_.default, (c, "avg", "0"))
+    w2 = graph.call_function(ops.wait_tensor.default, (b,))
+    graph.output(w2)
+    gm = torch.fx.GraphModule({}, graph)
+    with FakeTensorMode() as mode:
+        val = mode.from_tensor(torch.ones(2, 3))
+        for node in gm.graph.nodes:
+            node.meta["val"] = val
+    return gm
+
+
+class TestCanonicalText(expecttest.TestCase):
+    def test_namespaces_fold_and_print_alike(self):
+        """CF-5: refimpl_c10d.X and _c10d_functional.X print the same canonical text."""
+        import refimpl.functional_collectives  # noqa: F401  (registers refimpl_c10d)
+
+        ours, upstream = _graph_with("refimpl_c10d"), _graph_with("_c10d_functional")
+        self.assertEqual(canonical_graph(ours), canonical_graph(upstream))
+        self.assertExpectedInline(canonical_graph(ours), """\
+%0 = input : f32[2, 3]
+%1 = funcol.all_reduce(%0, 'sum', group<unknown>) : f32[2, 3]
+%2 = funcol.wait_tensor(%1) : f32[2, 3]
+%3 = aten.clone(%2) : f32[2, 3]
+%4 = funcol.all_reduce_(%3, 'avg', group<unknown>) : f32[2, 3]
+%5 = funcol.wait_tensor(%4) : f32[2, 3]
+return %5""")
+
+    def test_comm_trace_names_buffers_and_in_place(self):
+        """CF-8: collectives and waits in order, buffers by identity, in-place visible."""
+        import refimpl.functional_collectives  # noqa: F401
+
+        self.assertExpectedInline(
+            format_comm_trace(comm_trace_of_graph(_graph_with("refimpl_c10d"))), """\
+all_reduce out-of-place group<unknown> sum in=b0:f32[2, 3] out=b1:f32[2, 3]
+wait b1
+all_reduce_ in-place group<unknown> avg in=b2:f32[2, 3]
+wait b2""")
+
+
+def test_a_case_without_spec_ids_stops_the_collection(tmp_path):
+    """CF-2."""
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    (cases / "conftest.py").write_text((ROOT / "conformance/cases/conftest.py").read_text())
+    (cases / "test_unmarked.py").write_text("def test_unmarked(backend):\n    pass\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p",
+                           "no:cacheprovider", str(cases)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "must name its SPEC IDs" in proc.stdout + proc.stderr
