@@ -197,7 +197,7 @@ wait b1""")
     if graph is not None:
         assert_expected_inline(graph, """\
 %0 = input : f32[4, 2]
-%1 = funcol.all_to_all_single(%0, [], [], ranks[0,1]) : f32[4, 2]
+%1 = funcol.all_to_all_single(%0, [2, 2], [2, 2], ranks[0,1]) : f32[4, 2]
 %2 = funcol.wait_tensor(%1) : f32[4, 2]
 return %2""")
     check_numerics(backend, "all_to_all", [(4, 2)])
