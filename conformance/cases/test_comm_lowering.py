@@ -65,7 +65,7 @@ def check_numerics(backend, name, shapes, options=None, world_size=2):
         torch.testing.assert_close(got, want, msg=lambda m, r=rank: f"rank {r}: {m}")
 
 
-@pytest.mark.spec("CL-2", "CL-9", "CL-15")
+@pytest.mark.spec("CL-1", "CL-2", "CL-9", "CL-15")
 def test_all_reduce_of_graph_input_is_cloned(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "ar_graph_input", [(4,)]), """\
 all_reduce_ in-place ranks[0,1] sum in=b0:f32[4]
@@ -346,3 +346,12 @@ def test_one_shot_not_chosen(backend, fake_world, why):
     assert trace.splitlines()[0].startswith("all_reduce_ in-place ranks[0,1]")
     assert trace.splitlines()[1] == "wait b0"
     check_numerics(backend, name, [(4,)], options)
+
+
+@pytest.mark.spec("CL-15", "CL-2", "CL-5", "CL-6")
+@pytest.mark.parametrize("name, shapes", [("ar_graph_input", [(4,)]),
+                                          ("ar_coalesced", [(4,), (2, 3)]),
+                                          ("reduce_scatter_coalesced", [(8,), (4, 3)])])
+def test_lowered_values_on_four_ranks(backend, name, shapes):
+    backend.require("lowering", "run_lowered")
+    check_numerics(backend, name, shapes, world_size=4)
