@@ -280,6 +280,11 @@ def one_shot_refusal(inp: torch.fx.Node, reduce_op: str, group_name: str,
     if reduce_op.lower() != "sum":
         return f"reduce_op is {reduce_op!r}; one-shot all-reduce only sums"
     val = _val(inp)
+    from refimpl.symmetric_memory import SUPPORTED_DTYPES
+
+    if val.dtype not in SUPPORTED_DTYPES:
+        return (f"{inp.name!r} has dtype {val.dtype}, which the one-shot kernel does not "
+                f"support ({', '.join(str(d) for d in SUPPORTED_DTYPES)})")
     if any(not isinstance(s, int) for s in val.shape):
         return f"{inp.name!r} has a symbolic size {list(val.shape)}"
     size = val.numel() * val.element_size()

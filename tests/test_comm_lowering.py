@@ -178,6 +178,7 @@ def test_cl10_not_chosen_without_auto_select_or_symm_mem(fake_world):
     ("threshold", r"has 16 bytes, over one_shot_all_reduce_threshold_bytes = 8"),
     ("graph_input", r"is a graph input"),
     ("no_symm_mem", r"symmetric memory is not enabled for group"),
+    ("dtype", r"has dtype torch.float64, which the one-shot kernel does not support"),
 ])
 def test_cl10_forced_one_shot_is_refused_with_the_reason(fake_world, case, reason):
     config = FORCE
@@ -189,6 +190,10 @@ def test_cl10_forced_one_shot_is_refused_with_the_reason(fake_world, case, reaso
                                     one_shot_all_reduce_threshold_bytes=8)
     elif case == "graph_input":
         gm = traced("ar_small_graph_input")
+    elif case == "dtype":
+        gm = make_fx(lambda x: fc.all_reduce(x * 2, "sum", "0"), tracing_mode="fake")(
+            torch.ones(4, dtype=torch.float64))
+        assert "refimpl_c10d.all_reduce_.default" in targets(lower(gm, ONE_SHOT))
     else:
         gm = make_fx(lambda x: fc.all_reduce(x * 2, "sum", fake_world), tracing_mode="fake")(
             torch.ones(4))
