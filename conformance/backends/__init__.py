@@ -14,7 +14,13 @@ Concepts and what their namespace exposes (upstream's names; see conformance/REA
   namespace), work_registry_size (optional: cases that need it report not implemented).
 - "bucketing": bucket_all_gather(gm, cap_fn), bucket_reduce_scatter(gm, cap_fn),
   bucket_all_reduce(gm, cap_fn) (optional).
-- "lowering": lower(gm, config) -> GraphModule or comm trace.
+- "lowering": lowered_comm_trace(fn, example_inputs, options) -> list[CommEvent] (traced
+  in this process, which needs a default group, e.g. the fake one); run_lowered(fn,
+  example_inputs, options) -> outputs (inside a rank: it communicates); optional for
+  backends that produce FX: lowered_graph(fn, example_inputs, options) -> GraphModule and
+  lower(gm, config). `fn(*inputs)` uses the backend's own functional collectives;
+  `options` is a dict: auto_select, one_shot_all_reduce_threshold_bytes,
+  reorder_for_compute_comm_overlap, enable_symm_mem_for (group names).
 - "reorder", "memory": reorder(gm, ...), estimate_peak_memory(gm).
 - "symmetric_memory": the symmetric-memory API with upstream's names.
 """

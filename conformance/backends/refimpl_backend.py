@@ -17,13 +17,22 @@ def _optional(module: str):
         return None
 
 
+def _lowering():
+    """The lowering concept: refimpl.comm_lowering behind the cases' questions."""
+    if _optional("refimpl.comm_lowering") is None:
+        return None
+    from conformance.backends import refimpl_lowering
+
+    return refimpl_lowering.concept()
+
+
 def _make() -> Backend:
     import refimpl.functional_collectives as fc
 
     return Backend("refimpl", {
         "functional_collectives": fc,
         "bucketing": _optional("refimpl.bucketing"),
-        "lowering": _optional("refimpl.comm_lowering"),
+        "lowering": _lowering(),
         "reorder": _optional("refimpl.reorder"),
         "memory": _optional("refimpl.memory"),
         "symmetric_memory": _optional("refimpl.symmetric_memory"),

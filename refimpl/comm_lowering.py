@@ -1,0 +1,483 @@
+"""Comm lowering: a graph of functional collectives becomes the explicit program to run.
+
+`lower(gm, config)` takes a traced FX graph (every node carries `meta["val"]`) and
+returns a new, still executable GraphModule in which every collective is the kernel a
+backend would launch: out-of-place collectives that return a fresh buffer stay as they
+are; all_reduce and broadcast become an explicit contiguous clone plus the in-place
+kernel on it, unless the input is an intermediate nobody else reads, which is then
+reduced in place (CL-2..CL-8). Every wait is kept, except the wait of a collective
+lowered to a blocking kernel (CL-9). With `auto_select`, a small sum all_reduce on a
+group with symmetric memory becomes a one-shot all-reduce whose input producer writes
+straight into a comm buffer; comm buffers carry an `alloc_id` that is the same on every
+rank and in every call, distinct between buffers and graphs, and they never take part in
+ordinary buffer reuse (CL-10..CL-14). The lowered graph computes the same values as the
+original (CL-15).
+
+Implements SPEC.md section "Comm lowering": CL-1 .. CL-15.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+from torch._guards import detect_fake_mode
+
+__all__ = [
+    "CommLoweringConfig", "CommBufferError", "lower", "comm_buffer_refusal",
+    "realize_as_comm_buffer", "comm_buffers", "graph_fingerprint", "COMM_BUFFER_META",
+]
+
+# node.meta key of a comm buffer: {"group_name", "alloc_id", "type"} (CL-11, CL-13).
+COMM_BUFFER_META = "comm_buffer"
+# node.meta key set on the clone feeding an in-place all_reduce under overlap reordering.
+NO_FUSE_META = "no_fuse"
+COLLECTIVE_NAMESPACES = ("refimpl_c10d", "_c10d_functional")
+aten = torch.ops.aten
+
+
+@dataclass(frozen=True)
+class CommLoweringConfig:
+    """What `lower` may choose (CL-1, CL-10).
+
+    auto_select: let the lowering pick specialized kernels (one-shot all-reduce).
+    one_shot_all_reduce_threshold_bytes: the largest all_reduce that goes one-shot.
+    reorder_for_compute_comm_overlap: a reorder pass follows; mark clones not to fuse.
+    force_one_shot_all_reduce: every all_reduce MUST go one-shot; one that cannot is
+        refused with an error that says why (the explicit request of CL-11).
+    alloc_id_namespace: mixed into every alloc_id, to keep apart two structurally
+        identical graphs whose comm buffers are alive at the same time (CL-12).
+    """
+
+    auto_select: bool = False
+    one_shot_all_reduce_threshold_bytes: int = 128 * 1024
+    reorder_for_compute_comm_overlap: bool = False
+    force_one_shot_all_reduce: bool = False
+    alloc_id_namespace: str = ""
+
+
+class CommBufferError(ValueError):
+    """A buffer that was asked to be a comm buffer (or one-shot input) cannot be one."""
+
+
+# --------------------------------------------------------------------------------------
+# Small graph helpers
+# --------------------------------------------------------------------------------------
+def _op_name(node: torch.fx.Node) -> str | None:
+    """`all_reduce` for a collective of either namespace, else None."""
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return None
+    if target.namespace not in COLLECTIVE_NAMESPACES:
+        return None
+    return target._schema.name.split("::", 1)[1]
+
+
+def _ops_of(node: torch.fx.Node):
+    """The op namespace of a collective node: lowered kernels stay in it."""
+    return getattr(torch.ops, node.target.namespace)
+
+
+def _val(node):
+    if isinstance(node, torch.fx.Node):
+        if "val" not in node.meta:
+            raise ValueError(f"gm: node {node.name!r} has no meta['val']; lower needs a graph "
+                             f"traced with fake values (make_fx, torch.compile) [CL-1]")
+        return node.meta["val"]
+    return node
+
+
+def _is_contiguous(node: torch.fx.Node) -> bool:
+    return _val(node).is_contiguous()
+
+
+def _returns_alias(target) -> bool:
+    schema = getattr(target, "_schema", None)
+    return schema is None or any(r.alias_info is not None for r in schema.returns)
+
+
+def _is_fresh_intermediate(node: torch.fx.Node) -> bool:
+    """Produced in the graph by a non-collective op into storage that nothing else owns."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    if node.target.namespace in COLLECTIVE_NAMESPACES or _returns_alias(node.target):
+        return False  # a view, an in-place result or a wait aliases another buffer
+    return isinstance(node.meta.get("val"), torch.Tensor)
+
+
+class _Builder:
+    """Inserts nodes before an anchor and gives each its fake value."""
+
+    def __init__(self, graph: torch.fx.Graph):
+        self.graph = graph
+        # Every value of one traced graph lives in the same fake mode: one tensor tells.
+        first = next((n.meta["val"] for n in graph.nodes
+                      if isinstance(n.meta.get("val"), torch.Tensor)), None)
+        self.fake_mode = detect_fake_mode([first]) if first is not None else None
+        if self.fake_mode is None:  # real values (make_fx "real"): derive fake ones
+            from torch._subclasses.fake_tensor import FakeTensorMode
+
+            self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+
+    def call(self, target, args, kwargs=None, *, before: torch.fx.Node, val=None):
+        with self.graph.inserting_before(before):
+            node = self.graph.call_function(target, tuple(args), dict(kwargs or {}))
+        node.meta["val"] = self.run_fake(target, args, kwargs) if val is None else val
+        return node
+
+    def run_fake(self, target, args, kwargs):
+        fake_args = torch.fx.node.map_arg(tuple(args), _val)
+        fake_kwargs = torch.fx.node.map_arg(dict(kwargs or {}), _val)
+        with self.fake_mode:
+            return target(*fake_args, **fake_kwargs)
+
+    def contiguous_clone(self, node, *, before):
+        return self.call(aten.clone.default, [node], {"memory_format": torch.contiguous_format},
+                         before=before)
+
+
+def _waits_of(node: torch.fx.Node) -> list[torch.fx.Node]:
+    return [u for u in node.users if _op_name(u) == "wait_tensor"]
+
+
+def _replace(old: torch.fx.Node, new: torch.fx.Node) -> None:
+    old.replace_all_uses_with(new)
+    old.graph.erase_node(old)
+
+
+# --------------------------------------------------------------------------------------
+# Comm buffers and persistent allocation (CL-11 .. CL-13)
+# --------------------------------------------------------------------------------------
+def graph_fingerprint(gm: torch.fx.GraphModule) -> str:
+    """A digest of the graph's structure: ops, wiring, shapes, dtypes, constants.
+
+    It depends on nothing that varies between ranks, runs or processes (no node names,
+    no addresses), so every rank that lowers the same graph gets the same digest (CL-12).
+    """
+    index = {n: i for i, n in enumerate(gm.graph.nodes)}
+
+    def text(arg):
+        if isinstance(arg, torch.fx.Node):
+            return f"%{index[arg]}"
+        if isinstance(arg, (list, tuple)):
+            return "[" + ",".join(text(a) for a in arg) + "]"
+        if isinstance(arg, dict):
+            return "{" + ",".join(f"{k}:{text(v)}" for k, v in arg.items()) + "}"
+        return repr(arg)
+
+    digest = hashlib.sha256()
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        shape = (f"{val.dtype}{list(val.shape)}" if isinstance(val, torch.Tensor)
+                 else type(val).__name__)
+        target = node.target if isinstance(node.target, str) else getattr(
+            node.target, "__qualname__", None) or str(node.target)
+        if isinstance(node.target, torch._ops.OpOverload):
+            target = str(node.target)
+        digest.update(f"{node.op} {target} {text(node.args)} {text(node.kwargs)} "
+                      f"{shape}\n".encode())
+    return digest.hexdigest()
+
+
+def _alloc_id(fingerprint: str, namespace: str, index: int) -> int:
+    """A 63-bit id from (graph, namespace, buffer index): equal on all ranks (CL-12)."""
+    raw = hashlib.sha256(f"{namespace}/{fingerprint}/{index}".encode()).digest()
+    return int.from_bytes(raw[:8], "big") >> 1
+
+
+def _out_overload(target: torch._ops.OpOverload):
+    """The `out=` overload of an ATen op with the same arguments, or None."""
+    args = [a.name for a in target._schema.arguments]
+    packet = target.overloadpacket
+    for name in packet.overloads():
+        overload = getattr(packet, name)
+        schema = overload._schema
+        outs = [a for a in schema.arguments if a.kwarg_only and a.alias_info is not None
+                and a.alias_info.is_write]
+        rest = [a.name for a in schema.arguments if a not in outs]
+        if len(outs) == 1 and outs[0].name == "out" and rest == args:
+            return overload
+    return None
+
+
+def comm_buffer_refusal(node: torch.fx.Node) -> str | None:
+    """Why `node`'s result cannot be realized as a comm buffer, or None if it can (CL-11)."""
+    if node.op == "placeholder":
+        return (f"{node.name!r} is a graph input: its memory is allocated by the caller, "
+                f"not by the graph")
+    if node.op != "call_function":
+        return f"{node.name!r} is not computed by the graph ({node.op})"
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return f"{node.name!r} is not a single tensor"
+    if COMM_BUFFER_META in node.meta:
+        return None
+    if any(not isinstance(s, int) for s in val.shape):
+        return f"{node.name!r} has a symbolic size {list(val.shape)}"
+    if not _is_fresh_intermediate(node):
+        return (f"{node.name!r} is produced by {node.target}, which returns a view or alias "
+                f"of another buffer (or is not an ATen op)")
+    if _out_overload(node.target) is None:
+        return (f"{node.name!r} is produced by {node.target}, which has no out= overload "
+                f"to write into the comm buffer")
+    return None
+
+
+def realize_as_comm_buffer(node: torch.fx.Node, group_name: str, alloc_id: int) -> None:
+    """Make `node`'s producer write into a symmetric-memory comm buffer (CL-11).
+
+    Inserts `empty_strided_p2p(size, stride, dtype, device, group_name, alloc_id)` before
+    the producer and rewrites the producer to its `out=` overload writing there. Raises
+    CommBufferError saying why when the buffer cannot be a comm buffer.
+    """
+    why = comm_buffer_refusal(node)
+    if why is not None:
+        raise CommBufferError(f"input: cannot realize as a comm buffer: {why} [CL-11]")
+    if COMM_BUFFER_META in node.meta:
+        return
+    from refimpl.symmetric_memory import empty_strided_p2p
+
+    val = node.meta["val"]
+    stride = torch._prims_common.make_contiguous_strides_for(val.shape)
+    builder = _Builder(node.graph)
+    with builder.fake_mode:
+        buf_val = torch.empty_strided(val.shape, stride, dtype=val.dtype, device=val.device)
+    buffer = builder.call(
+        empty_strided_p2p, [tuple(val.shape), tuple(stride), val.dtype, val.device,
+                            group_name, alloc_id], before=node, val=buf_val)
+    meta = {"group_name": group_name, "alloc_id": alloc_id, "type": "symm_mem"}
+    buffer.meta[COMM_BUFFER_META] = meta
+    node.target = _out_overload(node.target)
+    node.kwargs = {**node.kwargs, "out": buffer}
+    node.meta["val"] = buf_val
+    node.meta[COMM_BUFFER_META] = meta
+
+
+def comm_buffers(gm: torch.fx.GraphModule) -> list[dict]:
+    """The comm buffers a lowered graph allocates, in order: their meta records (CL-13)."""
+    return [dict(n.meta[COMM_BUFFER_META]) for n in gm.graph.nodes
+            if COMM_BUFFER_META in n.meta and "out" not in n.kwargs]
+
+
+# --------------------------------------------------------------------------------------
+# One-shot all-reduce selection (CL-10)
+# --------------------------------------------------------------------------------------
+def _symm_mem_enabled(group_name: str) -> bool:
+    try:
+        from refimpl.symmetric_memory import is_symm_mem_enabled_for_group
+    except ModuleNotFoundError:
+        return False
+    return bool(is_symm_mem_enabled_for_group(group_name))
+
+
+def one_shot_refusal(inp: torch.fx.Node, reduce_op: str, group_name: str,
+                     config: CommLoweringConfig) -> str | None:
+    """Why this all_reduce cannot be lowered one-shot, or None if it can (CL-10)."""
+    if not _symm_mem_enabled(group_name):
+        return f"symmetric memory is not enabled for group {group_name!r}"
+    if reduce_op.lower() != "sum":
+        return f"reduce_op is {reduce_op!r}; one-shot all-reduce only sums"
+    val = _val(inp)
+    from refimpl.symmetric_memory import SUPPORTED_DTYPES
+
+    if val.dtype not in SUPPORTED_DTYPES:
+        return (f"{inp.name!r} has dtype {val.dtype}, which the one-shot kernel does not "
+                f"support ({', '.join(str(d) for d in SUPPORTED_DTYPES)})")
+    if any(not isinstance(s, int) for s in val.shape):
+        return f"{inp.name!r} has a symbolic size {list(val.shape)}"
+    size = val.numel() * val.element_size()
+    if size > config.one_shot_all_reduce_threshold_bytes:
+        return (f"{inp.name!r} has {size} bytes, over one_shot_all_reduce_threshold_bytes "
+                f"= {config.one_shot_all_reduce_threshold_bytes}")
+    return comm_buffer_refusal(inp)
+
+
+class _Lowering:
+    """One run of `lower`: the graph being rewritten and the comm buffers handed out."""
+
+    def __init__(self, gm: torch.fx.GraphModule, config: CommLoweringConfig):
+        self.config = config
+        self.fingerprint = graph_fingerprint(gm)
+        self.graph = gm.graph
+        self.build = _Builder(self.graph)
+        self.next_buffer = 0
+
+    # ---- selection ------------------------------------------------------------------
+    def wants_one_shot(self, inp, reduce_op, group_name) -> bool:
+        if not (self.config.auto_select or self.config.force_one_shot_all_reduce):
+            return False
+        why = one_shot_refusal(inp, reduce_op, group_name, self.config)
+        if why is not None and self.config.force_one_shot_all_reduce:
+            raise CommBufferError(f"input: force_one_shot_all_reduce: cannot lower the "
+                                  f"all_reduce of {inp.name!r} one-shot: {why} [CL-10]")
+        return why is None
+
+    def comm_buffer(self, inp, group_name) -> None:
+        if COMM_BUFFER_META not in inp.meta:
+            alloc_id = _alloc_id(self.fingerprint, self.config.alloc_id_namespace,
+                                 self.next_buffer)
+            self.next_buffer += 1
+            realize_as_comm_buffer(inp, group_name, alloc_id)
+
+    def one_shot(self, node, inp, group_name):
+        """A blocking one-shot all-reduce of `inp`, realized as a comm buffer."""
+        self.comm_buffer(inp, group_name)
+        symm = torch.ops.refimpl_symm_mem
+        return self.build.call(symm.one_shot_all_reduce.default, [inp, "sum", group_name],
+                               before=node)
+
+    def skip_waits(self, node, result):
+        """A blocking kernel leaves the waits of its collective nothing to do (CL-9)."""
+        for wait in _waits_of(node):
+            _replace(wait, result)
+
+    # ---- rules ----------------------------------------------------------------------
+    def in_place_input(self, inp, anchor):
+        """The buffer an in-place collective may write: `inp` itself or a clone (CL-2, CL-3)."""
+        if _is_fresh_intermediate(inp) and len(inp.users) == 1 and _is_contiguous(inp):
+            return inp  # nothing else reads it: reduce it in place, as re-inplacing does
+        clone = self.build.contiguous_clone(inp, before=anchor)
+        if self.config.reorder_for_compute_comm_overlap:
+            # Fusing this clone with its neighbours would hold the collective back until
+            # they run; issuing the collective early is almost always worth more.
+            clone.meta[NO_FUSE_META] = True
+        return clone
+
+    def all_reduce(self, node):
+        inp, reduce_op, group_name = node.args
+        if self.wants_one_shot(inp, reduce_op, group_name):
+            result = self.one_shot(node, inp, group_name)
+            self.skip_waits(node, result)
+            return _replace(node, result)
+        buffer = self.in_place_input(inp, node)
+        ops = _ops_of(node)
+        _replace(node, self.build.call(ops.all_reduce_.default, [buffer, reduce_op,
+                                                                  group_name], before=node))
+
+    def all_reduce_(self, node):
+        inp, reduce_op, group_name = node.args
+        if self.wants_one_shot(inp, reduce_op, group_name):
+            result = self.one_shot(node, inp, group_name)
+            written = self.build.call(aten.copy_.default, [inp, result], before=node)
+            self.skip_waits(node, written)
+            return _replace(node, written)
+        if _is_contiguous(inp):
+            return None  # already the kernel: in place on a contiguous buffer (CL-4)
+        self.in_place_on_contiguous_copy(node, inp)
+
+    def in_place_on_contiguous_copy(self, node, inp):
+        """A non-contiguous in-place target: reduce a contiguous copy, copy back at the wait."""
+        waits = _waits_of(node)
+        if not waits:
+            raise ValueError(f"input: {node.target} on the non-contiguous {inp.name!r} needs "
+                             f"its wait_tensor in the graph to copy the result back [CL-4]")
+        clone = self.build.contiguous_clone(inp, before=node)
+        kernel = self.build.call(node.target, [clone, *node.args[1:]], before=node)
+        for wait in waits:
+            done = self.build.call(wait.target, [kernel], before=wait)
+            _replace(wait, self.build.call(aten.copy_.default, [inp, done], before=wait))
+        _replace(node, kernel)
+
+    def all_reduce_coalesced(self, node):
+        inputs, reduce_op, group_name = node.args
+        buffers = [self.in_place_input(inp, node) for inp in inputs]
+        kernel = _ops_of(node).all_reduce_coalesced_.default
+        _replace(node, self.build.call(kernel, [buffers, reduce_op, group_name], before=node))
+
+    def all_reduce_coalesced_(self, node):
+        bad = [inp.name for inp in node.args[0] if not _is_contiguous(inp)]
+        if bad:
+            raise ValueError(f"inputs: all_reduce_coalesced_ needs contiguous tensors; "
+                             f"{bad} are not [CL-5]")
+
+    def out_of_place(self, node):
+        """Out-of-place kernels read contiguous inputs (CL-6)."""
+        def contiguous(arg):
+            if isinstance(arg, torch.fx.Node) and not _is_contiguous(arg):
+                return self.build.contiguous_clone(arg, before=node)
+            return arg
+
+        first = node.args[0]
+        inputs = [contiguous(a) for a in first] if isinstance(first, (list, tuple)) \
+            else contiguous(first)
+        node.args = (inputs, *node.args[1:])
+
+    def broadcast(self, node):
+        inp, src, group_name = node.args
+        clone = self.build.contiguous_clone(inp, before=node)
+        kernel = _ops_of(node).broadcast_.default
+        _replace(node, self.build.call(kernel, [clone, src, group_name], before=node))
+
+    def broadcast_(self, node):
+        if not _is_contiguous(node.args[0]):
+            self.in_place_on_contiguous_copy(node, node.args[0])
+
+    def keep_outputs_out_of_comm_buffers(self):
+        """A comm buffer never escapes the graph: outputs get an ordinary copy (CL-13)."""
+        output = next(n for n in self.graph.nodes if n.op == "output")
+
+        def ordinary(arg):
+            if isinstance(arg, torch.fx.Node) and COMM_BUFFER_META in arg.meta:
+                return self.build.call(aten.clone.default, [arg], before=output)
+            return arg
+
+        output.args = torch.fx.node.map_aggregate(output.args, ordinary)
+
+    RULES = {
+        "all_reduce": all_reduce, "all_reduce_": all_reduce_,
+        "all_reduce_coalesced": all_reduce_coalesced,
+        "all_reduce_coalesced_": all_reduce_coalesced_,
+        "all_gather_into_tensor": out_of_place, "all_gather_into_tensor_coalesced": out_of_place,
+        "all_gather_into_tensor_out": out_of_place,
+        "reduce_scatter_tensor": out_of_place, "reduce_scatter_tensor_coalesced": out_of_place,
+        "all_to_all_single": out_of_place,
+        "broadcast": broadcast, "broadcast_": broadcast_,
+    }
+
+    def run(self):
+        for node in list(self.graph.nodes):
+            rule = self.RULES.get(_op_name(node))
+            if rule is not None and node.graph is self.graph:
+                rule(self, node)
+        self.keep_outputs_out_of_comm_buffers()
+
+
+def _check_traced(gm: torch.fx.GraphModule) -> None:
+    """Collectives must be op overloads whose tensor arguments carry fake values (CL-1)."""
+    for node in gm.graph.nodes:
+        target = node.target
+        if (isinstance(target, torch._ops.OpOverloadPacket)
+                and target._qualified_op_name.split("::")[0] in COLLECTIVE_NAMESPACES):
+            raise ValueError(f"gm: node {node.name!r} calls the packet {target} with no "
+                             f"overload and no meta['val']; lower needs a graph traced with "
+                             f"fake values (make_fx, torch.compile) [CL-1]")
+        if _op_name(node) is not None:
+            _val(node)
+            torch.fx.node.map_arg(node.args, _val)
+
+
+def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    outputs = graph.graph_copy(gm.graph, {})
+    graph.output(outputs)
+    return torch.fx.GraphModule(gm, graph)
+
+
+def lower(gm: torch.fx.GraphModule, config: CommLoweringConfig | None = None
+          ) -> torch.fx.GraphModule:
+    """The lowered, executable copy of `gm`; `gm` itself is left unchanged (CL-1)."""
+    if not isinstance(gm, torch.fx.GraphModule):
+        raise TypeError(f"gm: expected a torch.fx.GraphModule, got {type(gm).__name__} [CL-1]")
+    config = config or CommLoweringConfig()
+    if not isinstance(config, CommLoweringConfig):
+        raise TypeError(f"config: expected a CommLoweringConfig, got "
+                        f"{type(config).__name__} [CL-1]")
+    _check_traced(gm)
+    lowered = _copy(gm)
+    _Lowering(lowered, config).run()
+    lowered.graph.lint()
+    lowered.recompile()
+    return lowered
+
