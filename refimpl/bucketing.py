@@ -326,11 +326,10 @@ def _merge_all_gather(b: _Builder, bucket: Bucket, env, opts: _MergeOptions) -> 
     if opts.mixed_dtypes:
         # One byte buffer holds every dtype; each piece is viewed back afterwards (BK-12).
         dtype = torch.uint8
-        flats = [_bytes_view(b, b.flat(s)) for s in sources]
+        sizes = [s.meta["val"].numel() * s.meta["val"].element_size() for s in sources]
     else:
         dtype = out_vals[0].dtype
-        flats = [b.flat(s) for s in sources]
-    sizes = [f.meta["val"].numel() for f in flats]
+        sizes = [s.meta["val"].numel() for s in sources]
     total = sum(sizes)
     if opts.use_out_variant:
         index = _group_index(name)
@@ -339,6 +338,10 @@ def _merge_all_gather(b: _Builder, bucket: Bucket, env, opts: _MergeOptions) -> 
                      val=b.fake([group_size * total], dtype))
         slot = b.call(aten.slice.Tensor, (buf, 0, index * total, (index + 1) * total),
                       val=b.fake([total], dtype))
+    flats = [b.flat(s) for s in sources]
+    if opts.mixed_dtypes:
+        flats = [_bytes_view(b, f) for f in flats]
+    if opts.use_out_variant:
         cat = b.cat(flats, 0, _promoted(flats))
         # copy_ converts as it copies: the casts of the whole bucket are this one copy.
         filled = b.call(aten.copy_.default, (slot, cat), val=slot.meta["val"])
