@@ -202,12 +202,12 @@ class _Planner:
 
 
 def plan_buckets(gm: torch.fx.GraphModule, kind: str, bucket_cap_mb_by_bucket_idx: CapFn,
-                 *, mixed_dtypes: bool = False) -> list[list[torch.fx.Node]]:
+                 *, mixed_dtypes: bool = False) -> list[Bucket]:
     """The buckets (two or more candidates each) that the pass of `kind` would merge."""
     if kind not in KINDS:
         raise ValueError(f"kind: expected one of {sorted(KINDS)}, got {kind!r} [BK-2]")
     planner = _Planner(KINDS[kind], bucket_cap_mb_by_bucket_idx, mixed_dtypes)
-    return [b.members for b in planner.plan(gm.graph) if len(b.members) > 1]
+    return [b for b in planner.plan(gm.graph) if len(b.members) > 1]
 
 
 # --------------------------------------------------------------------------------------

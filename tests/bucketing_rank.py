@@ -51,7 +51,7 @@ def plan_of(program: str, kind: str, cap, dtype=torch.float32, args=None, mixed=
         asked.append(i)
         return cap(i) if callable(cap) else cap
 
-    buckets = bk.plan_buckets(gm, kind, caps, mixed_dtypes=mixed)
+    buckets = [b.members for b in bk.plan_buckets(gm, kind, caps, mixed_dtypes=mixed)]
     sizes = [[bk._size_bytes(n, bk.KINDS[kind]) for n in b] for b in buckets]
     keys = [[bk._bucket_key(n, bk.KINDS[kind], mixed) for n in b] for b in buckets]
     keys = [[(str(k[0]),) + tuple(str(x) for x in k[1:]) for k in ks] for ks in keys]
@@ -117,7 +117,7 @@ def cross_key_cycle() -> dict:
 
     original = bp.trace(step, xs)
     bucketed = bp.trace(step, xs)
-    buckets = bk.plan_buckets(bucketed, "all_gather", lambda i: 25)
+    buckets = [b.members for b in bk.plan_buckets(bucketed, "all_gather", lambda i: 25)]
     bk.bucket_all_gather(bucketed, lambda i: 25)
     return {"buckets": [[n.name for n in b] for b in buckets],
             "mismatch": bp.compare(original(*xs), bucketed(*xs)),
@@ -178,3 +178,104 @@ def padded_reduce_scatter() -> dict:
     inputs = [rank_input(me, s, torch.float32, salt=80 + i) for i, s in enumerate(shapes)]
     got = [t.clone() for t in gm(*inputs)]
     return {"got": got, "collectives": bp.collective_count(gm)}
+
+
+# --------------------------------------------------------------------------------------
+# Random programs for the property test
+# --------------------------------------------------------------------------------------
+DTYPES = {"f32": torch.float32, "f64": torch.float64}
+
+
+def random_program(steps, n_inputs: int, second_group):
+    """A traceable function from a step list drawn by hypothesis (plain data).
+
+    Every value is 1-D. A step is (op, source indices, length, group, dtype):
+    "ag"/"rs"/"ar" run a collective on a prefix of a value (cast to `dtype` first),
+    "add" combines two values. Each step appends its result to the values.
+    """
+    pgs = {"world": dist.group.WORLD, "other": second_group}
+
+    def program(*inputs):
+        values = list(inputs)
+        for op, sources, length, group, dtype_name in steps:
+            pg = pgs[group]
+            n = pg.size()
+            src = values[sources[0] % len(values)]
+            if op == "add":
+                other = values[sources[1] % len(values)]
+                m = min(src.numel(), other.numel())
+                values.append(src[:m] + other[:m])
+                continue
+            x = src[:max(1, min(length, src.numel()))].to(DTYPES[dtype_name])
+            if op == "ag":
+                out = fc.all_gather_tensor(x, 0, pg)
+            elif op == "rs":
+                out = fc.reduce_scatter_tensor(x.repeat(n), "sum", 0, pg)
+            else:
+                out = fc.all_reduce(x, "sum", pg)
+            values.append(out.to(torch.float32))
+        return values
+
+    return program
+
+
+def _ancestors_within(bucket_members) -> bool:
+    """True if some member of the bucket depends on another (found by brute force)."""
+    members = set(bucket_members)
+    for member in bucket_members:
+        seen, stack = set(), list(member.all_input_nodes)
+        while stack:
+            node = stack.pop()
+            if node in seen:
+                continue
+            if node in members:
+                return True
+            seen.add(node)
+            stack.extend(node.all_input_nodes)
+    return False
+
+
+def property_check(steps, n_inputs: int, caps_bytes) -> dict:
+    """Run every pass (and all three in a row) on a random program; report violations."""
+    me = dist.get_rank()
+    second = bp.group_of([list(range(dist.get_world_size()))])
+    program = random_program(steps, n_inputs, second)
+    inputs = [rank_input(me, (4,), torch.float32, salt=90 + i) for i in range(n_inputs)]
+    caps = functools_caps(caps_bytes)
+    original = bp.trace(program, inputs)
+    expected = original(*inputs)
+    report = {"problems": [], "merged": 0}
+    passes = [("all_gather", bk.bucket_all_gather), ("reduce_scatter", bk.bucket_reduce_scatter),
+              ("all_reduce", bk.bucket_all_reduce)]
+    for kind, run_pass in passes:
+        gm = bp.trace(program, inputs)
+        for bucket in bk.plan_buckets(gm, kind, caps):
+            report["merged"] += len(bucket.members)
+            size = sum(bk._size_bytes(m, bk.KINDS[kind]) for m in bucket.members)
+            if size > caps(bucket.index) * 1024 * 1024:
+                report["problems"].append(f"{kind}: bucket {bucket.index} holds {size} bytes")
+            if _ancestors_within(bucket.members):
+                report["problems"].append(f"{kind}: bucket {bucket.index} holds a dependent")
+        run_pass(gm, caps)
+        _check_graph(gm, kind, expected, inputs, report)
+    chained = bp.trace(program, inputs)
+    for _, run_pass in passes:
+        run_pass(chained, caps)
+    _check_graph(chained, "all three passes", expected, inputs, report)
+    return report
+
+
+def _check_graph(gm, what, expected, inputs, report) -> None:
+    seen = set()
+    for node in gm.graph.nodes:
+        if any(i not in seen for i in node.all_input_nodes):
+            report["problems"].append(f"{what}: {node.name} precedes an input")
+        seen.add(node)
+    mismatch = bp.compare(expected, gm(*inputs))
+    if mismatch:
+        report["problems"].append(f"{what}: {mismatch}")
+
+
+def functools_caps(caps_bytes):
+    """Cap of bucket i in MiB: the drawn byte caps, cycling."""
+    return lambda i: caps_bytes[i % len(caps_bytes)] / (1024 * 1024)
