@@ -184,13 +184,34 @@ def compare(before, after) -> str:
     return ""
 
 
+def cap_fn(cap_mb):
+    """A cap callback from a number (every bucket) or a tuple (bucket i, the last repeats)."""
+    if callable(cap_mb):
+        return cap_mb
+    if isinstance(cap_mb, tuple):
+        return lambda i: cap_mb[min(i, len(cap_mb) - 1)]
+    return lambda i: cap_mb
+
+
+def conformance_case(spec: str, program: str, pass_name: str, cap_mb, dtype,
+                     options: dict | None = None, program_args: dict | None = None) -> dict:
+    """A conformance case on one rank: the backend's own API traces, its pass buckets."""
+    from conformance.harness import backend_in_rank
+
+    backend = backend_in_rank(spec)
+    fc = backend.require("functional_collectives")
+    bucketing = backend.require("bucketing", pass_name)
+    return trace_bucket_run(fc, bucketing, program, pass_name, cap_mb, dtype, options,
+                            program_args)
+
+
 def trace_bucket_run(fc, bucketing, program: str, pass_name: str, cap_mb, dtype,
                      options: dict | None = None, program_args: dict | None = None) -> dict:
     """On a rank: trace `program`, bucket a copy, run both for real; report the outcome."""
     fn, inputs = PROGRAMS[program](fc, dtype, **(program_args or {}))
     original = trace(fn, inputs)
     bucketed = trace(fn, inputs)
-    caps = cap_mb if callable(cap_mb) else (lambda i: cap_mb)
+    caps = cap_fn(cap_mb)
     getattr(bucketing, pass_name)(bucketed, caps, **(options or {}))
     before = original(*inputs)
     after = bucketed(*inputs)
