@@ -237,6 +237,7 @@ class _Builder:
     def call(self, target, args, kwargs=None, val=None) -> torch.fx.Node:
         node = self.graph.call_function(target, tuple(args), kwargs or {})
         node.meta["val"] = val
+        self.last = node
         return node
 
     def flat(self, node: torch.fx.Node) -> torch.fx.Node:
@@ -318,11 +319,11 @@ def _all_gather_sources(bucket: Bucket, opts: _MergeOptions) -> list[torch.fx.No
     return sources
 
 
-def _merge_all_gather(b: _Builder, bucket: Bucket, env, opts: _MergeOptions) -> list:
+def _merge_all_gather(b: _Builder, bucket: Bucket, opts: _MergeOptions) -> list:
     first = bucket.members[0]
     group_size, name = first.args[1], first.args[2]
     out_vals = [_val(ag) for ag in bucket.members]
-    sources = [env[s] for s in _all_gather_sources(bucket, opts)]
+    sources = _all_gather_sources(bucket, opts)
     if opts.mixed_dtypes:
         # One byte buffer holds every dtype; each piece is viewed back afterwards (BK-12).
         dtype = torch.uint8
@@ -396,13 +397,13 @@ def _padded_rows(rows: int, group_size: int) -> int:
     return -(-rows // group_size) * group_size
 
 
-def _merge_reduce_scatter(b: _Builder, bucket: Bucket, env, opts: _MergeOptions) -> list:
+def _merge_reduce_scatter(b: _Builder, bucket: Bucket, opts: _MergeOptions) -> list:
     first = bucket.members[0]
     reduce_op, group_size, name = first.args[1], first.args[2], first.args[3]
     dtype = _val(first).dtype
     laid_out, sizes, shapes, real_rows = [], [], [], []
     for rs in bucket.members:
-        inp = env[rs.args[0]]
+        inp = rs.args[0]
         val = _val(rs.args[0])
         rows = _padded_rows(val.shape[0], group_size)
         if rows != val.shape[0]:
@@ -444,11 +445,11 @@ def _unpad(b: _Builder, out: torch.fx.Node, rows: int, group_size: int, name: st
                   val=b.fake(shape, out.meta["val"].dtype, list(out.meta["val"].stride())))
 
 
-def _merge_all_reduce(b: _Builder, bucket: Bucket, env, opts: _MergeOptions) -> list:
+def _merge_all_reduce(b: _Builder, bucket: Bucket, opts: _MergeOptions) -> list:
     first = bucket.members[0]
     reduce_op, name = first.args[1], first.args[2]
     dtype = _val(first).dtype
-    flats = [b.flat(env[ar.args[0]]) for ar in bucket.members]
+    flats = [b.flat(ar.args[0]) for ar in bucket.members]
     sizes = [f.meta["val"].numel() for f in flats]
     cat = b.cat(flats, 0, dtype)
     reduced = b.call(refimpl_ops.all_reduce.default, (cat, reduce_op, name),
@@ -463,26 +464,26 @@ _MERGERS = {"all_gather": _merge_all_gather, "reduce_scatter": _merge_reduce_sca
 
 
 # --------------------------------------------------------------------------------------
-# Rewriting: one stable topological pass (BK-7)
+# Rewriting: one stable topological pass, in place (BK-7)
 # --------------------------------------------------------------------------------------
-def _rewrite(gm: torch.fx.GraphModule, kind: Kind, buckets: list[Bucket],
-             opts: _MergeOptions) -> None:
-    nodes = list(gm.graph.nodes)
+def _stable_order(nodes: list, kind: Kind, buckets: list[Bucket], opts: _MergeOptions) -> list:
+    """Plain nodes and buckets in the topological order closest to the original one.
+
+    A bucket stands where its last member was. Kahn's algorithm always takes the ready unit
+    of smallest original position, so a node moves only if it waits for a bucket: then it
+    comes right after the merged wait, still in its original order among the moved ones.
+    """
     position = {n: i for i, n in enumerate(nodes)}
-    # A unit is what gets emitted at once: a plain node, or a whole bucket.
     unit_of: dict[torch.fx.Node, object] = {n: n for n in nodes}
-    deps_of_bucket: dict[Bucket, list[torch.fx.Node]] = {}
+    bucket_inputs: dict[Bucket, list[torch.fx.Node]] = {}
     for bucket in buckets:
-        inputs = []
         sources = (_all_gather_sources(bucket, opts) if kind.name == "all_gather"
                    else [m.args[0] for m in bucket.members])
         for member, source in zip(bucket.members, sources, strict=True):
-            unit_of[member] = bucket
-            unit_of[next(iter(member.users))] = bucket
+            unit_of[member] = unit_of[next(iter(member.users))] = bucket
             if source is not member.args[0]:
                 unit_of[member.args[0]] = bucket  # the absorbed cast
-            inputs.append(source)
-        deps_of_bucket[bucket] = inputs
+        bucket_inputs[bucket] = sources
 
     def priority(unit) -> int:
         return position[unit.members[-1]] if isinstance(unit, Bucket) else position[unit]
@@ -491,39 +492,68 @@ def _rewrite(gm: torch.fx.GraphModule, kind: Kind, buckets: list[Bucket],
     waiting_on: dict[object, int] = {}
     dependents: dict[object, list] = {u: [] for u in units}
     for unit in units:
-        inputs = deps_of_bucket[unit] if isinstance(unit, Bucket) else unit.all_input_nodes
+        inputs = bucket_inputs[unit] if isinstance(unit, Bucket) else unit.all_input_nodes
         deps = {unit_of[i] for i in inputs} - {unit}
         waiting_on[unit] = len(deps)
         for dep in deps:
             dependents[dep].append(unit)
-
-    new_graph = torch.fx.Graph()
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    builder = None
-    ready = [(priority(u), i, u) for i, u in enumerate(units) if waiting_on[u] == 0]
-    order = {u: i for i, u in enumerate(units)}
+    index_of = {u: i for i, u in enumerate(units)}
+    ready = [(priority(u), i) for i, u in enumerate(units) if waiting_on[u] == 0]
     heapq.heapify(ready)
+    order = []
     while ready:
-        _, _, unit = heapq.heappop(ready)
-        if isinstance(unit, Bucket):
-            builder = builder or _Builder(new_graph, _val(unit.members[0]))
-            outs = _MERGERS[kind.name](builder, unit, env, opts)
-            for member, out in zip(unit.members, outs, strict=True):
-                env[next(iter(member.users))] = out
-        else:
-            env[unit] = new_graph.node_copy(unit, lambda n: env[n])
+        _, index = heapq.heappop(ready)
+        unit = units[index]
+        order.append(unit)
         for user in dependents[unit]:
             waiting_on[user] -= 1
             if waiting_on[user] == 0:
-                heapq.heappush(ready, (priority(user), order[user], user))
-    if any(count for count in waiting_on.values()):
-        raise AssertionError("bucketing: the rewritten graph has a cycle [BK-4]")
-    gm.graph = new_graph
-    gm.graph.lint()
-    gm.recompile()
+                heapq.heappush(ready, (priority(user), index_of[user]))
+    if len(order) != len(units):
+        raise AssertionError("bucketing: the merged graph would have a cycle [BK-4]")
+    return order
 
 
-def _bucket(gm: torch.fx.GraphModule, kind: Kind, cap_fn: CapFn, opts: _MergeOptions) -> None:
+def _rewrite(gm: torch.fx.GraphModule, kind: Kind, buckets: list[Bucket],
+             opts: _MergeOptions, recompile: bool) -> None:
+    """Relink the graph's nodes in the stable order, building each bucket in its place."""
+    graph = gm.graph
+    order = _stable_order(list(graph.nodes), kind, buckets, opts)
+    builder = _Builder(graph, _val(buckets[0].members[0]))
+    dead: list[torch.fx.Node] = []
+    cursor = None
+    for unit in order:
+        if isinstance(unit, torch.fx.Node):
+            if cursor is not None and cursor.next is not unit:
+                cursor.append(unit)  # moves `unit` right after `cursor`
+            cursor = unit
+            continue
+        with graph.inserting_before(cursor.next):
+            outs = _MERGERS[kind.name](builder, unit, opts)
+        for member, out in zip(unit.members, outs, strict=True):
+            wait = next(iter(member.users))
+            wait.replace_all_uses_with(out)
+            dead += [wait, member]
+            if member.args[0] not in _all_gather_inputs_kept(member, unit, kind, opts):
+                dead.append(member.args[0])  # its absorbed cast
+        cursor = builder.last
+    for node in dead:
+        graph.erase_node(node)
+    graph.lint()
+    if recompile:
+        gm.recompile()
+
+
+def _all_gather_inputs_kept(member, bucket, kind, opts) -> tuple:
+    if kind.name != "all_gather":
+        return (member.args[0],)
+    absorbed = opts.batch_casts and not opts.mixed_dtypes and _absorbable_cast(member.args[0],
+                                                                              member)
+    return () if absorbed else (member.args[0],)
+
+
+def _bucket(gm: torch.fx.GraphModule, kind: Kind, cap_fn: CapFn, opts: _MergeOptions,
+            recompile: bool) -> None:
     if not isinstance(gm, torch.fx.GraphModule):
         raise TypeError(f"gm: expected a torch.fx.GraphModule, got {type(gm).__name__} [BK-1]")
     if not callable(cap_fn):
@@ -540,7 +570,7 @@ def _bucket(gm: torch.fx.GraphModule, kind: Kind, cap_fn: CapFn, opts: _MergeOpt
                      bucket.index, bucket.key, len(bucket.members), bucket.size_bytes,
                      bucket.cap_bytes)
     if buckets:
-        _rewrite(gm, kind, buckets, opts)
+        _rewrite(gm, kind, buckets, opts, recompile)
 
 
 # --------------------------------------------------------------------------------------
@@ -548,7 +578,7 @@ def _bucket(gm: torch.fx.GraphModule, kind: Kind, cap_fn: CapFn, opts: _MergeOpt
 # --------------------------------------------------------------------------------------
 def bucket_all_gather(gm: torch.fx.GraphModule, bucket_cap_mb_by_bucket_idx: CapFn, *,
                       mixed_dtypes: bool = False, use_out_variant: bool = True,
-                      batch_casts: bool = True) -> None:
+                      batch_casts: bool = True, recompile: bool = True) -> None:
     """Merge all_gathers of one (group, dtype) into buckets, in place (BK-1..BK-9, BK-12).
 
     `bucket_cap_mb_by_bucket_idx(i)` is the cap in MiB of the i-th bucket of a key.
@@ -556,10 +586,11 @@ def bucket_all_gather(gm: torch.fx.GraphModule, bucket_cap_mb_by_bucket_idx: Cap
     `use_out_variant` copies the inputs into this rank's slot of the gathered buffer and
     gathers in place (FSDP's layout; needs the process group), else concatenates and
     gathers out of place (BK-8). `batch_casts` folds the casts feeding the gathers into
-    the bucket's one copy (BK-9).
+    the bucket's one copy (BK-9). `recompile=False` leaves regenerating gm's code to the
+    caller (one `gm.recompile()` after several passes); the graph itself is complete.
     """
     _bucket(gm, KINDS["all_gather"], bucket_cap_mb_by_bucket_idx,
-            _MergeOptions(mixed_dtypes, use_out_variant, batch_casts))
+            _MergeOptions(mixed_dtypes, use_out_variant, batch_casts), recompile)
 
 
 def _refuse_mixed(mixed_dtypes: bool, what: str) -> None:
@@ -569,14 +600,16 @@ def _refuse_mixed(mixed_dtypes: bool, what: str) -> None:
 
 
 def bucket_reduce_scatter(gm: torch.fx.GraphModule, bucket_cap_mb_by_bucket_idx: CapFn, *,
-                          mixed_dtypes: bool = False) -> None:
+                          mixed_dtypes: bool = False, recompile: bool = True) -> None:
     """Merge reduce_scatters of one (group, reduce op, dtype), in place (BK-1..BK-7, BK-10)."""
     _refuse_mixed(mixed_dtypes, "reduce_scatter")
-    _bucket(gm, KINDS["reduce_scatter"], bucket_cap_mb_by_bucket_idx, _MergeOptions())
+    _bucket(gm, KINDS["reduce_scatter"], bucket_cap_mb_by_bucket_idx, _MergeOptions(),
+            recompile)
 
 
 def bucket_all_reduce(gm: torch.fx.GraphModule, bucket_cap_mb_by_bucket_idx: CapFn, *,
-                      mixed_dtypes: bool = False) -> None:
+                      mixed_dtypes: bool = False, recompile: bool = True) -> None:
     """Merge all_reduces of one (group, reduce op, dtype), in place (BK-1..BK-7, BK-11)."""
     _refuse_mixed(mixed_dtypes, "all_reduce")
-    _bucket(gm, KINDS["all_reduce"], bucket_cap_mb_by_bucket_idx, _MergeOptions())
+    _bucket(gm, KINDS["all_reduce"], bucket_cap_mb_by_bucket_idx, _MergeOptions(),
+            recompile)
