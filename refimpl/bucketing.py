@@ -222,6 +222,20 @@ def _contiguous_strides(shape) -> list[int]:
     return strides[::-1]
 
 
+_NODE_NAMES = {
+    aten.view.default: "view", aten.reshape.default: "reshape", aten.cat.default: "cat",
+    aten.split_with_sizes.default: "split_with_sizes", operator.getitem: "getitem",
+    aten.clone.default: "clone", aten._unsafe_view.default: "_unsafe_view",
+    aten.empty.memory_format: "empty", aten.slice.Tensor: "slice", aten.copy_.default: "copy_",
+    aten._to_copy.default: "_to_copy", aten.view.dtype: "view_dtype",
+    aten.constant_pad_nd.default: "constant_pad_nd",
+    refimpl_ops.all_gather_into_tensor.default: "all_gather_into_tensor",
+    refimpl_ops.all_gather_into_tensor_out.default: "all_gather_into_tensor_out",
+    refimpl_ops.reduce_scatter_tensor.default: "reduce_scatter_tensor",
+    refimpl_ops.all_reduce.default: "all_reduce", refimpl_ops.wait_tensor.default: "wait_tensor",
+}
+
+
 class _Builder:
     def __init__(self, graph: torch.fx.Graph, like: torch.Tensor):
         self.graph = graph
@@ -235,13 +249,19 @@ class _Builder:
         return torch._subclasses.FakeTensor(self.fake_mode, meta, self.device)
 
     def call(self, target, args, kwargs=None, val=None) -> torch.fx.Node:
-        node = self.graph.call_function(target, tuple(args), kwargs or {})
+        # Naming the node after its op saves FX deriving a name from the target, which
+        # costs more than creating the node itself.
+        name = _NODE_NAMES.get(target, "bucketed")
+        node = self.graph.create_node("call_function", target, tuple(args), kwargs or {},
+                                      name=name)
         node.meta["val"] = val
         self.last = node
         return node
 
     def flat(self, node: torch.fx.Node) -> torch.fx.Node:
         val = node.meta["val"]
+        if val.dim() == 1 and val.is_contiguous():
+            return node
         op = aten.view.default if val.is_contiguous() else aten.reshape.default
         return self.call(op, (node, [-1]), val=self.fake([val.numel()], val.dtype))
 
