@@ -308,7 +308,11 @@ def _group_index(group_name: str) -> int:
         raise ValueError(f"gm: the all_gather bucket of group {group_name!r} needs this "
                          f"rank's index in the group, but no process group is initialized; "
                          f"run the pass on the rank, or pass use_out_variant=False [BK-8]")
-    return group_ranks(group_name).index(dist.get_rank())
+    ranks = group_ranks(group_name)
+    if dist.get_rank() not in ranks:
+        raise ValueError(f"gm: rank {dist.get_rank()} is not in group {group_name!r} "
+                         f"(ranks {ranks}) of an all_gather it would merge [BK-8]")
+    return ranks.index(dist.get_rank())
 
 
 def _absorbable_cast(node: torch.fx.Node, member: torch.fx.Node) -> bool:
