@@ -545,6 +545,7 @@ def _rewrite(gm: torch.fx.GraphModule, kind: Kind, buckets: list[Bucket],
     order = _stable_order(list(graph.nodes), kind, buckets, opts)
     builder = _Builder(graph, _val(buckets[0].members[0]))
     dead: list[torch.fx.Node] = []
+    replacement: dict[torch.fx.Node, torch.fx.Node] = {}  # old wait -> member's new output
     cursor = None
     for unit in order:
         if isinstance(unit, torch.fx.Node):
@@ -556,16 +557,30 @@ def _rewrite(gm: torch.fx.GraphModule, kind: Kind, buckets: list[Bucket],
             outs = _MERGERS[kind.name](builder, unit, opts)
         for member, out in zip(unit.members, outs, strict=True):
             wait = next(iter(member.users))
-            wait.replace_all_uses_with(out)
+            replacement[wait] = out
             dead += [wait, member]
             if member.args[0] not in _all_gather_inputs_kept(member, unit, kind, opts):
                 dead.append(member.args[0])  # its absorbed cast
         cursor = builder.last
+    _replace_uses(replacement)
     for node in dead:
         graph.erase_node(node)
     graph.lint()
     if recompile:
         gm.recompile()
+
+
+def _replace_uses(replacement: dict[torch.fx.Node, torch.fx.Node]) -> None:
+    """Point every user of an old wait at its new output, rewriting each user once.
+
+    (`replace_all_uses_with` rescans a user's whole argument list per replaced node, which
+    is quadratic for a user such as the output node that takes every wait.)
+    """
+    users = dict.fromkeys(u for old in replacement for u in old.users)
+    swap = lambda n: replacement.get(n, n)
+    for user in users:
+        user.args = torch.fx.node.map_arg(user.args, swap)
+        user.kwargs = torch.fx.node.map_arg(user.kwargs, swap)
 
 
 def _all_gather_inputs_kept(member, bucket, kind, opts) -> tuple:
