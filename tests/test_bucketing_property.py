@@ -26,8 +26,8 @@ step = st.tuples(
 
 @settings(max_examples=8, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
-@given(steps=st.lists(step, min_size=1, max_size=14), n_inputs=st.integers(1, 4),
-       caps=st.lists(st.integers(8, 200), min_size=1, max_size=4))
+@given(steps=st.lists(step, min_size=3, max_size=14), n_inputs=st.integers(1, 4),
+       caps=st.lists(st.integers(8, 400), min_size=1, max_size=4))
 def test_bk4_random_graphs_keep_order_caps_and_values(steps, n_inputs, caps):
     """BK-3, BK-4, BK-7: order kept, no dependent in its own bucket, caps kept, same values."""
     for rank, report in enumerate(run_on_ranks(bucketing_rank.property_check, 2, steps,
