@@ -543,7 +543,6 @@ def _rewrite(gm: torch.fx.GraphModule, kind: Kind, buckets: list[Bucket],
     """Relink the graph's nodes in the stable order, building each bucket in its place."""
     graph = gm.graph
     order = _stable_order(list(graph.nodes), kind, buckets, opts)
-    builder = _Builder(graph, _val(buckets[0].members[0]))
     dead: list[torch.fx.Node] = []
     replacement: dict[torch.fx.Node, torch.fx.Node] = {}  # old wait -> member's new output
     cursor = None
@@ -553,6 +552,7 @@ def _rewrite(gm: torch.fx.GraphModule, kind: Kind, buckets: list[Bucket],
                 cursor.append(unit)  # moves `unit` right after `cursor`
             cursor = unit
             continue
+        builder = _Builder(graph, _val(unit.members[0]))  # this bucket's device and fake mode
         with graph.inserting_before(cursor.next):
             outs = _MERGERS[kind.name](builder, unit, opts)
         for member, out in zip(unit.members, outs, strict=True):
