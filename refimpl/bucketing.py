@@ -333,14 +333,16 @@ class _MergeOptions:
     batch_casts: bool = True
 
 
+def _absorbs_cast(member: torch.fx.Node, opts: _MergeOptions) -> bool:
+    """Whether the bucket's copy-in does the cast feeding this all_gather (BK-9)."""
+    return (opts.batch_casts and not opts.mixed_dtypes
+            and _absorbable_cast(member.args[0], member))
+
+
 def _all_gather_sources(bucket: Bucket, opts: _MergeOptions) -> list[torch.fx.Node]:
     """What the copy-in reads: each member's input, or the source of its absorbed cast."""
-    sources = []
-    for ag in bucket.members:
-        inp = ag.args[0]
-        absorb = opts.batch_casts and not opts.mixed_dtypes and _absorbable_cast(inp, ag)
-        sources.append(inp.args[0] if absorb else inp)
-    return sources
+    return [ag.args[0].args[0] if _absorbs_cast(ag, opts) else ag.args[0]
+            for ag in bucket.members]
 
 
 def _merge_all_gather(b: _Builder, bucket: Bucket, opts: _MergeOptions) -> list:
@@ -559,8 +561,8 @@ def _rewrite(gm: torch.fx.GraphModule, kind: Kind, buckets: list[Bucket],
             wait = next(iter(member.users))
             replacement[wait] = out
             dead += [wait, member]
-            if member.args[0] not in _all_gather_inputs_kept(member, unit, kind, opts):
-                dead.append(member.args[0])  # its absorbed cast
+            if kind.name == "all_gather" and _absorbs_cast(member, opts):
+                dead.append(member.args[0])
         cursor = builder.last
     _replace_uses(replacement)
     for node in dead:
@@ -581,14 +583,6 @@ def _replace_uses(replacement: dict[torch.fx.Node, torch.fx.Node]) -> None:
     for user in users:
         user.args = torch.fx.node.map_arg(user.args, swap)
         user.kwargs = torch.fx.node.map_arg(user.kwargs, swap)
-
-
-def _all_gather_inputs_kept(member, bucket, kind, opts) -> tuple:
-    if kind.name != "all_gather":
-        return (member.args[0],)
-    absorbed = opts.batch_casts and not opts.mixed_dtypes and _absorbable_cast(member.args[0],
-                                                                              member)
-    return () if absorbed else (member.args[0],)
 
 
 def _bucket(gm: torch.fx.GraphModule, kind: Kind, cap_fn: CapFn, opts: _MergeOptions,
