@@ -1,0 +1,52 @@
+"""The `bucketing` concept of the `torch` backend: `torch._inductor.fx_passes.bucketing`.
+
+Upstream's passes take the same graph and cap callback. The only option mapped is
+`mixed_dtypes=True`, which is upstream's "custom_ops_multidtype" bucket mode for
+all_gather; any other refimpl option is reported as not implemented.
+
+Upstream's passes leave users of an earlier member's wait before the merged wait and
+rely on Inductor running `stable_topological_sort` right after them (post_grad.py);
+the adapter does the same, so the graph it returns is the one Inductor goes on with.
+"""
+
+from __future__ import annotations
+
+import types
+
+from conformance.backends import NotImplementedConcept
+
+
+def _refuse(options: dict, what: str) -> None:
+    if options:
+        raise NotImplementedConcept(f"torch: bucketing.{what} has no option {sorted(options)}")
+
+
+def _sorted(gm) -> None:
+    from torch._inductor.pattern_matcher import stable_topological_sort
+
+    stable_topological_sort(gm.graph)
+    gm.recompile()
+
+
+def concept():
+    from torch._inductor.fx_passes import bucketing as upstream
+
+    def bucket_all_gather(gm, bucket_cap_mb_by_bucket_idx, *, mixed_dtypes=False, **options):
+        _refuse(options, "bucket_all_gather")
+        mode = "custom_ops_multidtype" if mixed_dtypes else "default"
+        upstream.bucket_all_gather(gm, bucket_cap_mb_by_bucket_idx, mode=mode)
+        _sorted(gm)
+
+    def bucket_reduce_scatter(gm, bucket_cap_mb_by_bucket_idx, **options):
+        _refuse(options, "bucket_reduce_scatter")
+        upstream.bucket_reduce_scatter(gm, bucket_cap_mb_by_bucket_idx, mode="default")
+        _sorted(gm)
+
+    def bucket_all_reduce(gm, bucket_cap_mb_by_bucket_idx, **options):
+        _refuse(options, "bucket_all_reduce")
+        upstream.bucket_all_reduce(gm, bucket_cap_mb_by_bucket_idx)
+        _sorted(gm)
+
+    return types.SimpleNamespace(bucket_all_gather=bucket_all_gather,
+                                 bucket_reduce_scatter=bucket_reduce_scatter,
+                                 bucket_all_reduce=bucket_all_reduce)

@@ -1,0 +1,648 @@
+"""Bucketing: merge many small collectives of one kind into one collective per bucket.
+
+An FX graph traced from functional collectives holds one collective + wait per tensor.
+FSDP-style programs issue hundreds of small all_gathers (parameters) and reduce_scatters
+(gradients); each pays a fixed latency. These passes group *candidates* (an out-of-place
+collective whose only user is its wait) by a key (group, dtype, reduce op), fill buckets
+in graph order up to a size cap given per bucket index, and replace each bucket of two
+or more by one flat collective plus the copies that lay the tensors out and cut the
+results back into the original shapes (BK-1..BK-6, BK-8..BK-13).
+
+Decisions come from one forward pass: every node carries a bitset of the buckets whose
+results reach it, and each open bucket knows which buckets it reaches, so "does this
+candidate depend on the open bucket?" is one AND, and merging never creates a cycle,
+even across keys (BK-4). The rewrite is one stable topological pass: the merged
+collective sits where the bucket's last member was, and only nodes that depend on a
+member's result move after its wait (BK-7). Both passes cost O(N log N) in graph size.
+
+Implements SPEC.md section "Bucketing": BK-1 .. BK-15.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+
+import refimpl.functional_collectives  # noqa: F401  (registers torch.ops.refimpl_c10d)
+
+__all__ = ["bucket_all_gather", "bucket_reduce_scatter", "bucket_all_reduce", "plan_buckets",
+           "Bucket", "KINDS"]
+
+logger = logging.getLogger("refimpl.bucketing")
+
+aten = torch.ops.aten
+refimpl_ops = torch.ops.refimpl_c10d
+MiB = 1024 * 1024
+CapFn = Callable[[int], float]
+
+# Collectives are recognized in refimpl's namespace and in upstream's, so one pass can be
+# compared with upstream's on the same graphs (BK-1); merged collectives are refimpl's.
+_NAMESPACES = (torch.ops.refimpl_c10d, torch.ops._c10d_functional)
+
+
+def _overloads(name: str) -> frozenset:
+    return frozenset(getattr(ns, name).default for ns in _NAMESPACES)
+
+
+_WAITS = _overloads("wait_tensor")
+_CASTS = frozenset({aten._to_copy.default, torch.ops.prims.convert_element_type.default})
+
+
+# --------------------------------------------------------------------------------------
+# Kinds of collective (BK-2, BK-3)
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    targets: frozenset
+    group_arg: int             # position of group_name in the op's args
+    reduce_arg: int | None     # position of reduce_op, if the op reduces
+
+
+KINDS = {
+    "all_gather": Kind("all_gather", _overloads("all_gather_into_tensor"), 2, None),
+    "reduce_scatter": Kind("reduce_scatter", _overloads("reduce_scatter_tensor"), 3, 1),
+    "all_reduce": Kind("all_reduce", _overloads("all_reduce"), 2, 1),
+}
+
+
+def _val(node: torch.fx.Node) -> torch.Tensor:
+    val = node.meta.get("val")
+    if not isinstance(val, torch._subclasses.FakeTensor):
+        raise ValueError(f"gm: node {node.name} has no FakeTensor in meta['val']; trace the "
+                         f"graph with make_fx(tracing_mode='fake') or torch.compile [BK-1]")
+    if not all(isinstance(s, int) for s in val.shape):
+        raise ValueError(f"gm: node {node.name} has symbolic shape {tuple(val.shape)}; "
+                         f"bucketing needs static shapes [BK-1]")
+    return val
+
+
+def _group_name(node: torch.fx.Node, kind: Kind) -> str:
+    name = node.args[kind.group_arg]
+    if not isinstance(name, str):
+        raise ValueError(f"gm: {node.name} names its group by {type(name).__name__}, not a "
+                         f"constant group name str [BK-1]")
+    return name
+
+
+def _bucket_key(node: torch.fx.Node, kind: Kind, mixed_dtypes: bool) -> tuple:
+    """Candidates share a bucket only if their keys are equal (BK-2)."""
+    key: tuple = (_group_name(node, kind),)
+    if kind.reduce_arg is not None:
+        key += (str(node.args[kind.reduce_arg]).lower(),)
+    if not mixed_dtypes:
+        key += (_val(node).dtype,)
+    return key
+
+
+def _size_bytes(node: torch.fx.Node, kind: Kind) -> int:
+    """What a member adds to its bucket: the larger of its input and output (BK-3)."""
+    out = _val(node)
+    inp = _val(node.args[0])
+    return max(out.numel() * out.element_size(), inp.numel() * inp.element_size())
+
+
+def _is_candidate(node: torch.fx.Node, kind: Kind) -> bool:
+    """An out-of-place collective of `kind` whose one and only user is its wait (BK-1)."""
+    if node.op != "call_function" or node.target not in kind.targets:
+        return False
+    if len(node.users) != 1:
+        return False
+    (user,) = node.users
+    return user.op == "call_function" and user.target in _WAITS and user.args[0] is node
+
+
+# --------------------------------------------------------------------------------------
+# Planning (BK-2 .. BK-6)
+# --------------------------------------------------------------------------------------
+@dataclass(eq=False)
+class Bucket:
+    """One bucket: candidates of one key, in graph order, with its index within the key."""
+
+    key: tuple
+    index: int
+    cap_bytes: int
+    bit: int
+    members: list = field(default_factory=list)
+    size_bytes: int = 0
+    reaches: int = 0  # bitset of the buckets this bucket's results reach (while open)
+
+
+def _cap_bytes(cap_fn: CapFn, index: int) -> int:
+    cap = cap_fn(index)
+    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not math.isfinite(cap) \
+            or cap <= 0:
+        raise ValueError(f"bucket_cap_mb_by_bucket_idx: bucket {index} got cap {cap!r}; a "
+                         f"cap must be a positive, finite number of MiB [BK-3]")
+    return int(cap * MiB)
+
+
+class _Planner:
+    """The single forward pass that decides the buckets of one kind (BK-3, BK-4)."""
+
+    def __init__(self, kind: Kind, cap_fn: CapFn, mixed_dtypes: bool):
+        self.kind, self.cap_fn, self.mixed_dtypes = kind, cap_fn, mixed_dtypes
+        self.open: dict[tuple, Bucket] = {}
+        self.buckets: list[Bucket] = []
+        self.skipped = 0
+
+    def plan(self, graph: torch.fx.Graph) -> list[Bucket]:
+        reach: dict[torch.fx.Node, int] = {}  # node -> buckets whose results reach it
+        for node in graph.nodes:
+            mask = 0
+            for inp in node.all_input_nodes:
+                mask |= reach[inp]
+            if _is_candidate(node, self.kind):
+                bucket = self._admit(node, mask)
+                if bucket is not None:
+                    mask |= bucket.bit
+            reach[node] = mask
+        return self.buckets
+
+    def _admit(self, node: torch.fx.Node, upstream: int) -> Bucket | None:
+        key = _bucket_key(node, self.kind, self.mixed_dtypes)
+        size = _size_bytes(node, self.kind)
+        bucket = self.open.get(key)
+        if bucket is not None and upstream & (bucket.bit | bucket.reaches):
+            # Merging would make the bucket wait for itself (BK-4).
+            logger.debug("%s: %s depends on open bucket %d of %s; left alone",
+                         self.kind.name, node.name, bucket.index, key)
+            self.skipped += 1
+            return None
+        if bucket is not None and bucket.size_bytes + size > bucket.cap_bytes:
+            logger.debug("%s: bucket %d of %s closed at %d bytes (cap %d, next %d)",
+                         self.kind.name, bucket.index, key, bucket.size_bytes,
+                         bucket.cap_bytes, size)
+            bucket = self._new_bucket(key, bucket.index + 1)
+        elif bucket is None:
+            bucket = self._new_bucket(key, 0)
+        bucket.members.append(node)
+        bucket.size_bytes += size
+        if upstream:
+            # New edges: every bucket feeding `node` now reaches this bucket; so does every
+            # open bucket that reaches one of them. Only open buckets are asked later.
+            gained = bucket.bit | bucket.reaches
+            for other in self.open.values():
+                if (other.bit | other.reaches) & upstream:
+                    other.reaches |= gained
+        return bucket
+
+    def _new_bucket(self, key: tuple, index: int) -> Bucket:
+        bucket = Bucket(key, index, _cap_bytes(self.cap_fn, index), 1 << len(self.buckets))
+        self.buckets.append(bucket)
+        self.open[key] = bucket
+        return bucket
+
+
+def plan_buckets(gm: torch.fx.GraphModule, kind: str, bucket_cap_mb_by_bucket_idx: CapFn,
+                 *, mixed_dtypes: bool = False) -> list[Bucket]:
+    """The buckets (two or more candidates each) that the pass of `kind` would merge."""
+    if kind not in KINDS:
+        raise ValueError(f"kind: expected one of {sorted(KINDS)}, got {kind!r} [BK-2]")
+    planner = _Planner(KINDS[kind], bucket_cap_mb_by_bucket_idx, mixed_dtypes)
+    return [b for b in planner.plan(gm.graph) if len(b.members) > 1]
+
+
+# --------------------------------------------------------------------------------------
+# Building new nodes with cheap metadata. Fake-tensor dispatch costs ~0.3 ms per op on a
+# small machine; shapes of these few ops are simple, so vals are made directly.
+# --------------------------------------------------------------------------------------
+def _contiguous_strides(shape) -> list[int]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return strides[::-1]
+
+
+_NODE_NAMES = {
+    aten.view.default: "view", aten.reshape.default: "reshape", aten.cat.default: "cat",
+    aten.split_with_sizes.default: "split_with_sizes", operator.getitem: "getitem",
+    aten.clone.default: "clone", aten._unsafe_view.default: "_unsafe_view",
+    aten.empty.memory_format: "empty", aten.slice.Tensor: "slice", aten.copy_.default: "copy_",
+    aten._to_copy.default: "_to_copy", aten.view.dtype: "view_dtype",
+    aten.constant_pad_nd.default: "constant_pad_nd",
+    refimpl_ops.all_gather_into_tensor.default: "all_gather_into_tensor",
+    refimpl_ops.all_gather_into_tensor_out.default: "all_gather_into_tensor_out",
+    refimpl_ops.reduce_scatter_tensor.default: "reduce_scatter_tensor",
+    refimpl_ops.all_reduce.default: "all_reduce", refimpl_ops.wait_tensor.default: "wait_tensor",
+}
+
+
+class _Builder:
+    def __init__(self, graph: torch.fx.Graph, like: torch.Tensor):
+        self.graph = graph
+        self.fake_mode = like.fake_mode
+        self.device = like.device
+
+    def fake(self, shape, dtype, strides=None) -> torch.Tensor:
+        shape = [int(s) for s in shape]
+        strides = _contiguous_strides(shape) if strides is None else strides
+        meta = torch.empty_strided(shape, strides, dtype=dtype, device="meta")
+        return torch._subclasses.FakeTensor(self.fake_mode, meta, self.device)
+
+    def call(self, target, args, kwargs=None, val=None) -> torch.fx.Node:
+        # Naming the node after its op saves FX deriving a name from the target, which
+        # costs more than creating the node itself.
+        name = _NODE_NAMES.get(target, "bucketed")
+        node = self.graph.create_node("call_function", target, tuple(args), kwargs or {},
+                                      name=name)
+        node.meta["val"] = val
+        self.last = node
+        return node
+
+    def flat(self, node: torch.fx.Node) -> torch.fx.Node:
+        val = node.meta["val"]
+        if val.dim() == 1 and val.is_contiguous():
+            return node
+        op = aten.view.default if val.is_contiguous() else aten.reshape.default
+        return self.call(op, (node, [-1]), val=self.fake([val.numel()], val.dtype))
+
+    def view(self, node: torch.fx.Node, shape, shown=None) -> torch.fx.Node:
+        """A contiguous `node` seen as `shape` (`shown`: the shape as written, e.g. -1)."""
+        val = node.meta["val"]
+        return self.call(aten.view.default, (node, list(shown or shape)),
+                         val=self.fake(shape, val.dtype))
+
+    def cat(self, nodes, dim: int, dtype) -> torch.fx.Node:
+        vals = [n.meta["val"] for n in nodes]
+        shape = list(vals[0].shape)
+        shape[dim] = sum(v.shape[dim] for v in vals)
+        args = (list(nodes),) if dim == 0 else (list(nodes), dim)
+        return self.call(aten.cat.default, args, val=self.fake(shape, dtype))
+
+    def split(self, node: torch.fx.Node, sizes, dim: int) -> list[torch.fx.Node]:
+        """Pieces of `node` along `dim` (views: they keep the parent's strides)."""
+        val = node.meta["val"]
+        strides = list(val.stride())
+        pieces = []
+        for size in sizes:
+            shape = list(val.shape)
+            shape[dim] = size
+            pieces.append(self.fake(shape, val.dtype, strides))
+        args = (node, list(sizes)) if dim == 0 else (node, list(sizes), dim)
+        parts = self.call(aten.split_with_sizes.default, args, val=tuple(pieces))
+        return [self.call(operator.getitem, (parts, i), val=v) for i, v in enumerate(pieces)]
+
+    def wait(self, node: torch.fx.Node) -> torch.fx.Node:
+        return self.call(refimpl_ops.wait_tensor.default, (node,), val=node.meta["val"])
+
+
+# --------------------------------------------------------------------------------------
+# Merged collectives (BK-8 .. BK-13)
+# --------------------------------------------------------------------------------------
+def _group_index(group_name: str) -> int:
+    """This rank's index in the group: its position among the group's sorted ranks."""
+    import torch.distributed as dist
+
+    from refimpl.functional_collectives import group_ranks
+
+    if not dist.is_initialized():
+        raise ValueError(f"gm: the all_gather bucket of group {group_name!r} needs this "
+                         f"rank's index in the group, but no process group is initialized; "
+                         f"run the pass on the rank, or pass use_out_variant=False [BK-8]")
+    ranks = group_ranks(group_name)
+    if dist.get_rank() not in ranks:
+        raise ValueError(f"gm: rank {dist.get_rank()} is not in group {group_name!r} "
+                         f"(ranks {ranks}) of an all_gather it would merge [BK-8]")
+    return ranks.index(dist.get_rank())
+
+
+def _absorbable_cast(node: torch.fx.Node, member: torch.fx.Node) -> bool:
+    """A floating-point cast used only by this all_gather: the bucket's copy does it (BK-9)."""
+    if node.op != "call_function" or node.target not in _CASTS or len(node.users) != 1:
+        return False
+    if node.target is aten._to_copy.default and set(node.kwargs) - {"dtype"}:
+        return False
+    src = node.args[0]
+    return (isinstance(src, torch.fx.Node) and src.meta["val"].dtype.is_floating_point
+            and node.meta["val"].dtype.is_floating_point and member.args[0] is node)
+
+
+@dataclass
+class _MergeOptions:
+    mixed_dtypes: bool = False
+    use_out_variant: bool = True
+    batch_casts: bool = True
+
+
+def _absorbs_cast(member: torch.fx.Node, opts: _MergeOptions) -> bool:
+    """Whether the bucket's copy-in does the cast feeding this all_gather (BK-9)."""
+    return (opts.batch_casts and not opts.mixed_dtypes
+            and _absorbable_cast(member.args[0], member))
+
+
+def _all_gather_sources(bucket: Bucket, opts: _MergeOptions) -> list[torch.fx.Node]:
+    """What the copy-in reads: each member's input, or the source of its absorbed cast."""
+    return [ag.args[0].args[0] if _absorbs_cast(ag, opts) else ag.args[0]
+            for ag in bucket.members]
+
+
+def _merge_all_gather(b: _Builder, bucket: Bucket, opts: _MergeOptions) -> list:
+    first = bucket.members[0]
+    group_size, name = first.args[1], first.args[2]
+    out_vals = [_val(ag) for ag in bucket.members]
+    sources = _all_gather_sources(bucket, opts)
+    if opts.mixed_dtypes:
+        # One byte buffer holds every dtype; each piece is viewed back afterwards (BK-12).
+        dtype = torch.uint8
+        sizes = [s.meta["val"].numel() * s.meta["val"].element_size() for s in sources]
+    else:
+        dtype = out_vals[0].dtype
+        sizes = [s.meta["val"].numel() for s in sources]
+    total = sum(sizes)
+    if opts.use_out_variant:
+        index = _group_index(name)
+        buf = b.call(aten.empty.memory_format, ([group_size * total],),
+                     {"dtype": dtype, "device": b.device, "pin_memory": False},
+                     val=b.fake([group_size * total], dtype))
+        slot = b.call(aten.slice.Tensor, (buf, 0, index * total, (index + 1) * total),
+                      val=b.fake([total], dtype))
+    flats = [b.flat(s) for s in sources]
+    if opts.mixed_dtypes:
+        flats = [_bytes_view(b, f) for f in flats]
+    if opts.use_out_variant:
+        cat = b.cat(flats, 0, _promoted(flats))
+        # copy_ converts as it copies: the casts of the whole bucket are this one copy.
+        filled = b.call(aten.copy_.default, (slot, cat), val=slot.meta["val"])
+        gathered = b.call(refimpl_ops.all_gather_into_tensor_out.default,
+                          (filled, group_size, name), {"out": buf}, val=buf.meta["val"])
+    else:
+        cat = b.cat(flats, 0, _promoted(flats))
+        if cat.meta["val"].dtype != dtype:
+            cat = b.call(aten._to_copy.default, (cat,), {"dtype": dtype},
+                         val=b.fake([total], dtype))
+        gathered = b.call(refimpl_ops.all_gather_into_tensor.default,
+                          (cat, group_size, name), val=b.fake([group_size * total], dtype))
+    waited = b.wait(gathered)
+    rows = b.view(waited, [group_size, total], [group_size, -1])
+    outs = []
+    for piece, val in zip(b.split(rows, sizes, 1), out_vals, strict=True):
+        copied = b.call(aten.clone.default, (piece,),
+                        {"memory_format": torch.contiguous_format},
+                        val=b.fake(piece.meta["val"].shape, dtype))
+        if opts.mixed_dtypes:
+            copied = _dtype_view(b, copied, val.dtype)
+        outs.append(b.call(aten._unsafe_view.default, (copied, list(val.shape)),
+                           val=b.fake(val.shape, val.dtype)))
+    return outs
+
+
+def _promoted(nodes) -> torch.dtype:
+    dtype = nodes[0].meta["val"].dtype
+    for n in nodes[1:]:
+        dtype = torch.promote_types(dtype, n.meta["val"].dtype)
+    return dtype
+
+
+def _bytes_view(b: _Builder, flat: torch.fx.Node) -> torch.fx.Node:
+    val = flat.meta["val"]
+    if val.dtype == torch.uint8:
+        return flat
+    return b.call(aten.view.dtype, (flat, torch.uint8),
+                  val=b.fake([val.numel() * val.element_size()], torch.uint8))
+
+
+def _dtype_view(b: _Builder, node: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
+    val = node.meta["val"]
+    if dtype == torch.uint8:
+        return node
+    shape = list(val.shape)
+    shape[-1] = shape[-1] // dtype.itemsize
+    return b.call(aten.view.dtype, (node, dtype), val=b.fake(shape, dtype))
+
+
+def _padded_rows(rows: int, group_size: int) -> int:
+    return -(-rows // group_size) * group_size
+
+
+def _merge_reduce_scatter(b: _Builder, bucket: Bucket, opts: _MergeOptions) -> list:
+    first = bucket.members[0]
+    reduce_op, group_size, name = first.args[1], first.args[2], first.args[3]
+    dtype = _val(first).dtype
+    laid_out, sizes, shapes, real_rows = [], [], [], []
+    for rs in bucket.members:
+        inp = rs.args[0]
+        val = _val(rs.args[0])
+        rows = _padded_rows(val.shape[0], group_size)
+        if rows != val.shape[0]:
+            # Pad dim 0 to a multiple of the group size so every rank's chunk lines up.
+            pad = [0, 0] * (val.dim() - 1) + [0, rows - val.shape[0]]
+            inp = b.call(aten.constant_pad_nd.default, (inp, pad, 0.0),
+                         val=b.fake([rows, *val.shape[1:]], val.dtype))
+        if not inp.meta["val"].is_contiguous():
+            inp = b.call(aten.clone.default, (inp,), {"memory_format": torch.contiguous_format},
+                         val=b.fake(inp.meta["val"].shape, val.dtype))
+        per_rank = rows * math.prod(val.shape[1:]) // group_size
+        # Row i of [group_size, per_rank] is the chunk that group rank i receives.
+        laid_out.append(b.view(inp, [group_size, per_rank], [group_size, -1]))
+        sizes.append(per_rank)
+        shapes.append([rows // group_size, *val.shape[1:]])
+        real_rows.append(val.shape[0])
+    total = sum(sizes)
+    chunk_cat = b.cat(laid_out, 1, dtype)
+    flat = b.view(chunk_cat, [group_size * total])
+    scattered = b.call(refimpl_ops.reduce_scatter_tensor.default,
+                       (flat, reduce_op, group_size, name), val=b.fake([total], dtype))
+    waited = b.wait(scattered)
+    outs = []
+    for piece, shape, rows in zip(b.split(waited, sizes, 0), shapes, real_rows, strict=True):
+        out = b.view(piece, shape)
+        if rows % group_size:
+            out = _unpad(b, out, rows, group_size, name)
+        outs.append(out)
+    return outs
+
+
+def _unpad(b: _Builder, out: torch.fx.Node, rows: int, group_size: int, name: str):
+    """This rank's chunk of a padded input: the rows of its index that are real data."""
+    chunk = out.meta["val"].shape[0]
+    start = _group_index(name) * chunk
+    keep = max(0, min(chunk, rows - start))
+    shape = [keep, *out.meta["val"].shape[1:]]
+    return b.call(aten.slice.Tensor, (out, 0, 0, keep),
+                  val=b.fake(shape, out.meta["val"].dtype, list(out.meta["val"].stride())))
+
+
+def _merge_all_reduce(b: _Builder, bucket: Bucket, opts: _MergeOptions) -> list:
+    first = bucket.members[0]
+    reduce_op, name = first.args[1], first.args[2]
+    dtype = _val(first).dtype
+    flats = [b.flat(ar.args[0]) for ar in bucket.members]
+    sizes = [f.meta["val"].numel() for f in flats]
+    cat = b.cat(flats, 0, dtype)
+    reduced = b.call(refimpl_ops.all_reduce.default, (cat, reduce_op, name),
+                     val=b.fake([sum(sizes)], dtype))
+    waited = b.wait(reduced)
+    return [b.view(piece, list(_val(ar).shape))
+            for piece, ar in zip(b.split(waited, sizes, 0), bucket.members, strict=True)]
+
+
+_MERGERS = {"all_gather": _merge_all_gather, "reduce_scatter": _merge_reduce_scatter,
+            "all_reduce": _merge_all_reduce}
+
+
+# --------------------------------------------------------------------------------------
+# Rewriting: one stable topological pass, in place (BK-7)
+# --------------------------------------------------------------------------------------
+def _stable_order(nodes: list, kind: Kind, buckets: list[Bucket], opts: _MergeOptions) -> list:
+    """Plain nodes and buckets in the topological order closest to the original one.
+
+    A bucket stands where its last member was. Kahn's algorithm always takes the ready unit
+    of smallest original position, so a node moves only if it waits for a bucket: then it
+    comes right after the merged wait, still in its original order among the moved ones.
+    """
+    position = {n: i for i, n in enumerate(nodes)}
+    unit_of: dict[torch.fx.Node, object] = {n: n for n in nodes}
+    bucket_inputs: dict[Bucket, list[torch.fx.Node]] = {}
+    for bucket in buckets:
+        sources = (_all_gather_sources(bucket, opts) if kind.name == "all_gather"
+                   else [m.args[0] for m in bucket.members])
+        for member, source in zip(bucket.members, sources, strict=True):
+            unit_of[member] = unit_of[next(iter(member.users))] = bucket
+            if source is not member.args[0]:
+                unit_of[member.args[0]] = bucket  # the absorbed cast
+        bucket_inputs[bucket] = sources
+
+    def priority(unit) -> int:
+        return position[unit.members[-1]] if isinstance(unit, Bucket) else position[unit]
+
+    units = list(dict.fromkeys(unit_of[n] for n in nodes))
+    waiting_on: dict[object, int] = {}
+    dependents: dict[object, list] = {u: [] for u in units}
+    for unit in units:
+        inputs = bucket_inputs[unit] if isinstance(unit, Bucket) else unit.all_input_nodes
+        deps = {unit_of[i] for i in inputs} - {unit}
+        waiting_on[unit] = len(deps)
+        for dep in deps:
+            dependents[dep].append(unit)
+    index_of = {u: i for i, u in enumerate(units)}
+    ready = [(priority(u), i) for i, u in enumerate(units) if waiting_on[u] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, index = heapq.heappop(ready)
+        unit = units[index]
+        order.append(unit)
+        for user in dependents[unit]:
+            waiting_on[user] -= 1
+            if waiting_on[user] == 0:
+                heapq.heappush(ready, (priority(user), index_of[user]))
+    if len(order) != len(units):
+        raise AssertionError("bucketing: the merged graph would have a cycle [BK-4]")
+    return order
+
+
+def _rewrite(gm: torch.fx.GraphModule, kind: Kind, buckets: list[Bucket],
+             opts: _MergeOptions, recompile: bool) -> None:
+    """Relink the graph's nodes in the stable order, building each bucket in its place."""
+    graph = gm.graph
+    order = _stable_order(list(graph.nodes), kind, buckets, opts)
+    dead: list[torch.fx.Node] = []
+    replacement: dict[torch.fx.Node, torch.fx.Node] = {}  # old wait -> member's new output
+    cursor = None
+    for unit in order:
+        if isinstance(unit, torch.fx.Node):
+            if cursor is not None and cursor.next is not unit:
+                cursor.append(unit)  # moves `unit` right after `cursor`
+            cursor = unit
+            continue
+        builder = _Builder(graph, _val(unit.members[0]))  # this bucket's device and fake mode
+        with graph.inserting_before(cursor.next):
+            outs = _MERGERS[kind.name](builder, unit, opts)
+        for member, out in zip(unit.members, outs, strict=True):
+            wait = next(iter(member.users))
+            replacement[wait] = out
+            dead += [wait, member]
+            if kind.name == "all_gather" and _absorbs_cast(member, opts):
+                dead.append(member.args[0])
+        cursor = builder.last
+    _replace_uses(replacement)
+    for node in dead:
+        graph.erase_node(node)
+    graph.lint()
+    if recompile:
+        gm.recompile()
+
+
+def _replace_uses(replacement: dict[torch.fx.Node, torch.fx.Node]) -> None:
+    """Point every user of an old wait at its new output, rewriting each user once.
+
+    (`replace_all_uses_with` rescans a user's whole argument list per replaced node, which
+    is quadratic for a user such as the output node that takes every wait.)
+    """
+    users = dict.fromkeys(u for old in replacement for u in old.users)
+    swap = lambda n: replacement.get(n, n)
+    for user in users:
+        user.args = torch.fx.node.map_arg(user.args, swap)
+        user.kwargs = torch.fx.node.map_arg(user.kwargs, swap)
+
+
+def _bucket(gm: torch.fx.GraphModule, kind: Kind, cap_fn: CapFn, opts: _MergeOptions,
+            recompile: bool) -> None:
+    if not isinstance(gm, torch.fx.GraphModule):
+        raise TypeError(f"gm: expected a torch.fx.GraphModule, got {type(gm).__name__} [BK-1]")
+    if not callable(cap_fn):
+        raise TypeError("bucket_cap_mb_by_bucket_idx: expected a callable bucket index -> "
+                        "MiB [BK-3]")
+    planner = _Planner(kind, cap_fn, opts.mixed_dtypes)
+    buckets = [b for b in planner.plan(gm.graph) if len(b.members) > 1]
+    merged = sum(len(b.members) for b in buckets)
+    candidates = sum(len(b.members) for b in planner.buckets) + planner.skipped
+    logger.info("%s: %d candidates, %d merged into %d buckets, %d left alone as dependent",
+                kind.name, candidates, merged, len(buckets), planner.skipped)
+    for bucket in buckets:
+        logger.debug("%s: bucket %d of %s: %d members, %d bytes (cap %d)", kind.name,
+                     bucket.index, bucket.key, len(bucket.members), bucket.size_bytes,
+                     bucket.cap_bytes)
+    if buckets:
+        _rewrite(gm, kind, buckets, opts, recompile)
+
+
+# --------------------------------------------------------------------------------------
+# Public passes
+# --------------------------------------------------------------------------------------
+def bucket_all_gather(gm: torch.fx.GraphModule, bucket_cap_mb_by_bucket_idx: CapFn, *,
+                      mixed_dtypes: bool = False, use_out_variant: bool = True,
+                      batch_casts: bool = True, recompile: bool = True) -> None:
+    """Merge all_gathers of one (group, dtype) into buckets, in place (BK-1..BK-9, BK-12).
+
+    `bucket_cap_mb_by_bucket_idx(i)` is the cap in MiB of the i-th bucket of a key.
+    `mixed_dtypes` lets one bucket hold several dtypes through a byte view (BK-12).
+    `use_out_variant` copies the inputs into this rank's slot of the gathered buffer and
+    gathers in place (FSDP's layout; needs the process group), else concatenates and
+    gathers out of place (BK-8). `batch_casts` folds the casts feeding the gathers into
+    the bucket's one copy (BK-9). `recompile=False` leaves regenerating gm's code to the
+    caller (one `gm.recompile()` after several passes); the graph itself is complete.
+    """
+    _bucket(gm, KINDS["all_gather"], bucket_cap_mb_by_bucket_idx,
+            _MergeOptions(mixed_dtypes, use_out_variant, batch_casts), recompile)
+
+
+def _refuse_mixed(mixed_dtypes: bool, what: str) -> None:
+    if mixed_dtypes:
+        raise ValueError(f"mixed_dtypes: a {what} reduces values, and a byte view of several "
+                         f"dtypes cannot be reduced; only all_gather buckets mix dtypes [BK-12]")
+
+
+def bucket_reduce_scatter(gm: torch.fx.GraphModule, bucket_cap_mb_by_bucket_idx: CapFn, *,
+                          mixed_dtypes: bool = False, recompile: bool = True) -> None:
+    """Merge reduce_scatters of one (group, reduce op, dtype), in place (BK-1..BK-7, BK-10)."""
+    _refuse_mixed(mixed_dtypes, "reduce_scatter")
+    _bucket(gm, KINDS["reduce_scatter"], bucket_cap_mb_by_bucket_idx, _MergeOptions(),
+            recompile)
+
+
+def bucket_all_reduce(gm: torch.fx.GraphModule, bucket_cap_mb_by_bucket_idx: CapFn, *,
+                      mixed_dtypes: bool = False, recompile: bool = True) -> None:
+    """Merge all_reduces of one (group, reduce op, dtype), in place (BK-1..BK-7, BK-11)."""
+    _refuse_mixed(mixed_dtypes, "all_reduce")
+    _bucket(gm, KINDS["all_reduce"], bucket_cap_mb_by_bucket_idx, _MergeOptions(),
+            recompile)
