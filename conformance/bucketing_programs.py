@@ -15,30 +15,29 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from conformance.canonical import canonical_graph
 from conformance.comm_trace import comm_trace_of_graph, format_comm_trace, is_comm_op
 from conformance.oracle import rank_input
+from refimpl import functional_collectives as refimpl_fc
 
 WORLD = "world"
-_subgroups: dict = {}
-
-
 def group_of(spec):
     """A group spec -> ProcessGroup: "world", or a list of rank lists (the caller's row).
 
-    Subgroups are created with local synchronization, once per process, by their members
-    only; their hashed names are valid on the rank that traced them.
+    Subgroups come from refimpl's rank-list registry (members only, once per process);
+    their hashed names are valid on the rank that traced them.
     """
     if spec == WORLD:
         return dist.group.WORLD
     rows = tuple(tuple(r) for r in spec)
     me = dist.get_rank()
     row = next(r for r in rows if me in r)
-    if row not in _subgroups:
-        _subgroups[row] = dist.new_group(list(row), use_local_synchronization=True)
-    return _subgroups[row]
+    # refimpl's registry of rank-list groups, so that a group of these ranks is created
+    # once per process whoever asks first (two creations under one hashed name hang).
+    return c10d._resolve_process_group(refimpl_fc.resolve_group_name(list(row)))
 
 
 # --------------------------------------------------------------------------------------

@@ -140,16 +140,30 @@ def _check_rank_list(ranks, arg: str = "group") -> tuple[int, ...]:
 
 
 def _group_of_ranks(ranks: tuple[int, ...]) -> dist.ProcessGroup:
-    """Find or create the group of exactly these global ranks (members only take part)."""
+    """The group of exactly these global ranks: an existing one, else a new one (FC-15)."""
     if ranks == tuple(range(dist.get_world_size())):
         return c10d._get_default_group()
     pg = _groups_by_ranks.get(ranks)
     if pg is None or pg not in c10d._world.pg_names:
-        # Local synchronization: only the members call new_group, so a rank list names a
-        # group without every other rank having to join in (FC-15).
-        pg = dist.new_group(list(ranks), use_local_synchronization=True)
+        pg = _existing_group_of(ranks) or _new_group_of(ranks)
         _groups_by_ranks[ranks] = pg
     return pg
+
+
+def _existing_group_of(ranks: tuple[int, ...]) -> dist.ProcessGroup | None:
+    # A group of these ranks made elsewhere (a DeviceMesh, new_group) is reused: every
+    # member has it, and a second group under the same hashed name would rendezvous on
+    # the store keys of the first and hang.
+    for pg, members in c10d._world.pg_group_ranks.items():
+        if tuple(sorted(members)) == ranks:
+            return pg
+    return None
+
+
+def _new_group_of(ranks: tuple[int, ...]) -> dist.ProcessGroup:
+    # Local synchronization: only the members call new_group, so a rank list names a
+    # group without every other rank having to join in (FC-15).
+    return dist.new_group(list(ranks), use_local_synchronization=True)
 
 
 def _resolve_rank_lists(group) -> dist.ProcessGroup:

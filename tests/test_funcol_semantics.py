@@ -282,3 +282,19 @@ def test_gradients_match_the_oracle(op, world_size):
     for rank, grad in enumerate(grads):
         want = _expected_grad(op, rank, world_size, salt)
         assert torch.equal(grad, want), f"{op} rank {rank}: {grad} != {want}"
+
+
+def _rank_list_reuses_groups():
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    made_by_mesh = mesh.get_group("dp").group_name
+    named = fc.resolve_group_name([0, 2] if dist.get_rank() % 2 == 0 else [1, 3])
+    again = fc.resolve_group_name([[0, 2], [1, 3]])
+    value = fc.all_reduce(torch.ones(1), "sum", [[0, 2], [1, 3]]).tolist()
+    return made_by_mesh == named == again, value
+
+
+def test_a_rank_list_reuses_the_group_of_those_ranks():
+    """FC-15: a rank list names the existing group of its ranks (here a mesh dim's)."""
+    assert run_on_ranks(_rank_list_reuses_groups, 4) == [(True, [2.0])] * 4
