@@ -15,29 +15,31 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from conformance.canonical import canonical_graph
 from conformance.comm_trace import comm_trace_of_graph, format_comm_trace, is_comm_op
 from conformance.oracle import rank_input
-from refimpl import functional_collectives as refimpl_fc
 
 WORLD = "world"
-def group_of(spec):
-    """A group spec -> ProcessGroup: "world", or a list of rank lists (the caller's row).
+_subgroups: dict = {}
 
-    Subgroups come from refimpl's rank-list registry (members only, once per process);
-    their hashed names are valid on the rank that traced them.
+
+def group_of(spec):
+    """A group spec -> ProcessGroup: "world", or rows of ranks covering the world.
+
+    Rows are made once per process by every rank together (new_subgroups_by_enumeration),
+    so they are groups of their own, distinct from any other group of the same ranks, and
+    named by a counter rather than a hash of their ranks (a second group under one hashed
+    name would rendezvous on the store keys of the first and hang).
     """
     if spec == WORLD:
         return dist.group.WORLD
     rows = tuple(tuple(r) for r in spec)
-    me = dist.get_rank()
-    row = next(r for r in rows if me in r)
-    # refimpl's registry of rank-list groups, so that a group of these ranks is created
-    # once per process whoever asks first (two creations under one hashed name hang).
-    return c10d._resolve_process_group(refimpl_fc.resolve_group_name(list(row)))
+    if rows not in _subgroups:
+        mine, _ = dist.new_subgroups_by_enumeration([list(r) for r in rows])
+        _subgroups[rows] = mine
+    return _subgroups[rows]
 
 
 # --------------------------------------------------------------------------------------

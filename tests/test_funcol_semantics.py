@@ -285,16 +285,19 @@ def test_gradients_match_the_oracle(op, world_size):
 
 
 def _rank_list_reuses_groups():
+    import torch.distributed.distributed_c10d as c10d
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-    made_by_mesh = mesh.get_group("dp").group_name
-    named = fc.resolve_group_name([0, 2] if dist.get_rank() % 2 == 0 else [1, 3])
+    init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))  # groups {0,2} and {1,3}
+    groups_before = len(c10d._world.pg_names)
+    mine = [0, 2] if dist.get_rank() % 2 == 0 else [1, 3]
+    named = fc.resolve_group_name(mine)
     again = fc.resolve_group_name([[0, 2], [1, 3]])
     value = fc.all_reduce(torch.ones(1), "sum", [[0, 2], [1, 3]]).tolist()
-    return made_by_mesh == named == again, value
+    return (len(c10d._world.pg_names) - groups_before, named == again,
+            fc.group_ranks(named) == mine, value)
 
 
 def test_a_rank_list_reuses_the_group_of_those_ranks():
-    """FC-15: a rank list names the existing group of its ranks (here a mesh dim's)."""
-    assert run_on_ranks(_rank_list_reuses_groups, 4) == [(True, [2.0])] * 4
+    """FC-15: a rank list names an existing group of its ranks rather than a new one."""
+    assert run_on_ranks(_rank_list_reuses_groups, 4) == [(0, True, True, [2.0])] * 4
