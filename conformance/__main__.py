@@ -19,6 +19,8 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from conformance.cases.conftest import strip_xdist_group
+
 CASES_DIR = Path(__file__).resolve().parent / "cases"
 OUTCOMES = ["passed", "failed", "xfailed", "xpassed", "not_implemented", "skipped"]
 SECTIONS = {
@@ -36,7 +38,7 @@ class ReportPlugin:
         self.cases: dict[str, dict] = {}
 
     def pytest_runtest_logreport(self, report):
-        cid = report.nodeid.split("/")[-1]
+        cid = strip_xdist_group(report.nodeid.split("/")[-1])
         record = self.cases.setdefault(cid, {"id": cid, "outcome": None, "reason": ""})
         for key, value in report.user_properties:
             record[key] = value

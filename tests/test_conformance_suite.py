@@ -149,3 +149,17 @@ def test_a_case_without_spec_ids_stops_the_collection(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "must name its SPEC IDs" in proc.stdout + proc.stderr
+
+
+def test_every_torch_expected_failure_names_a_case():
+    """CF-4: the upstream list stays in step with the cases (stale entries warn)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p",
+         "no:cacheprovider", "conformance/cases", "--backend", "torch"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert "matches no case" not in proc.stdout + proc.stderr, proc.stdout[-3000:]
+    lines = (ROOT / "conformance/expected_failures/torch.txt").read_text().splitlines()
+    entries = [ln for ln in lines if ln.strip() and not ln.startswith("#")]
+    assert entries and all("  " in ln and ln.split("  ", 1)[1].strip() for ln in entries), \
+        "every entry gives a reason"

@@ -44,7 +44,12 @@ def backend(request):
 
 def case_id(item) -> str:
     """The id used in expected-failure files: `file.py::test_name[params]`."""
-    return item.nodeid.split("/")[-1]
+    return strip_xdist_group(item.nodeid.split("/")[-1])
+
+
+def strip_xdist_group(nodeid: str) -> str:
+    """pytest-xdist's loadgroup appends `@group` to node ids; case ids never carry it."""
+    return nodeid.split("@", 1)[0]
 
 
 def expected_failures_path(backend) -> Path:
