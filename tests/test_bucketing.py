@@ -200,7 +200,7 @@ def test_bk7_bk8_bk9_merged_all_gather_graph():
     """BK-7..BK-9: copy-in at the group index, one gather, one wait, casts in one copy."""
     text = run_on_ranks(bucketing_rank.bucketed_text, 4, "fsdp_all_gather", AG, BF16, None,
                         {"cast": True, "rows": (3, 1), "group": ROWS_2x2})[3]["canonical"]
-    # Rank 3 is index 1 of group [1, 3]: its slot is elements [9, 18) of 36.
+    # Rank 3 is index 1 of group [1, 3]: its slot is elements [12, 24) of the 24 gathered.
     assert text == """\
 %0 = input : f32[3, 3]
 %1 = input : f32[1, 3]
