@@ -57,6 +57,17 @@ GATHER_SHAPE = (2, 3)
 SCATTER_SHAPE = (4, 4)
 
 
+def recording_aot_backend(graphs: list):
+    """A torch.compile backend that runs AOTAutograd and keeps its forward/backward graphs."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    return aot_autograd(fw_compiler=record, bw_compiler=record)
+
+
 def funcol_api(spec: str):
     return get_backend(spec).require("functional_collectives")
 

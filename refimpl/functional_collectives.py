@@ -713,9 +713,6 @@ class AsyncCollectiveTensor(torch.Tensor):
     def wait(self) -> torch.Tensor:
         return self.trigger_wait()
 
-    def _is_view(self) -> bool:
-        return self.pending is not self.elem
-
     def __tensor_flatten__(self):
         return ["elem"], None
 

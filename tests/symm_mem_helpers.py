@@ -9,9 +9,11 @@ its segment only once they time out).
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 
+import pytest
 import torch
 
 import refimpl.multiprocess as mp
@@ -76,3 +78,12 @@ def reference_all_reduce(inputs: list[torch.Tensor], op: str) -> torch.Tensor:
     if op == "avg":
         acc = acc / len(inputs)
     return acc.to(dtype)
+
+
+@pytest.fixture(autouse=True)
+def no_segment_left_behind():
+    """Autouse in every module that imports it: no /dev/shm segment outlives a test (SM-12)."""
+    before = worker_pids()
+    yield
+    gc.collect()
+    assert leaked(before | worker_pids()) == [], "segments left in /dev/shm [SM-12]"

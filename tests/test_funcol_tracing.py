@@ -14,6 +14,7 @@ import torch.distributed as dist
 import refimpl.functional_collectives as fc
 from conformance.canonical import canonical_graph
 from conformance.cases.test_functional_collectives import program
+from conformance.funcol_cases import recording_aot_backend
 from refimpl.multiprocess import run_on_ranks
 
 
@@ -30,17 +31,10 @@ def _every_form_traces_alike():
 
 
 def _compiled_backward_text():
-    from torch._dynamo.backends.common import aot_autograd
-
     torch._dynamo.reset()
     graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm
-
     compiled = torch.compile(lambda x: program(fc, x, dist.group.WORLD), fullgraph=True,
-                             backend=aot_autograd(fw_compiler=record, bw_compiler=record))
+                             backend=recording_aot_backend(graphs))
     x = (torch.arange(16.0).view(4, 4) + dist.get_rank()).requires_grad_()
     compiled(x).sum().backward()
     x_eager = x.detach().clone().requires_grad_()

@@ -9,7 +9,6 @@ segment of this session may remain in /dev/shm (SM-12).
 from __future__ import annotations
 
 import ctypes
-import gc
 import itertools
 import json
 import os
@@ -18,20 +17,12 @@ import random
 import pytest
 import torch
 import torch.distributed as dist
-from symm_mem_helpers import leaked, rank_data, reference_all_reduce, worker_pids
+from symm_mem_helpers import no_segment_left_behind, rank_data, reference_all_reduce  # noqa: F401
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import refimpl.symmetric_memory as sm
 from refimpl import _native
 from refimpl.multiprocess import run_on_ranks
-
-
-@pytest.fixture(autouse=True)
-def no_segment_left_behind():
-    before = worker_pids()
-    yield
-    gc.collect()
-    assert leaked(before | worker_pids()) == [], "segments left in /dev/shm [SM-12]"
 
 
 def _world() -> str:

@@ -9,7 +9,6 @@ re-raises only one rank's error.
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import re
@@ -18,20 +17,12 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from symm_mem_helpers import leaked, segment_pid, worker_pids
+from symm_mem_helpers import no_segment_left_behind, segment_pid  # noqa: F401
 
 import refimpl.symmetric_memory as sm
 from refimpl.multiprocess import RankError, run_on_ranks
 
 TIMEOUT_MS = 1500
-
-
-@pytest.fixture(autouse=True)
-def no_segment_left_behind():
-    before = worker_pids()
-    yield
-    gc.collect()
-    assert leaked(before | worker_pids()) == [], "segments left in /dev/shm [SM-12]"
 
 
 def _record(directory: str, what: str, start: float, exc: BaseException) -> None:
@@ -70,7 +61,8 @@ def _check_names_dead_peer(report: dict, dead: int):
     assert report["elapsed_s"] >= 0.9 * TIMEOUT_MS / 1000, report
 
 
-def _die_during_barrier(directory: str, dead: int):
+def _rendezvous_then_kill(dead: int):
+    """A symmetric buffer every rank has mapped and passed a barrier on; then `dead` exits."""
     group = dist.group.WORLD.group_name
     sm.enable_symm_mem_for_group(group)
     t = sm.empty(16, dtype=torch.float32)
@@ -78,6 +70,11 @@ def _die_during_barrier(directory: str, dead: int):
     h.barrier(timeout_ms=20_000)
     if dist.get_rank() == dead:
         os._exit(3)
+    return group, t, h
+
+
+def _die_during_barrier(directory: str, dead: int):
+    _, _, h = _rendezvous_then_kill(dead)
     _survive(directory, "barrier", h.barrier, channel=1, timeout_ms=TIMEOUT_MS)
     raise RuntimeError("survivor done")  # the group is broken: end the task as failed
 
@@ -93,13 +90,7 @@ def test_peer_dying_during_barrier_is_named_by_every_survivor_SM_11(tmp_path):
 
 
 def _die_during_wait_and_all_reduce(directory: str, dead: int):
-    group = dist.group.WORLD.group_name
-    sm.enable_symm_mem_for_group(group)
-    t = sm.empty(16, dtype=torch.float32)
-    h = sm.rendezvous(t, group)
-    h.barrier(timeout_ms=20_000)
-    if dist.get_rank() == dead:
-        os._exit(3)
+    group, t, h = _rendezvous_then_kill(dead)
     _survive(directory, "wait_signal", h.wait_signal, dead, channel=2, timeout_ms=TIMEOUT_MS)
     previous = sm.set_default_timeout(TIMEOUT_MS)  # the ops take the module's timeout
     try:

@@ -294,18 +294,11 @@ return %18""")
 
 
 def _compiled_forward_text(spec):
-    from torch._dynamo.backends.common import aot_autograd
-
     fc = funcol_api(spec)
     torch._dynamo.reset()
     graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm
-
     compiled = torch.compile(lambda x: program(fc, x, dist.group.WORLD), fullgraph=True,
-                             backend=aot_autograd(fw_compiler=record))
+                             backend=funcol_cases.recording_aot_backend(graphs))
     x = torch.arange(16.0).view(4, 4) + dist.get_rank()
     same = torch.equal(compiled(x), program(fc, x, dist.group.WORLD))
     return canonical_graph(graphs[0]), same
