@@ -67,13 +67,6 @@ for _name, _schema in SCHEMAS.items():
     _lib.define(_name + _schema)
 ops = getattr(torch.ops, LIBRARY)
 
-# wait_tensor returns its argument, as upstream's does (FC-5). AOTAutograd checks that
-# custom ops do not alias their inputs and exempts only upstream's own c10d namespaces;
-# for refimpl's wait_tensor the aliasing is the specified behaviour, so that one warning
-# is silenced here and nowhere else.
-warnings.filterwarnings(
-    "ignore", message=r"refimpl_c10d::wait_tensor .*must not also be an input",
-    category=UserWarning)
 
 # --------------------------------------------------------------------------------------
 # Reductions (FC-17, FC-18)
@@ -455,6 +448,14 @@ def _wait_tensor(tensor):
     return tensor
 
 
+def _wait_tensor_op(tensor):
+    # The op returns a copy, never its input (FC-5): functionalization treats a custom op's
+    # result as a fresh tensor, and AOTAutograd refuses custom ops whose results alias
+    # their inputs (an error under CI=1 in torch 2.13, announced as the future default).
+    # Upstream's own namespace is exempt from that check; refimpl's is not.
+    return _wait_tensor(tensor).clone()
+
+
 _EAGER_KERNELS = {
     "all_reduce": _all_reduce, "all_reduce_": _all_reduce_,
     "all_reduce_coalesced": _all_reduce_coalesced,
@@ -466,7 +467,7 @@ _EAGER_KERNELS = {
     "reduce_scatter_tensor_coalesced": _reduce_scatter_tensor_coalesced,
     "all_to_all_single": _all_to_all_single,
     "broadcast": _broadcast, "broadcast_": _broadcast_,
-    "wait_tensor": _wait_tensor,
+    "wait_tensor": _wait_tensor_op,
 }
 for _name, _kernel in _EAGER_KERNELS.items():
     _lib.impl(_name, _kernel, "CPU")
@@ -552,7 +553,7 @@ def _(tensor, src, group_name):
 
 @_fake("wait_tensor")
 def _(tensor):
-    return tensor
+    return torch.empty_like(tensor)
 
 
 # --------------------------------------------------------------------------------------
@@ -591,7 +592,7 @@ def _setup_all_reduce(ctx, inputs, output):
 def _backward_all_reduce(ctx, grad):
     # d(sum_j x_j)/dx_i = 1 on every rank, so the gradient is the sum of the gradients
     # of every rank's output; avg scales the same sum by 1/size.
-    g = ops.wait_tensor(ops.all_reduce(grad.contiguous(), ctx.reduce_op, ctx.group_name))
+    g = _waited(ops.all_reduce(grad.contiguous(), ctx.reduce_op, ctx.group_name))
     return g, None, None
 
 
@@ -601,7 +602,7 @@ def _setup_all_gather(ctx, inputs, output):
 
 def _backward_all_gather(ctx, grad):
     g = ops.reduce_scatter_tensor(grad.contiguous(), "sum", ctx.group_size, ctx.group_name)
-    return ops.wait_tensor(g), None, None
+    return _waited(g), None, None
 
 
 def _setup_reduce_scatter(ctx, inputs, output):
@@ -610,7 +611,7 @@ def _setup_reduce_scatter(ctx, inputs, output):
 
 
 def _backward_reduce_scatter(ctx, grad):
-    g = ops.wait_tensor(ops.all_gather_into_tensor(grad.contiguous(), ctx.group_size,
+    g = _waited(ops.all_gather_into_tensor(grad.contiguous(), ctx.group_size,
                                                    ctx.group_name))
     if ctx.reduce_op == "avg":
         g = g / ctx.group_size
@@ -625,7 +626,7 @@ def _backward_all_to_all(ctx, grad):
     # The transpose of an all-to-all is the all-to-all with the splits swapped.
     g = ops.all_to_all_single(grad.contiguous(), ctx.input_split_sizes,
                               ctx.output_split_sizes, ctx.group_name)
-    return ops.wait_tensor(g), None, None, None
+    return _waited(g), None, None, None
 
 
 def _setup_broadcast(ctx, inputs, output):
@@ -634,7 +635,7 @@ def _setup_broadcast(ctx, inputs, output):
 
 def _backward_broadcast(ctx, grad):
     # Only src's value reached the outputs: src gets every rank's gradient, others none.
-    g = ops.wait_tensor(ops.all_reduce(grad.contiguous(), "sum", ctx.group_name))
+    g = _waited(ops.all_reduce(grad.contiguous(), "sum", ctx.group_name))
     is_src = _process_group(ctx.group_name).rank() == ctx.src
     return (g if is_src else torch.zeros_like(g)), None, None
 
@@ -767,6 +768,12 @@ def _are_we_tracing() -> bool:
     return torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.PythonDispatcher)
 
 
+def _waited(tensor: torch.Tensor) -> torch.Tensor:
+    """The completed `tensor`: the op when tracing, so the graph shows the wait (FC-12);
+    in eager `tensor` itself, with no copy (FC-5)."""
+    return ops.wait_tensor(tensor) if _are_we_tracing() else _wait_tensor(tensor)
+
+
 def _wrap(tensor: torch.Tensor) -> torch.Tensor:
     if _are_we_tracing():
         return ops.wait_tensor(tensor)
@@ -783,7 +790,7 @@ def _then(tensor: torch.Tensor, shape, rearrange) -> torch.Tensor:
     if _are_we_tracing() or (tensor.requires_grad and torch.is_grad_enabled()):
         # Traced: the wait is explicit in the graph. Recording autograd: the rearranging
         # ops must be recorded too, so the result is completed here (FC-25).
-        return rearrange(ops.wait_tensor(tensor))
+        return rearrange(_waited(tensor))
     out = tensor.new_empty(shape)
 
     def finish():
@@ -812,8 +819,10 @@ def _dim(dim: int, ndim: int, arg: str) -> int:
 
 
 def wait_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """Wait for the collective that produces `tensor`; return it (FC-5)."""
-    return ops.wait_tensor(tensor)
+    """Wait for the collective that produces `tensor`; in eager, return `tensor` (FC-5)."""
+    if isinstance(tensor, AsyncCollectiveTensor):
+        return tensor.wait()
+    return _waited(tensor)
 
 
 def all_reduce(self: torch.Tensor, reduceOp: str, group: RankTypes, tag: str = ""):

@@ -39,11 +39,16 @@ def _async_semantics():
     facts["wait_type"] = type(w.wait()).__name__
     facts["repr"] = repr(fc.all_reduce(x, "max", WORLD))
     facts["tolist"] = fc.all_reduce(x, "min", WORLD).tolist()
-    # FC-5: wait_tensor returns its argument; waiting twice is a no-op.
+    # FC-5: eager wait_tensor returns its argument; waiting twice is a no-op; the op
+    # returns a copy holding the completed value.
     raw = fc.ops.all_reduce(x, "sum", WORLD)
-    facts["wait_returns_arg"] = fc.ops.wait_tensor(raw) is raw
-    fc.ops.wait_tensor(raw)
-    facts["wait_plain_tensor"] = fc.ops.wait_tensor(x) is x
+    facts["wait_returns_arg"] = fc.wait_tensor(raw) is raw
+    fc.wait_tensor(raw)
+    facts["wait_plain_tensor"] = fc.wait_tensor(x) is x
+    raw = fc.ops.all_reduce(x, "sum", WORLD)
+    copy = fc.ops.wait_tensor(raw)
+    facts["op_wait_shares_storage"] = copy.untyped_storage().data_ptr() == raw.data_ptr()
+    facts["op_wait_value"] = copy.tolist()
     facts["pending_end"] = fc.work_registry_size()
     return facts
 
@@ -63,6 +68,7 @@ def test_async_collective_tensor_waits_on_first_use_but_not_on_views():
         assert facts["repr"] == "AsyncCollectiveTensor(tensor([2., 2., 2., 2.]))"
         assert facts["tolist"] == [1.0] * 4
         assert facts["wait_returns_arg"] and facts["wait_plain_tensor"]
+        assert not facts["op_wait_shares_storage"] and facts["op_wait_value"] == [3.0] * 4
         assert facts["pending_end"] == 0
 
 

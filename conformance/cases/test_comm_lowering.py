@@ -131,7 +131,7 @@ wait b0""")
 %1 = aten.mul.Tensor(%0, 2) : f32[4]
 %2 = funcol.all_reduce_(%1, 'sum', ranks[0,1]) : f32[4]
 %3 = funcol.wait_tensor(%2) : f32[4]
-%4 = aten.add.Tensor(%3, 1) : f32[4]
+%4 = aten.add.Tensor(%2, 1) : f32[4]
 return %4""")
     check_numerics(backend, "ar_inplace", [(4,)])
 
@@ -256,7 +256,7 @@ wait b1""")
 %1 = aten.new_empty(%0, [8], pin_memory=False) : f32[8]
 %2 = funcol.all_gather_into_tensor_out(%0, 2, ranks[0,1], out=%1) : f32[8]
 %3 = funcol.wait_tensor(%2) : f32[8]
-%4 = aten.mul.Tensor(%3, 1) : f32[8]
+%4 = aten.mul.Tensor(%2, 1) : f32[8]
 return %4""")
     check_numerics(backend, "all_gather_out", [(4,)])
 
@@ -290,7 +290,7 @@ wait b0""")
 %1 = aten.add.Tensor(%0, 1) : f32[4]
 %2 = funcol.broadcast_(%1, 1, ranks[0,1]) : f32[4]
 %3 = funcol.wait_tensor(%2) : f32[4]
-%4 = aten.mul.Tensor(%3, 1) : f32[4]
+%4 = aten.mul.Tensor(%2, 1) : f32[4]
 return %4""")
     check_numerics(backend, "broadcast_inplace", [(4,)])
 
@@ -320,7 +320,7 @@ one_shot_all_reduce out-of-place ranks[0,1] sum in=b0:f32[4] out=b1:f32[4]""")
     if graph is not None:
         assert_expected_inline(graph, """\
 %0 = input : f32[4]
-%1 = symmetric_memory.empty_strided_p2p([4], [1], f32, device(cpu), '0', 6318901521811355434) : f32[4]
+%1 = symmetric_memory.empty_strided_p2p([4], [1], f32, device(cpu), '0', 7177605198679136942) : f32[4]
 %2 = aten.mul.out(%0, 2, out=%1) : f32[4]
 %3 = refimpl_symm_mem.one_shot_all_reduce(%2, 'sum', ranks[0,1]) : f32[4]
 %4 = aten.copy_(%2, %3) : f32[4]

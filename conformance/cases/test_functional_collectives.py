@@ -84,7 +84,9 @@ def _async_semantics(spec):
     facts["repr_has_values"] = "2., 2., 2., 2." in repr(fc.all_reduce(x, "max",
                                                                           dist.group.WORLD))
     raw = fc.ops.all_reduce(x, "sum", dist.group.WORLD.group_name)
-    facts["wait_returns_arg"] = fc.ops.wait_tensor(raw) is raw
+    facts["wait_returns_arg"] = fc.wait_tensor(raw) is raw
+    done = fc.ops.all_reduce(x, "sum", dist.group.WORLD.group_name)
+    facts["op_wait_value"] = fc.ops.wait_tensor(done).tolist()
     return facts
 
 
@@ -95,7 +97,8 @@ def test_async_collective_tensor(backend):
         assert facts == {
             "async": True, "view_async": True, "use_plain": True, "value": [3.0] * 4,
             "input_unchanged": True, "wait_plain": True, "wait_value": [2.0] * 4,
-            "tolist": [1.0] * 4, "repr_has_values": True, "wait_returns_arg": True}
+            "tolist": [1.0] * 4, "repr_has_values": True, "wait_returns_arg": True,
+            "op_wait_value": [3.0] * 4}
 
 
 def _registry(spec):
