@@ -2,7 +2,8 @@
 
 A canonical graph prints one node a line, in order, renumbered `%0, %1, ...`, with
 every collective's namespace folded to `funcol` (so `refimpl_c10d.all_reduce` and
-`_c10d_functional.all_reduce` print alike), every group name replaced by the global
+`_c10d_functional.all_reduce` print alike) and every symmetric-memory op or function to
+`symm_mem` (refimpl's and upstream's), every group name replaced by the global
 ranks of its group (names are hashes or counters that vary between runs), and each
 result's dtype and shape. Nothing in it depends on the backend, the run or the rank.
 
@@ -11,11 +12,16 @@ Implements SPEC.md CF rules on canonical text (see section 7).
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.fx
 
 # Namespaces whose ops are the functional collectives of some backend.
 COLLECTIVE_NAMESPACES = ("refimpl_c10d", "_c10d_functional", "_c10d_functional_autograd")
+# Op namespaces and Python modules of symmetric memory (refimpl's and upstream's).
+SYMM_MEM_NAMESPACES = ("refimpl_symm_mem", "symm_mem")
+SYMM_MEM_MODULES = ("refimpl.symmetric_memory", "torch.distributed._symmetric_memory")
 
 _DTYPE_NAMES = {
     torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
@@ -32,11 +38,15 @@ def op_name(target) -> str:
         overload = target._overloadname
         if ns in COLLECTIVE_NAMESPACES:
             ns = "funcol"
+        elif ns in SYMM_MEM_NAMESPACES:
+            ns = "symm_mem"
         return f"{ns}.{name}" + ("" if overload == "default" else f".{overload}")
     if callable(target):
         module = getattr(target, "__module__", "") or ""
         if module in ("", "_operator", "operator", "builtins"):
             return target.__name__
+        if module in SYMM_MEM_MODULES:
+            return f"symm_mem.{target.__name__}"
         return f"{module.split('.')[-1]}.{target.__name__}"
     return str(target)
 
@@ -63,11 +73,15 @@ def tensor_label(value) -> str:
     return type(value).__name__ if value is not None else "none"
 
 
-def _group_arg_positions(target) -> set[int]:
+def _argument_names(target) -> list[str]:
+    """The parameter names of an op (from its schema) or of a Python function."""
     schema = getattr(target, "_schema", None)
-    if schema is None:
-        return set()
-    return {i for i, a in enumerate(schema.arguments) if a.name == "group_name"}
+    if schema is not None:
+        return [a.name for a in schema.arguments]
+    try:
+        return list(inspect.signature(target).parameters)
+    except (TypeError, ValueError):
+        return []
 
 
 def _format_arg(arg, names) -> str:
@@ -86,14 +100,14 @@ def _format_arg(arg, names) -> str:
 
 
 def _node_args(node: torch.fx.Node, names) -> str:
-    group_positions = _group_arg_positions(node.target)
+    """Arguments in order; any argument named `group_name` prints as its group's ranks."""
+    arg_names = _argument_names(node.target) if callable(node.target) else []
     parts = []
     for i, arg in enumerate(node.args):
-        parts.append(group_label(arg) if i in group_positions else _format_arg(arg, names))
-    schema = getattr(node.target, "_schema", None)
-    kw_group = {a.name for a in schema.arguments if a.name == "group_name"} if schema else set()
+        is_group = i < len(arg_names) and arg_names[i] == "group_name"
+        parts.append(group_label(arg) if is_group else _format_arg(arg, names))
     for key, arg in node.kwargs.items():
-        text = group_label(arg) if key in kw_group else _format_arg(arg, names)
+        text = group_label(arg) if key == "group_name" else _format_arg(arg, names)
         parts.append(f"{key}={text}")
     return ", ".join(parts)
 

@@ -24,8 +24,8 @@ from conformance.canonical import group_label, op_name, tensor_label
 
 __all__ = ["CommEvent", "comm_trace_of_graph", "format_comm_trace", "is_comm_op"]
 
-# Namespaces of collective ops, folded by canonical.op_name to `funcol` or kept.
-COMM_PREFIXES = ("funcol.", "refimpl_symm_mem.", "symm_mem.")
+# Collective ops of every backend, as canonical.op_name folds their namespaces.
+COMM_PREFIXES = ("funcol.", "symm_mem.")
 
 
 @dataclass
@@ -57,7 +57,9 @@ def format_comm_trace(events: list[CommEvent]) -> str:
 
 
 def is_comm_op(target) -> bool:
-    return op_name(target).startswith(COMM_PREFIXES)
+    """A collective op (allocation functions such as empty_strided_p2p are not)."""
+    return isinstance(target, torch._ops.OpOverload) and op_name(target).startswith(
+        COMM_PREFIXES)
 
 
 class _Buffers:

@@ -70,6 +70,19 @@ def non_contiguous_all_reduce_() -> tuple:
     return out, x
 
 
+def _transposed_broadcast_(x):
+    y = x.t()
+    fc.ops.wait_tensor(fc.ops.broadcast_(y, 1, "0"))
+    return x
+
+
+def non_contiguous_broadcast_() -> tuple:
+    """broadcast_ from group rank 1 on a transposed view: (lowered result, this rank's input)."""
+    x = inputs_for(dist.get_rank(), [(3, 2)])[0]
+    out = lower(trace(_transposed_broadcast_, [x]))(x.clone())
+    return out, x
+
+
 def _comm_buffer_escapes(x):
     y = x * 3
     return fc.all_reduce(y, "sum", "0"), y

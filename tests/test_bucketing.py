@@ -18,6 +18,8 @@ from refimpl.multiprocess import run_on_ranks
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 ROWS_2x2 = [[0, 2], [1, 3]]  # non-contiguous subgroups: ranks [0, 2] and [1, 3]
+ROWS_2x4 = [[0, 2, 4, 6], [1, 3, 5, 7]]  # rank 6 is index 3 of its group (BK-8)
+SPLIT_2x4 = [[0, 1, 6, 7], [2, 3, 4, 5]]  # rank 6 is index 2: neither rank nor rank // 2
 
 AG, RS, AR = "bucket_all_gather", "bucket_reduce_scatter", "bucket_all_reduce"
 
@@ -33,6 +35,8 @@ NUMERIC = [
     ("ag_noncontig", "BK-8", (4,), ("fsdp_all_gather", AG, F32, None, {"group": ROWS_2x2}, 25)),
     ("ag_noncontig_bf16_functional", "BK-8", (4,),
      ("fsdp_all_gather", AG, BF16, {"use_out_variant": False}, {"group": ROWS_2x2}, 25)),
+    ("ag_noncontig_8", "BK-8", (8,),
+     ("fsdp_all_gather", AG, BF16, None, {"group": ROWS_2x4}, 25)),
     ("ag_small_cap", "BK-3", (2,), ("fsdp_all_gather", AG, F32, None, None, 0.0001)),
     ("rs_f32", "BK-10", (2, 4), ("fsdp_reduce_scatter", RS, F32, None, None, 25)),
     ("rs_bf16_avg", "BK-10 BK-13", (2, 4),
@@ -42,6 +46,8 @@ NUMERIC = [
      ("fsdp_reduce_scatter", RS, torch.int64, None, {"reduce_op": "max"}, 25)),
     ("rs_noncontig", "BK-10", (4,),
      ("fsdp_reduce_scatter", RS, BF16, None, {"group": ROWS_2x2}, 25)),
+    ("rs_noncontig_8", "BK-10", (8,),
+     ("fsdp_reduce_scatter", RS, F32, None, {"group": SPLIT_2x4}, 25)),
     ("interleaved_ag", "BK-2", (4,), ("interleaved", AG, F32, None, None, 25)),
     ("interleaved_rs", "BK-2", (4,), ("interleaved", RS, BF16, None, None, 25)),
     ("interleaved_ag_2", "BK-2", (2,),
@@ -61,6 +67,7 @@ NUMERIC = [
 EXPECTED_COUNTS = {
     "ag_f32": (6, 1), "ag_bf16": (6, 1), "ag_bf16_cast": (6, 1), "ag_functional": (6, 1),
     "ag_no_cast_batching": (6, 1), "ag_noncontig": (6, 1), "ag_noncontig_bf16_functional": (6, 1),
+    "ag_noncontig_8": (6, 1), "rs_noncontig_8": (4, 1),
     "ag_small_cap": (6, 6), "rs_f32": (4, 1), "rs_bf16_avg": (4, 1), "rs_f16_avg": (4, 1),
     "rs_i64_max": (4, 1), "rs_noncontig": (4, 1), "interleaved_ag": (12, 8),
     "interleaved_rs": (12, 8), "interleaved_ag_2": (12, 8), "chain": (5, 3),

@@ -130,6 +130,13 @@ def test_cl4_non_contiguous_inplace_target_reduces_a_copy_and_copies_back(fake_w
         "refimpl_c10d.wait_tensor.default", "aten.copy_.default"]
 
 
+def test_cl4_non_contiguous_broadcast_target_copies_back(fake_world):
+    gm = make_fx(lowering_rank._transposed_broadcast_, tracing_mode="fake")(torch.ones(3, 2))
+    assert targets(lower(gm)) == [
+        "aten.t.default", "aten.clone.default", "refimpl_c10d.broadcast_.default",
+        "refimpl_c10d.wait_tensor.default", "aten.copy_.default"]
+
+
 def test_cl4_non_contiguous_inplace_target_without_wait_is_refused(fake_world):
     gm = make_fx(lambda x: fc.ops.all_reduce_(x.t(), "sum", "0"), tracing_mode="fake")(
         torch.ones(3, 2))
@@ -338,6 +345,13 @@ def test_cl15_lowered_programs_compute_what_the_eager_ones_do(world_size, one_sh
         went_one_shot = {name for name, r in results.items() if r[2]}
         # Small sum all_reduces of intermediates; not graph inputs, avg or coalesced ops.
         assert went_one_shot == (ONE_SHOT_PROGRAMS if one_shot else set())
+
+
+def test_cl4_non_contiguous_broadcast_on_two_ranks():
+    ranks = run_on_ranks(lowering_rank.non_contiguous_broadcast_, 2)
+    src_input = ranks[1][1]
+    for out, _ in ranks:
+        torch.testing.assert_close(out, src_input)
 
 
 def test_cl4_non_contiguous_inplace_on_two_ranks():

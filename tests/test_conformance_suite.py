@@ -125,6 +125,30 @@ class TestCanonicalText(expecttest.TestCase):
 %5 = funcol.wait_tensor(%4) : f32[2, 3]
 return %5""")
 
+    def test_symmetric_memory_ops_fold_and_print_alike(self):
+        """CF-5: refimpl_symm_mem.X and upstream's symm_mem.X print alike, and a function's
+        `group_name` argument prints as a group, as an op's does."""
+        import refimpl.symmetric_memory as symm
+
+        def graph_with(namespace):
+            graph = torch.fx.Graph()
+            x = graph.placeholder("x")
+            buf = graph.call_function(symm.empty_strided_p2p,
+                                      ((4,), (1,), torch.float32, torch.device("cpu"), "0", 7))
+            graph.call_function(torch.ops.aten.copy_.default, (buf, x))
+            out = graph.call_function(getattr(torch.ops, namespace).one_shot_all_reduce.default,
+                                      (buf, "sum", "0"))
+            graph.output(out)
+            return canonical_graph(torch.fx.GraphModule({}, graph))
+
+        self.assertEqual(graph_with("refimpl_symm_mem"), graph_with("symm_mem"))
+        self.assertExpectedInline(graph_with("symm_mem"), """\
+%0 = input : none
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), group<unknown>, 7) : none
+%2 = aten.copy_(%1, %0) : none
+%3 = symm_mem.one_shot_all_reduce(%1, 'sum', group<unknown>) : none
+return %3""")
+
     def test_comm_trace_names_buffers_and_in_place(self):
         """CF-8: collectives and waits in order, buffers by identity, in-place visible."""
         import refimpl.functional_collectives  # noqa: F401

@@ -304,9 +304,9 @@ one_shot_all_reduce out-of-place ranks[0,1] sum in=b0:f32[4] out=b1:f32[4]""")
     if graph is not None:
         assert_expected_inline(graph, """\
 %0 = input : f32[4]
-%1 = symmetric_memory.empty_strided_p2p([4], [1], f32, device(cpu), '0', 3904172608337711648) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 3904172608337711648) : f32[4]
 %2 = aten.mul.out(%0, 2, out=%1) : f32[4]
-%3 = refimpl_symm_mem.one_shot_all_reduce(%2, 'sum', ranks[0,1]) : f32[4]
+%3 = symm_mem.one_shot_all_reduce(%2, 'sum', ranks[0,1]) : f32[4]
 %4 = aten.add.Tensor(%3, 1) : f32[4]
 return %4""")  # noqa: E501
     check_numerics(backend, "ar_small_intermediate", [(4,)], ONE_SHOT)
@@ -320,9 +320,9 @@ one_shot_all_reduce out-of-place ranks[0,1] sum in=b0:f32[4] out=b1:f32[4]""")
     if graph is not None:
         assert_expected_inline(graph, """\
 %0 = input : f32[4]
-%1 = symmetric_memory.empty_strided_p2p([4], [1], f32, device(cpu), '0', 7177605198679136942) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 7177605198679136942) : f32[4]
 %2 = aten.mul.out(%0, 2, out=%1) : f32[4]
-%3 = refimpl_symm_mem.one_shot_all_reduce(%2, 'sum', ranks[0,1]) : f32[4]
+%3 = symm_mem.one_shot_all_reduce(%2, 'sum', ranks[0,1]) : f32[4]
 %4 = aten.copy_(%2, %3) : f32[4]
 %5 = aten.add.Tensor(%4, 1) : f32[4]
 return %5""")  # noqa: E501
