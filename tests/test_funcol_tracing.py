@@ -37,8 +37,10 @@ def _compiled_backward_text():
                              backend=recording_aot_backend(graphs))
     x = (torch.arange(16.0).view(4, 4) + dist.get_rank()).requires_grad_()
     # FC-5: no refimpl op's result aliases its input, so AOTAutograd's check passes in
-    # its strict form (the form CI=1 selects).
-    with torch._functorch.config.patch(error_on_custom_op_aliasing=True):
+    # its strict form (the form CI=1 selects; torch before 2.13 may not have the check).
+    strict = ({"error_on_custom_op_aliasing": True}
+              if hasattr(torch._functorch.config, "error_on_custom_op_aliasing") else {})
+    with torch._functorch.config.patch(**strict):
         compiled(x).sum().backward()
     x_eager = x.detach().clone().requires_grad_()
     program(fc, x_eager, dist.group.WORLD).sum().backward()
