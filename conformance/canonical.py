@@ -74,7 +74,8 @@ def tensor_label(value) -> str:
 
 
 def _argument_names(target) -> list[str]:
-    """The parameter names of an op (from its schema) or of a Python function."""
+    """The parameter names of an op (from its schema) or of a Python function; none for
+    anything else (a call_method's name, a builtin without a signature)."""
     schema = getattr(target, "_schema", None)
     if schema is not None:
         return [a.name for a in schema.arguments]
@@ -101,7 +102,7 @@ def _format_arg(arg, names) -> str:
 
 def _node_args(node: torch.fx.Node, names) -> str:
     """Arguments in order; any argument named `group_name` prints as its group's ranks."""
-    arg_names = _argument_names(node.target) if callable(node.target) else []
+    arg_names = _argument_names(node.target)
     parts = []
     for i, arg in enumerate(node.args):
         is_group = i < len(arg_names) and arg_names[i] == "group_name"

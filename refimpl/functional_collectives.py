@@ -612,7 +612,7 @@ def _setup_reduce_scatter(ctx, inputs, output):
 
 def _backward_reduce_scatter(ctx, grad):
     g = _waited(ops.all_gather_into_tensor(grad.contiguous(), ctx.group_size,
-                                                   ctx.group_name))
+                                           ctx.group_name))
     if ctx.reduce_op == "avg":
         g = g / ctx.group_size
     return g, None, None, None
