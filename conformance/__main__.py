@@ -1,6 +1,7 @@
 """`python -m conformance`: run the suite against a backend and print the report.
 
     python -m conformance [--backend NAME|module:attr] [--json FILE] [-k EXPR] [-n N]
+                          [--section ID] [-x]
 
 Prints, per SPEC section, how many cases passed, failed, failed as expected (xfailed),
 passed unexpectedly (xpassed), are not implemented by the backend, or were skipped;
@@ -91,6 +92,10 @@ def _pytest_args(args) -> list[str]:
     pytest_args = [str(CASES_DIR), "-q", "-p", "no:cacheprovider", "--backend", args.backend]
     if args.k:
         pytest_args += ["-k", args.k]
+    for section in args.section or ():
+        pytest_args += ["--section", section]
+    if args.exitfirst:
+        pytest_args += ["-x"]
     if args.workers:
         pytest_args += ["-n", str(args.workers), "--dist", "loadgroup"]
     else:
@@ -129,6 +134,11 @@ def main(argv=None) -> int:
     parser.add_argument("-k", metavar="EXPR", help="only cases matching this pytest expression")
     parser.add_argument("-n", dest="workers", type=int, default=min(2, os.cpu_count() or 1),
                         help="pytest-xdist workers (0: run in this process); default 2")
+    parser.add_argument("--section", action="append", metavar="ID",
+                        help="only cases that check a rule of this SPEC section (FC, CL, BK, "
+                             "SM, ...); repeatable")
+    parser.add_argument("-x", "--exitfirst", action="store_true",
+                        help="stop at the first case that fails")
     args = parser.parse_args(argv)
 
     import pytest

@@ -1,88 +1,87 @@
-"""Deliberately broken backends: the conformance suite must fail each on the right case.
+"""Mutants: plausible one-line slips in refimpl, each breaking one SPEC rule.
 
-Each is refimpl with one plausible bug. `tests/test_mutants.py` runs the suite against
-every one (as `--backend mutants:NAME`) and checks that the named case fails.
+A mutant is a textual patch of one file of the checkout (Python or C): `old` must occur
+exactly once in `path`, and is replaced by `new`. Each is the kind of slip a real
+implementation makes at a rule's boundary (an off-by-one at a bound, a key computed
+from the wrong property, a check or a synchronisation step left out) and names the rule
+it breaks. `tests/test_mutants.py` applies each one to a copy of the checkout and runs
+`python -m conformance --section <its section>` there: the conformance suite alone must
+fail every mutant (CF-6).
+
+Mutants are grouped by SPEC section, one list per section, so that each section's owner
+adds to its own list.
 """
 
 from __future__ import annotations
 
-import types
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
 
-import torch
-import torch.distributed as dist
-from torch.utils._pytree import tree_map_only
-
-import refimpl.functional_collectives as fc
-from conformance.backends import Backend
-
-API = ["all_reduce", "all_gather_tensor", "reduce_scatter_tensor", "all_to_all_single",
-       "broadcast", "all_reduce_coalesced", "all_gather_into_tensor_coalesced",
-       "reduce_scatter_tensor_coalesced", "wait_tensor", "AsyncCollectiveTensor", "ops",
-       "work_registry_size", "resolve_group_name"]
+ROOT = Path(__file__).resolve().parent.parent
+# What a copy of the checkout needs to run the conformance suite on its own.
+COPIED = ["refimpl", "conformance", "kernels", "pyproject.toml", "conftest.py", "setup.py"]
 
 
-def _mutant(name: str, **overrides) -> Backend:
-    namespace = types.SimpleNamespace(**{n: getattr(fc, n) for n in API})
-    for key, value in overrides.items():
-        setattr(namespace, key, value)
-    return Backend(f"mutant-{name}", {"functional_collectives": namespace})
+@dataclass(frozen=True)
+class Mutant:
+    name: str  # unique, short, snake_case
+    rule: str  # the SPEC ID it breaks, e.g. "FC-20"
+    path: str  # file relative to the repository root
+    old: str  # text that occurs exactly once in `path`
+    new: str  # what replaces it: a one-line slip
+    why: str = ""  # the plausible mistake, in words
+
+    @property
+    def section(self) -> str:
+        return self.rule.rsplit("-", 1)[0]
+
+    def apply(self, root: Path) -> None:
+        """Patch the copy of the checkout at `root` (refuses an ambiguous `old`)."""
+        target = root / self.path
+        text = target.read_text()
+        count = text.count(self.old)
+        if count != 1:
+            raise ValueError(f"mutant {self.name}: {self.old!r} occurs {count} times in "
+                             f"{self.path}, expected exactly once")
+        target.write_text(text.replace(self.old, self.new))
 
 
-def _all_reduce_returns_input(self, reduceOp, group, tag=""):
-    return fc.AsyncCollectiveTensor(self.clone())
+def copy_checkout(dest: Path) -> Path:
+    """A copy of what the suite needs, without build outputs or caches."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.so", "build", "*.egg-info")
+    for name in COPIED:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=ignore)
+        elif src.exists():
+            shutil.copy2(src, dest / name)
+    return dest
 
 
-class _NeverWaits(fc.AsyncCollectiveTensor):
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        unwrap = lambda t: t.elem  # uses the buffer without waiting for the collective
-        return func(*tree_map_only(fc.AsyncCollectiveTensor, unwrap, args),
-                    **tree_map_only(fc.AsyncCollectiveTensor, unwrap, kwargs or {}))
+# --------------------------------------------------------------------------------------
+# 1. Functional collectives (FC)
+# --------------------------------------------------------------------------------------
+FC = [
+    Mutant("all_gather_group_size_unchecked", "FC-19", "refimpl/functional_collectives.py",
+           "    if group_size != pg.size():\n",
+           "    if group_size > pg.size():\n",
+           "group_size compared with < instead of !=: a smaller group_size passes"),
+]
 
-    def trigger_wait(self):
-        return self.elem
+# --------------------------------------------------------------------------------------
+# 2. Comm lowering (CL)
+# --------------------------------------------------------------------------------------
+CL: list[Mutant] = []
 
+# --------------------------------------------------------------------------------------
+# 3. Bucketing (BK)
+# --------------------------------------------------------------------------------------
+BK: list[Mutant] = []
 
-def _all_reduce_never_waits(self, reduceOp, group, tag=""):
-    return _NeverWaits(fc.ops.all_reduce(self, reduceOp, fc.resolve_group_name(group)))
+# --------------------------------------------------------------------------------------
+# 6. Symmetric memory (SM), C kernels included
+# --------------------------------------------------------------------------------------
+SM: list[Mutant] = []
 
-
-def _reduce_scatter_chunk_by_global_rank(self, reduceOp, scatter_dim, group, tag=""):
-    n = fc.group_size(fc.resolve_group_name(group))
-    total = fc.all_reduce(self, reduceOp, group).wait()
-    return torch.chunk(total, n, dim=scatter_dim)[dist.get_rank() % n].contiguous()
-
-
-def _all_gather_reversed(self, gather_dim, group, tag=""):
-    gathered = fc.all_gather_tensor(self, gather_dim, group).wait()
-    n = fc.group_size(fc.resolve_group_name(group))
-    return torch.cat(list(reversed(torch.chunk(gathered, n, dim=gather_dim))), dim=gather_dim)
-
-
-def _broadcast_global_src(self, src, group, tag=""):
-    name = fc.resolve_group_name(group)
-    ranks = fc.group_ranks(name)
-    group_src = ranks.index(src) if src in ranks else src
-    return fc.broadcast(self, group_src, group)
-
-
-def _wait_tensor_does_not_wait(tensor):
-    return tensor
-
-
-def _all_reduce_without_traced_wait(self, reduceOp, group, tag=""):
-    result = fc.ops.all_reduce(self, reduceOp, fc.resolve_group_name(group))
-    return result if fc._are_we_tracing() else fc._wrap(result)
-
-
-all_reduce_returns_input = _mutant("all_reduce_returns_input",
-                                   all_reduce=_all_reduce_returns_input)
-never_waits = _mutant("never_waits", all_reduce=_all_reduce_never_waits)
-reduce_scatter_wrong_chunk = _mutant("reduce_scatter_wrong_chunk",
-                                     reduce_scatter_tensor=_reduce_scatter_chunk_by_global_rank)
-all_gather_reversed = _mutant("all_gather_reversed", all_gather_tensor=_all_gather_reversed)
-broadcast_global_src = _mutant("broadcast_global_src", broadcast=_broadcast_global_src)
-wait_tensor_does_not_wait = _mutant("wait_tensor_does_not_wait",
-                                    wait_tensor=_wait_tensor_does_not_wait)
-traced_all_reduce_without_wait = _mutant("traced_all_reduce_without_wait",
-                                         all_reduce=_all_reduce_without_traced_wait)
+MUTANTS: list[Mutant] = [*FC, *CL, *BK, *SM]

@@ -27,6 +27,8 @@ XFAIL_DIR = Path(__file__).resolve().parent.parent / "expected_failures"
 def pytest_addoption(parser):
     parser.addoption("--backend", default=None,
                      help="conformance backend: a registered name or package.module:attr")
+    parser.addoption("--section", action="append", default=None,
+                     help="only cases that check a rule of this SPEC section (FC, SM, ...)")
 
 
 def backend_spec(config) -> str:
@@ -90,6 +92,26 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xfail(reason=expected[cid], strict=True))
     for cid in sorted(set(expected) - seen):
         warnings.warn(f"{path.name}: {cid!r} matches no case [CF-4]", stacklevel=1)
+    _select_sections(config, items)
+
+
+def spec_section(spec_id: str) -> str:
+    """The section prefix of a SPEC ID: 'FC' for 'FC-12'."""
+    return spec_id.rsplit("-", 1)[0]
+
+
+def _select_sections(config, items):
+    sections = set(config.getoption("--section") or ())
+    if not sections:
+        return
+    keep, drop = [], []
+    for item in items:
+        marker = item.get_closest_marker("spec")
+        ids = marker.args if marker is not None else ()
+        (keep if any(spec_section(i) in sections for i in ids) else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture(autouse=True)
