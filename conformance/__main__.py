@@ -82,7 +82,7 @@ class ReportPlugin:
                          == section)
         summary = ", ".join(f"{counts[o]} {o}" for o in OUTCOMES if counts[o])
         line = (f"[{time.monotonic() - self.start:4.0f} s] {section_title(section)} "
-                f"({section}): {record['section_total']} cases done: {summary}")
+                f"({section}) done: {record['section_total']} cases, {summary}")
         terminal = self.config.pluginmanager.get_plugin("terminalreporter")
         if terminal is None:
             print(line, flush=True)
@@ -133,7 +133,8 @@ def _reason_of(report, outcome) -> str:
     if outcome in ("not_implemented", "skipped") and isinstance(report.longrepr, tuple):
         return report.longrepr[2]
     if outcome == "failed":
-        return _first_error_line(str(report.longrepr))
+        crash = getattr(report.longrepr, "reprcrash", None)  # the exception that ended it
+        return crash.message[:300] if crash else _first_error_line(str(report.longrepr))
     if outcome == "xpassed":
         return "passed, but listed as an expected failure: " + str(report.longrepr)
     return ""
@@ -141,6 +142,8 @@ def _reason_of(report, outcome) -> str:
 
 def _pytest_args(args) -> list[str]:
     pytest_args = [str(CASES_DIR), "-q", "-p", "no:cacheprovider", "--backend", args.backend]
+    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+        pytest_args += ["-p", "xdist"]  # the one plugin the suite needs (-n, --dist)
     if args.k:
         pytest_args += ["-k", args.k]
     for section in args.section or ():
