@@ -22,7 +22,7 @@ from pathlib import Path
 
 from conformance.backends import REGISTERED, BackendSpecError, get_backend
 from conformance.cases.conftest import section_of, strip_xdist_group
-from conformance.spec import rule_ids, section_title
+from conformance.spec import rule_ids, section_title, sections
 
 CASES_DIR = Path(__file__).resolve().parent / "cases"
 OUTCOMES = ["passed", "failed", "xfailed", "xpassed", "not_implemented", "skipped"]
@@ -134,7 +134,7 @@ def _reason_of(report, outcome) -> str:
         return report.longrepr[2]
     if outcome == "failed":
         crash = getattr(report.longrepr, "reprcrash", None)  # the exception that ended it
-        return crash.message[:300] if crash else _first_error_line(str(report.longrepr))
+        return crash.message[:1000] if crash else _first_error_line(str(report.longrepr))
     if outcome == "xpassed":
         return "passed, but listed as an expected failure: " + str(report.longrepr)
     return ""
@@ -158,7 +158,8 @@ def _pytest_args(args) -> list[str]:
         pytest_args += ["-n", str(args.workers), "--dist", "loadgroup"]
     else:
         pytest_args += ["-n", "0"]
-    return pytest_args + ["--no-header", "-rN"]
+    # The report gives each failure's reason; pytest's own tracebacks stay short.
+    return pytest_args + ["--no-header", "-rN", "--tb=short"]
 
 
 def print_report(meta, cases, verbose=False) -> None:
@@ -171,7 +172,9 @@ def print_report(meta, cases, verbose=False) -> None:
     header = f"{'section':28s}" + "".join(f"{o:>16s}" for o in OUTCOMES)
     print(header)
     print("-" * len(header))
-    for section in sorted(by_section):
+    order = list(sections().values())  # SPEC.md's order; unknown sections after it
+    for section in sorted(by_section, key=lambda s: (order.index(s) if s in order else
+                                                     len(order), s)):
         counts = by_section[section]
         print(f"{section:28s}" + "".join(f"{counts[o]:>16d}" for o in OUTCOMES))
     total = Counter(c["outcome"] for c in cases)
@@ -182,8 +185,8 @@ def print_report(meta, cases, verbose=False) -> None:
         print("\ncases that did not pass:" if verbose else "\nunexpected results:")
         for c in sorted(listed, key=lambda c: (c["outcome"] not in UNEXPECTED, c["id"])):
             print(f"  {c['outcome']:15s} {c['id']}  [{', '.join(c['spec_ids'])}]")
-            if c["reason"]:
-                print(f"  {'':15s} {c['reason']}")
+            for line in c["reason"].splitlines():
+                print(f"  {'':15s} {line}")
     if not verbose:
         _print_counts_per_section(cases)
 
@@ -243,8 +246,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-n", dest="workers", type=int, default=min(2, os.cpu_count() or 1),
                         help="pytest-xdist workers (0: run in this process); default 2")
     parser.add_argument("--section", action="append", metavar="ID",
-                        help="only cases that check a rule of this SPEC section (FC, CL, BK, "
-                             "SM, ...: the prefixes of SPEC.md's sections); repeatable")
+                        help="only cases that check a rule of this SPEC section ("
+                             f"{', '.join(sections()) or 'FC, CL, ...'}: the prefixes of "
+                             "SPEC.md's sections); repeatable")
     parser.add_argument("--first", metavar="ID",
                         help="run the cases naming this SPEC ID (e.g. FC-19) first")
     parser.add_argument("-x", "--exitfirst", action="store_true",
