@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from conformance.cases.conftest import section_of  # noqa: E402
+from conformance.cases.conftest import section_of, torch_release  # noqa: E402
 from conformance.spec import rule_ids, section_title  # noqa: E402
 
 REPORTS_DIR = ROOT / "build" / "scoreboard"
@@ -107,7 +107,8 @@ def differences(old: dict, new: dict) -> list[str]:
                      f"{label(new)}.")
         for report, case in ((old, a), (new, b)):
             if case and case["reason"]:
-                lines.append(f"  - {label(report)}: {case['reason']}")
+                reason = " ".join(case["reason"].split())  # one line in the table's list
+                lines.append(f"  - {label(report)}: {reason[:400]}")
     return lines
 
 
@@ -116,7 +117,7 @@ def _outcome(case) -> str:
 
 
 COMMANDS = """\
-Made on a checkout with every section landed, the 2.14.1 venv made as its README line says:
+Remade, from the repository root, by these commands (the last two lines, once the venv exists):
 
 ```bash
 # torch 2.14.1 (a CUDA build that runs on the CPU) in its own venv, never the project's:
@@ -136,6 +137,11 @@ def make(reports: list[dict], note: str = "") -> str:
     lines = ["# Conformance scoreboard", "", COMMANDS]
     lines += [f"Machine: {os.cpu_count()} cores, Python {reports[0]['python']}"
               + (f"; {note}" if note else "") + ".", ""]
+    with_cases = {section_of(c["spec_ids"]) for r in reports for c in r["cases"]}
+    without = [p for p in rule_ids() if p not in with_cases and p != "CF"]
+    lines += [f"Sections with cases in these runs: "
+              f"{', '.join(p for p in rule_ids() if p in with_cases)}"
+              + (f"; none yet in {', '.join(without)}." if without else "."), ""]
     lines += ["A cell is the number of cases that passed, of the cases naming the rule, then "
               "what the others were: `xfail` a listed expected failure "
               "(conformance/expected_failures/; its reason is given below where two upstream "
@@ -184,7 +190,9 @@ def main(argv=None) -> int:
         paths += [run_suite(python, "torch") for python in args.upstream or [sys.executable]]
     else:
         paths = [Path(p) for p in args.reports]
-    reports = [json.loads(Path(p).read_text()) for p in paths]
+    reports = sorted((json.loads(Path(p).read_text()) for p in paths),
+                     key=lambda r: (r["backend"] != "refimpl", r["backend"],
+                                    torch_release(r["torch_version"])))
     Path(args.out).write_text(make(reports, args.note) + "\n")
     print(f"wrote {args.out}")
     return 0

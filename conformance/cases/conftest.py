@@ -100,7 +100,7 @@ _CONDITION = re.compile(r"\[torch\s*([^\]]*)\]\s*")
 _CLAUSE = re.compile(r"^(<=|>=|==|!=|<|>)\s*(\d+(?:\.\d+)*)$")
 
 
-def _release(version) -> tuple[int, ...]:
+def torch_release(version) -> tuple[int, ...]:
     """(2, 14, 1) for '2.14.1+cu130' or '2.14.1a0'."""
     return tuple(int(p) for p in re.match(r"\d+(?:\.\d+)*", str(version)).group().split("."))
 
@@ -108,13 +108,13 @@ def _release(version) -> tuple[int, ...]:
 def torch_version_matches(condition: str, version) -> bool:
     """Whether `version` satisfies `condition` ('<2.14', '>=2.13,<2.15'): release numbers
     compared, the shorter padded with zeros (so '2.14' means 2.14.0)."""
-    have = _release(version)
+    have = torch_release(version)
     for clause in condition.split(","):
         match = _CLAUSE.match(clause.strip())
         if match is None:
             raise ValueError(f"torch version condition {clause.strip()!r}: expected an "
                              f"operator (<, <=, >, >=, ==, !=) and a version like 2.14")
-        op, want = match.group(1), _release(match.group(2))
+        op, want = match.group(1), torch_release(match.group(2))
         width = max(len(have), len(want))
         a, b = have + (0,) * (width - len(have)), want + (0,) * (width - len(want))
         if not {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b,
