@@ -1,13 +1,13 @@
-"""`python -m conformance`: run the suite against a backend and print the report.
+"""`python -m conformance`: run the suite against a backend and print the report (CF-7).
 
-    python -m conformance [--backend NAME|module:attr] [--json FILE] [-k EXPR] [-n N]
-                          [--section ID] [-x]
-
-Prints, per SPEC section, how many cases passed, failed, failed as expected (xfailed),
-passed unexpectedly (xpassed), are not implemented by the backend, or were skipped;
-the backend, the torch version and the world sizes used; then every case that did not
-pass, with its reason. Exits 1 on any unexpected result (failed, xpassed, error), 0
-otherwise. `--json` writes the run's metadata and one record per case.
+Prints a line as each SPEC section's cases are done, then, per section, how many cases
+passed, failed, failed as expected (xfailed), passed unexpectedly (xpassed), are not
+implemented by the backend, or were skipped; the backend, the torch version and the
+world sizes used; every unexpected result with its reason, and the expected failures and
+not-implemented cases as counts per section (every one with its reason under -v). Exits 1
+on any unexpected result (failed, xpassed, a case module that fails to import), 0
+otherwise. `--json FILE` writes the run's metadata and one record per case. `--list`
+collects without running: the cases per section and the SPEC IDs that no case names.
 """
 
 from __future__ import annotations
@@ -20,23 +20,42 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from conformance.cases.conftest import strip_xdist_group
+from conformance.backends import REGISTERED, BackendSpecError, get_backend
+from conformance.cases.conftest import section_of, strip_xdist_group
+from conformance.spec import rule_ids, section_title, sections
 
 CASES_DIR = Path(__file__).resolve().parent / "cases"
 OUTCOMES = ["passed", "failed", "xfailed", "xpassed", "not_implemented", "skipped"]
-SECTIONS = {
-    "FC": "1. Functional collectives", "CL": "2. Comm lowering", "BK": "3. Bucketing",
-    "RO": "4. Scheduler reorder", "MEM": "5. Memory", "SM": "6. Symmetric memory",
-    "CF": "7. Conformance",
-}
 UNEXPECTED = {"failed", "xpassed"}
+# Sections whose rules govern the suite itself: refimpl's tests name them, not cases (CF-10).
+SUITE_SECTIONS = {"CF"}
+
+BACKEND_HELP = (
+    f"the implementation to test: a registered name ({', '.join(sorted(REGISTERED))}), or "
+    "package.module:attr naming a backend object (or a zero-argument callable returning "
+    "one) importable from PYTHONPATH; default: $REFIMPL_BACKEND, else refimpl. The "
+    "protocol a backend follows is in conformance/README.md")
 
 
 class ReportPlugin:
-    """Collects one record per case from pytest's reports (also under xdist)."""
+    """Collects one record per case from pytest's reports (also under xdist) and prints a
+    line when a section's cases are all done."""
 
-    def __init__(self):
+    def __init__(self, start: float):
         self.cases: dict[str, dict] = {}
+        self.start = start
+        self.done: Counter = Counter()
+        self.config = None
+
+    def pytest_configure(self, config):
+        self.config = config
+
+    def pytest_collectreport(self, report):
+        """A case module that fails to import fails the run, in the report too."""
+        if report.failed:
+            cid = report.nodeid.split("/")[-1] or report.nodeid
+            self.cases[cid] = {"id": cid, "outcome": "failed", "spec_ids": [],
+                               "reason": _first_error_line(str(report.longrepr))}
 
     def pytest_runtest_logreport(self, report):
         cid = strip_xdist_group(report.nodeid.split("/")[-1])
@@ -44,13 +63,47 @@ class ReportPlugin:
         for key, value in report.user_properties:
             record[key] = value
         outcome = _outcome_of(report)
-        if outcome is None:
-            return
         # setup / call / teardown: the first non-pass wins, a pass only fills a blank.
-        if record["outcome"] in (None, "passed") or outcome != "passed":
+        if outcome is not None and (record["outcome"] in (None, "passed")
+                                    or outcome != "passed"):
             if record["outcome"] not in UNEXPECTED:
                 record["outcome"] = outcome
                 record["reason"] = _reason_of(report, outcome)
+        if report.when == "teardown" and "section_total" in record:
+            self._count_done(record)
+
+    def _count_done(self, record):
+        section = section_of(record.get("spec_ids", []))
+        self.done[section] += 1
+        if self.done[section] != record["section_total"]:
+            return
+        counts = Counter(c["outcome"] for c in self.cases.values()
+                         if c.get("section_total") and section_of(c.get("spec_ids", []))
+                         == section)
+        summary = ", ".join(f"{counts[o]} {o}" for o in OUTCOMES if counts[o])
+        line = (f"[{time.monotonic() - self.start:4.0f} s] {section_title(section)} "
+                f"({section}) done: {record['section_total']} cases, {summary}")
+        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+        if terminal is None:
+            print(line, flush=True)
+            return
+        # pytest's -q dots leave the cursor mid-line without telling write_line.
+        if getattr(getattr(terminal, "_tw", None), "width_of_current_line", 0):
+            terminal.write("\n")
+        terminal.write_line(line)
+
+
+class ListPlugin:
+    """`--list`: the selected cases with their SPEC IDs, collected but not run."""
+
+    def __init__(self):
+        self.cases: list[dict] = []
+
+    def pytest_collection_finish(self, session):
+        for item in session.items:
+            marker = item.get_closest_marker("spec")
+            self.cases.append({"id": strip_xdist_group(item.nodeid.split("/")[-1]),
+                               "spec_ids": list(marker.args) if marker else []})
 
 
 def _outcome_of(report) -> str | None:
@@ -69,97 +122,183 @@ def _outcome_of(report) -> str | None:
     return None
 
 
+def _first_error_line(text: str) -> str:
+    lines = [ln[2:] for ln in text.splitlines() if ln.startswith("E ")]
+    return (lines[0] if lines else text.splitlines()[-1] if text else "")[:300]
+
+
 def _reason_of(report, outcome) -> str:
     if outcome == "xfailed":
         return report.wasxfail
     if outcome in ("not_implemented", "skipped") and isinstance(report.longrepr, tuple):
         return report.longrepr[2]
     if outcome == "failed":
-        text = str(report.longrepr)
-        lines = [ln[2:] for ln in text.splitlines() if ln.startswith("E ")]
-        return (lines[0] if lines else text.splitlines()[-1] if text else "")[:300]
+        crash = getattr(report.longrepr, "reprcrash", None)  # the exception that ended it
+        return crash.message[:1000] if crash else _first_error_line(str(report.longrepr))
     if outcome == "xpassed":
         return "passed, but listed as an expected failure: " + str(report.longrepr)
     return ""
 
 
-def section_of(spec_ids: list[str]) -> str:
-    prefix = spec_ids[0].split("-")[0] if spec_ids else "?"
-    return SECTIONS.get(prefix, prefix)
-
-
 def _pytest_args(args) -> list[str]:
     pytest_args = [str(CASES_DIR), "-q", "-p", "no:cacheprovider", "--backend", args.backend]
+    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+        pytest_args += ["-p", "xdist"]  # the one plugin the suite needs (-n, --dist)
     if args.k:
         pytest_args += ["-k", args.k]
     for section in args.section or ():
         pytest_args += ["--section", section]
+    if args.first:
+        pytest_args += ["--first", args.first]
     if args.exitfirst:
         pytest_args += ["-x"]
-    if args.workers:
+    if args.list:
+        pytest_args += ["--collect-only", "-q"]  # -qq: counts per file, not every case
+    if args.workers and not args.list:
         pytest_args += ["-n", str(args.workers), "--dist", "loadgroup"]
     else:
         pytest_args += ["-n", "0"]
-    return pytest_args + ["--no-header", "-rN"]
+    # The report gives each failure's reason; pytest's own tracebacks stay short.
+    return pytest_args + ["--no-header", "-rN", "--tb=short"]
 
 
-def print_report(meta, cases) -> None:
+def print_report(meta, cases, verbose=False) -> None:
     by_section: dict[str, Counter] = defaultdict(Counter)
     for case in cases:
         by_section[case["section"]][case["outcome"]] += 1
     print()
-    print(f"conformance report: backend {meta['backend']}, torch {meta['torch_version']}, "
+    print(f"conformance report: backend {_backend_label(meta)}, torch {meta['torch_version']}, "
           f"world sizes {meta['world_sizes'] or '-'}, {meta['seconds']:.0f} s")
     header = f"{'section':28s}" + "".join(f"{o:>16s}" for o in OUTCOMES)
     print(header)
     print("-" * len(header))
-    for section in sorted(by_section):
+    order = list(sections().values())  # SPEC.md's order; unknown sections after it
+    for section in sorted(by_section, key=lambda s: (order.index(s) if s in order else
+                                                     len(order), s)):
         counts = by_section[section]
         print(f"{section:28s}" + "".join(f"{counts[o]:>16d}" for o in OUTCOMES))
     total = Counter(c["outcome"] for c in cases)
     print(f"{'total':28s}" + "".join(f"{total[o]:>16d}" for o in OUTCOMES))
-    notable = [c for c in cases if c["outcome"] != "passed"]
-    if notable:
-        print("\ncases that did not pass:")
-        for c in sorted(notable, key=lambda c: (c["outcome"] not in UNEXPECTED, c["id"])):
+    listed = [c for c in cases if c["outcome"] in UNEXPECTED or
+              (verbose and c["outcome"] != "passed")]
+    if listed:
+        print("\ncases that did not pass:" if verbose else "\nunexpected results:")
+        for c in sorted(listed, key=lambda c: (c["outcome"] not in UNEXPECTED, c["id"])):
             print(f"  {c['outcome']:15s} {c['id']}  [{', '.join(c['spec_ids'])}]")
-            if c["reason"]:
-                print(f"  {'':15s} {c['reason']}")
+            for line in c["reason"].splitlines():
+                print(f"  {'':15s} {line}")
+    if not verbose:
+        _print_counts_per_section(cases)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m conformance", description=__doc__)
-    parser.add_argument("--backend", default=os.environ.get("REFIMPL_BACKEND", "refimpl"))
+def _backend_label(meta) -> str:
+    name, spec = meta["backend"], meta["backend_spec"]
+    label = name if name == spec else f"{name} ({spec})"
+    return label + (f" [failed to load: {meta['backend_error']}]" if meta.get("backend_error")
+                    else "")
+
+
+def _print_counts_per_section(cases) -> None:
+    """Expected failures, not-implemented and skipped cases as counts (reasons: -v)."""
+    for outcome in ("xfailed", "not_implemented", "skipped"):
+        counts = Counter(c["section"] for c in cases if c["outcome"] == outcome)
+        if counts:
+            per_section = ", ".join(f"{s} {n}" for s, n in sorted(counts.items()))
+            print(f"\n{outcome}: {per_section} (each with its reason: -v)")
+
+
+def print_listing(cases, sections) -> None:
+    """`--list`: cases per section and the SPEC IDs of the section that no case names."""
+    named = {i for c in cases for i in c["spec_ids"]}
+    by_section = Counter(c["section"] for c in cases)
+    for prefix, ids in rule_ids().items():
+        if sections and prefix not in sections:
+            continue
+        title = section_title(prefix)
+        if prefix in SUITE_SECTIONS:
+            print(f"{title} ({prefix}): rules of the suite itself, checked by "
+                  f"tests/test_conformance_suite.py")
+            continue
+        missing = [i for i in ids if i not in named]
+        if not ids:
+            print(f"{title} ({prefix}): {by_section[title]} cases, no rules yet")
+            continue
+        print(f"{title} ({prefix}): {by_section[title]} cases, {len(ids) - len(missing)} of "
+              f"{len(ids)} rules named" + (f"; named by no case: {', '.join(missing)}"
+                                           if missing else ""))
+
+
+def unnamed_rules(cases, sections=()) -> dict[str, list[str]]:
+    """{prefix: SPEC IDs named by no case} for the sections checked by cases (CF-10)."""
+    named = {i for c in cases for i in c["spec_ids"]}
+    return {prefix: [i for i in ids if i not in named]
+            for prefix, ids in rule_ids().items()
+            if prefix not in SUITE_SECTIONS and (not sections or prefix in sections)}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m conformance", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", default=os.environ.get("REFIMPL_BACKEND", "refimpl"),
+                        metavar="NAME|module:attr", help=BACKEND_HELP)
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
     parser.add_argument("-k", metavar="EXPR", help="only cases matching this pytest expression")
     parser.add_argument("-n", dest="workers", type=int, default=min(2, os.cpu_count() or 1),
                         help="pytest-xdist workers (0: run in this process); default 2")
     parser.add_argument("--section", action="append", metavar="ID",
-                        help="only cases that check a rule of this SPEC section (FC, CL, BK, "
-                             "SM, ...); repeatable")
+                        help="only cases that check a rule of this SPEC section ("
+                             f"{', '.join(sections()) or 'FC, CL, ...'}: the prefixes of "
+                             "SPEC.md's sections); repeatable")
+    parser.add_argument("--first", metavar="ID",
+                        help="run the cases naming this SPEC ID (e.g. FC-19) first")
     parser.add_argument("-x", "--exitfirst", action="store_true",
                         help="stop at the first case that fails")
-    args = parser.parse_args(argv)
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="list every case that did not pass with its reason (expected "
+                             "failures, not implemented, skipped), not only counts")
+    parser.add_argument("--list", action="store_true",
+                        help="collect only: cases per section and the SPEC IDs no case names")
+    return parser
 
+
+def _load_backend(spec: str) -> tuple[str, str]:
+    """(the backend's own name, the load error or ''); an unknown spec exits (CF-1)."""
+    try:
+        return get_backend(spec).name, ""
+    except BackendSpecError as exc:
+        print(f"python -m conformance: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except Exception as exc:  # its cases fail with the error: the run still reports
+        return spec, f"{type(exc).__name__}: {exc}"
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     import pytest
     import torch
 
-    plugin = ReportPlugin()
     start = time.monotonic()
+    name, error = _load_backend(args.backend)
+    plugin = ListPlugin() if args.list else ReportPlugin(start)
     exit_code = pytest.main(_pytest_args(args), plugins=[plugin])
+    meta = {"backend": name, "backend_spec": args.backend, "torch_version": torch.__version__,
+            "python": sys.version.split()[0], "pytest_exit_code": int(exit_code)}
+    if error:
+        meta["backend_error"] = error
+    if args.list:
+        return _finish_listing(args, meta, plugin.cases, exit_code)
     cases = [c for c in plugin.cases.values() if c["outcome"] is not None]
-    world_sizes = sorted({w for rec in cases for w in rec.get("world_sizes", [])})
     for case in cases:
         case["spec_ids"] = list(case.get("spec_ids", []))
-        case["section"] = section_of(case["spec_ids"])
-    meta = {"backend": args.backend, "torch_version": torch.__version__,
-            "world_sizes": world_sizes, "seconds": time.monotonic() - start,
-            "python": sys.version.split()[0], "pytest_exit_code": int(exit_code)}
-    print_report(meta, cases)
+        case["section"] = section_title(section_of(case["spec_ids"]))
+        case.pop("section_total", None)
+    meta["world_sizes"] = sorted({w for rec in cases for w in rec.get("world_sizes", [])})
+    meta["seconds"] = time.monotonic() - start
+    print_report(meta, cases, args.verbose)
     if args.json:
         Path(args.json).write_text(json.dumps({**meta, "cases": cases}, indent=1))
     unexpected = [c for c in cases if c["outcome"] in UNEXPECTED]
-    if exit_code not in (0, 1, 5) or (exit_code == 1 and not unexpected):
+    if exit_code not in (0, 1, 2, 5) or (exit_code in (1, 2) and not unexpected):
         print(f"pytest exited with code {int(exit_code)}", file=sys.stderr)
         return 1
     if not cases:
@@ -168,6 +307,17 @@ def main(argv=None) -> int:
     return 1 if unexpected else 0
 
 
+def _finish_listing(args, meta, cases, exit_code) -> int:
+    for case in cases:
+        case["section"] = section_title(section_of(case["spec_ids"]))
+    sections = set(args.section or ())
+    print()
+    print_listing(cases, sections)
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            {**meta, "cases": cases, "unnamed": unnamed_rules(cases, sections)}, indent=1))
+    return 0 if exit_code in (0, 5) else 1
+
+
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -7,7 +7,7 @@ every collective's namespace folded to `funcol` (so `refimpl_c10d.all_reduce` an
 ranks of its group (names are hashes or counters that vary between runs), and each
 result's dtype and shape. Nothing in it depends on the backend, the run or the rank.
 
-Implements SPEC.md CF rules on canonical text (see section 7).
+Implements SPEC.md CF-5 (section 7).
 """
 
 from __future__ import annotations
@@ -95,8 +95,6 @@ def _format_arg(arg, names) -> str:
         return _DTYPE_NAMES.get(arg, str(arg))
     if isinstance(arg, torch.device):
         return f"device({arg.type})"
-    if isinstance(arg, float):
-        return repr(arg)
     return repr(arg)
 
 

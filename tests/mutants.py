@@ -1,15 +1,17 @@
-"""Mutants: plausible one-line slips in refimpl, each breaking one SPEC rule.
+"""Mutants: plausible one-line slips in refimpl, each breaking one SPEC rule (CF-6).
 
 A mutant is a textual patch of one file of the checkout (Python or C): `old` must occur
 exactly once in `path`, and is replaced by `new`. Each is the kind of slip a real
 implementation makes at a rule's boundary (an off-by-one at a bound, a key computed
 from the wrong property, a check or a synchronisation step left out) and names the rule
 it breaks. `tests/test_mutants.py` applies each one to a copy of the checkout and runs
-`python -m conformance --section <its section>` there: the conformance suite alone must
-fail every mutant (CF-6).
+`python -m conformance --section <its section> --first <its rule> -x -n 0` there: the
+conformance suite alone must fail every mutant, on a case that fails (a run that crashes
+without a report does not count).
 
-Mutants are grouped by SPEC section, one list per section, so that each section's owner
-adds to its own list.
+One list per SPEC section, named by the section's prefix (`FC`, `CL`, `MEM`, ...), so that
+each section's owner adds to its own list; `MUTANTS` gathers the lists of every section
+SPEC.md has. Run one: `pytest -n 0 tests/test_mutants.py -k <name>`.
 """
 
 from __future__ import annotations
@@ -18,9 +20,15 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from conformance.spec import sections
+
 ROOT = Path(__file__).resolve().parent.parent
 # What a copy of the checkout needs to run the conformance suite on its own.
-COPIED = ["refimpl", "conformance", "kernels", "pyproject.toml", "conftest.py", "setup.py"]
+COPIED = ["refimpl", "conformance", "kernels", "pyproject.toml", "conftest.py", "setup.py",
+          "SPEC.md"]
+# Kernel libraries built earlier (refimpl/_native.py): found by the hash of their source,
+# so the copy reuses an unchanged kernel's library and compiles a mutated kernel afresh.
+KERNEL_BUILDS = "build/refimpl-kernels"
 
 
 @dataclass(frozen=True)
@@ -48,14 +56,19 @@ class Mutant:
 
 
 def copy_checkout(dest: Path) -> Path:
-    """A copy of what the suite needs, without build outputs or caches."""
-    ignore = shutil.ignore_patterns("__pycache__", "*.so", "build", "*.egg-info")
+    """A copy of what the suite needs, kernel libraries included, without caches."""
+    # Built libraries (*.so) are kept: refimpl/_native.py loads one only if it was built
+    # from the very source the copy holds.
+    ignore = shutil.ignore_patterns("__pycache__", "build", "*.egg-info")
     for name in COPIED:
         src = ROOT / name
         if src.is_dir():
             shutil.copytree(src, dest / name, ignore=ignore)
         elif src.exists():
             shutil.copy2(src, dest / name)
+    if (ROOT / KERNEL_BUILDS).is_dir():
+        shutil.copytree(ROOT / KERNEL_BUILDS, dest / KERNEL_BUILDS,
+                        ignore=shutil.ignore_patterns("*.tmp"))
     return dest
 
 
@@ -84,4 +97,10 @@ BK: list[Mutant] = []
 # --------------------------------------------------------------------------------------
 SM: list[Mutant] = []
 
-MUTANTS: list[Mutant] = [*FC, *CL, *BK, *SM]
+
+def section_lists() -> dict[str, list[Mutant]]:
+    """{prefix: that section's list above}, for every section of SPEC.md, in its order."""
+    return {prefix: globals().get(prefix, []) for prefix in sections()}
+
+
+MUTANTS: list[Mutant] = [m for section in section_lists().values() for m in section]

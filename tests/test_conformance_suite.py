@@ -1,24 +1,31 @@
 """The conformance machinery: third-party backends, strict expected failures, not implemented,
-canonical text and comm traces (CF-1..CF-8)."""
+canonical text and comm traces, the report, and the check that every SPEC rule is named by a
+case. SPEC section 7's rules govern the suite itself, so these tests, not conformance
+cases, are what name them (CF-10); CF-6 is tests/test_mutants.py's."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import expecttest
+import pytest
 import torch
 import torch.fx
 
 from conformance.canonical import canonical_graph
+from conformance.cases.conftest import torch_version_matches
 from conformance.comm_trace import comm_trace_of_graph, format_comm_trace
+from conformance.spec import rule_ids, sections
 
 ROOT = Path(__file__).resolve().parent.parent
 CASE = "test_functional_collectives.py::test_make_fx_graph"
+CASE2 = "test_functional_collectives.py::test_async_collective_tensor"
 
 THIRD_PARTY = '''
 """A backend that lives outside the refimpl repository."""
@@ -34,10 +41,21 @@ backend = Backend(
     expected_failures=str(Path(__file__).with_name("acme_expected_failures.txt")),
 )
 nothing = Backend("nothing", {})
+
+
+class Failing(Backend):
+    """Every case that asks it for a concept fails (an error, not 'not implemented')."""
+
+    def require(self, concept, *attrs):
+        raise RuntimeError(f"{concept}: this backend always fails")
+
+
+failing = Failing("failing", {},
+                  expected_failures=str(Path(__file__).with_name("acme_expected_failures.txt")))
 '''
 
 
-def _run_suite(tmp_path, backend, expr, xfail_lines=()):
+def _run_suite(tmp_path, backend, expr, xfail_lines=(), *extra):
     (tmp_path / "acme_backend.py").write_text(textwrap.dedent(THIRD_PARTY))
     (tmp_path / "acme_expected_failures.txt").write_text("\n".join(xfail_lines) + "\n")
     report = tmp_path / "report.json"
@@ -45,22 +63,65 @@ def _run_suite(tmp_path, backend, expr, xfail_lines=()):
     env.pop("EXPECTTEST_ACCEPT", None)
     proc = subprocess.run(
         [sys.executable, "-m", "conformance", "--backend", backend, "-n", "0", "-k", expr,
-         "--json", str(report)], cwd=tmp_path, env=env, capture_output=True, text=True,
+         "--json", str(report), *extra], cwd=tmp_path, env=env, capture_output=True, text=True,
         timeout=300)
     data = json.loads(report.read_text()) if report.exists() else {"cases": []}
     return proc, {c["id"]: c["outcome"] for c in data["cases"]}, data
 
 
 def test_a_backend_outside_the_repo_runs_through_module_attr(tmp_path):
-    """CF-1, CF-7: `--backend module:attr`, the report and its JSON."""
+    """CF-1, CF-7: `--backend module:attr`, the report (by the backend's own name, a line
+    per section as it completes) and its JSON."""
     proc, outcomes, data = _run_suite(tmp_path, "acme_backend:backend", "make_fx or bucket")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert outcomes[CASE] == "passed"
-    assert data["backend"] == "acme_backend:backend" and data["world_sizes"] == [2]
-    assert data["torch_version"] == torch.__version__
+    assert data["backend"] == "acme" and data["backend_spec"] == "acme_backend:backend"
+    assert data["world_sizes"] == [2] and data["torch_version"] == torch.__version__
     case = next(c for c in data["cases"] if c["id"] == CASE)
     assert case["spec_ids"] == ["FC-3", "FC-12"] and case["section"].endswith("collectives")
-    assert "1. Functional collectives" in proc.stdout and "passed" in proc.stdout
+    assert "conformance report: backend acme (acme_backend:backend)," in proc.stdout
+    done = sorted(ln.split("] ", 1)[1] for ln in proc.stdout.splitlines() if ") done: " in ln)
+    assert len(done) == 2, proc.stdout  # FC's case, and BK's: not implemented by acme
+    assert done[0] == "1. Functional collectives (FC) done: 1 cases, 1 passed", done
+    assert done[1].startswith("3. Bucketing (BK) done: ") and "not_implemented" in done[1]
+
+
+def test_expected_failures_are_counted_per_section_and_listed_with_v(tmp_path):
+    """CF-4, CF-7: expected failures apply by torch version; the report counts them per
+    section and gives each reason only with -v."""
+    lines = [f"{CASE}  [torch>=2.0] FC-12: listed for every torch this project runs",
+             f"{CASE2}  [torch<2.0,>=1.0] FC-9: listed for torch 1 only"]
+    proc, outcomes, _ = _run_suite(tmp_path, "acme_backend:failing", "make_fx or async_coll",
+                                   lines)
+    assert outcomes == {CASE: "xfailed", CASE2: "failed"}, proc.stdout[-3000:]
+    assert proc.returncode == 1
+    assert "xfailed: 1. Functional collectives 1 (each with its reason: -v)" in proc.stdout
+    assert "listed for every torch" not in proc.stdout
+    proc, outcomes, _ = _run_suite(tmp_path, "acme_backend:failing", "make_fx", lines, "-v")
+    assert outcomes == {CASE: "xfailed"} and proc.returncode == 0
+    assert "FC-12: listed for every torch this project runs" in proc.stdout
+
+
+def test_torch_version_conditions():
+    """CF-4: release numbers compared, the shorter padded with zeros."""
+    assert torch_version_matches("<2.14", "2.13.0+cpu")
+    assert not torch_version_matches("<2.14", "2.14.1+cu130")
+    assert torch_version_matches(">=2.14", "2.14.1+cu130")
+    assert torch_version_matches(">=2.13,<2.14", "2.13.0")
+    assert not torch_version_matches("==2.14", "2.14.1")
+    assert torch_version_matches("!=2.14.1", "2.14.0a0")
+    with pytest.raises(ValueError, match="expected an operator"):
+        torch_version_matches("~2.14", "2.14.1")
+
+
+def test_help_says_what_backend_accepts():
+    """CF-1."""
+    proc = subprocess.run([sys.executable, "-m", "conformance", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())
+    for phrase in ("refimpl, torch", "package.module:attr", "$REFIMPL_BACKEND"):
+        assert phrase in text, text
 
 
 def test_expected_failures_are_strict_and_stale_entries_warn(tmp_path):
@@ -82,10 +143,12 @@ def test_a_concept_not_implemented_never_passes(tmp_path):
 
 
 def test_an_unknown_backend_is_refused(tmp_path):
-    """CF-1."""
+    """CF-1: an unknown name and a module that does not exist are refused up front."""
     proc, _, _ = _run_suite(tmp_path, "no_such_backend", "make_fx")
-    assert proc.returncode != 0
-    assert "neither a registered backend" in proc.stdout + proc.stderr
+    assert proc.returncode == 2
+    assert "--backend: 'no_such_backend' is neither a registered backend" in proc.stderr
+    proc, _, _ = _run_suite(tmp_path, "no_such_module:backend", "make_fx")
+    assert proc.returncode == 2 and "no module named 'no_such_module'" in proc.stderr
 
 
 def _graph_with(namespace: str) -> torch.fx.GraphModule:
@@ -175,13 +238,44 @@ def test_a_case_without_spec_ids_stops_the_collection(tmp_path):
     assert "must name its SPEC IDs" in proc.stdout + proc.stderr
 
 
-def test_every_torch_expected_failure_names_a_case():
-    """CF-4: the upstream list stays in step with the cases (stale entries warn)."""
+@pytest.fixture(scope="module")
+def torch_listing(tmp_path_factory):
+    """`python -m conformance --list --backend torch`: every case with its SPEC IDs, and
+    the warnings of the torch expected-failure list."""
+    report = tmp_path_factory.mktemp("listing") / "list.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p",
-         "no:cacheprovider", "conformance/cases", "--backend", "torch"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:]
+        [sys.executable, "-m", "conformance", "--list", "--backend", "torch", "--json",
+         str(report)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc, json.loads(report.read_text())
+
+
+def test_every_spec_rule_is_named_by_a_case(torch_listing):
+    """CF-10: every ID of SPEC.md is named by a conformance case's spec marker (the
+    sections come from SPEC.md itself); CF's are named by these tests instead."""
+    _, listing = torch_listing
+    named = {i for case in listing["cases"] for i in case["spec_ids"]}
+    missing = {prefix: [i for i in ids if i not in named]
+               for prefix, ids in rule_ids().items() if prefix != "CF"}
+    missing = {prefix: ids for prefix, ids in missing.items() if ids}
+    assert listing["unnamed"] == {p: missing.get(p, []) for p in rule_ids() if p != "CF"}
+    assert not missing, "SPEC rules named by no conformance case:\n" + "\n".join(
+        f"  {sections()[prefix]} ({prefix}): {', '.join(ids)}" for prefix, ids in missing.items())
+
+
+def test_every_conformance_rule_is_named_by_a_test(torch_listing):
+    """CF-10: SPEC section 7's rules are named by tests of the machinery (or a case)."""
+    text = "".join((ROOT / "tests" / name).read_text()
+                   for name in ("test_conformance_suite.py", "test_mutants.py"))
+    named = {i for case in torch_listing[1]["cases"] for i in case["spec_ids"]}
+    missing = [i for i in rule_ids()["CF"]
+               if i not in named and not re.search(rf"\b{i}\b", text)]
+    assert not missing, f"CF rules named by no test: {missing}"
+
+
+def test_every_torch_expected_failure_names_a_case(torch_listing):
+    """CF-4: the upstream list stays in step with the cases (stale entries warn)."""
+    proc, _ = torch_listing
     assert "matches no case" not in proc.stdout + proc.stderr, proc.stdout[-3000:]
     lines = (ROOT / "conformance/expected_failures/torch.txt").read_text().splitlines()
     entries = [ln for ln in lines if ln.strip() and not ln.startswith("#")]

@@ -1,8 +1,10 @@
 """The conformance suite catches every mutant of tests/mutants.py (CF-6).
 
 Each mutant is applied to a fresh copy of the checkout, and the conformance suite of
-the mutant's own SPEC section runs there against the `refimpl` backend (so it runs the
-mutated code, C kernels rebuilt from the mutated source included). The suite must fail.
+the mutant's own SPEC section runs there against the `refimpl` backend, the cases that
+name the mutant's rule first and stopping at the first failure (so it runs the mutated
+code, C kernels rebuilt from the mutated source included). The suite must fail: a case
+must fail in the run's report; a run that crashes without one does not count.
 """
 
 from __future__ import annotations
@@ -11,36 +13,102 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from mutants import MUTANTS, ROOT, copy_checkout
+from mutants import KERNEL_BUILDS, MUTANTS, ROOT, Mutant, copy_checkout, section_lists
+
+from conformance.spec import rule_ids
 
 TIMEOUT_S = 600
 
 
-def test_mutant_names_are_unique_and_rules_are_spec_ids():
+@pytest.fixture(scope="session")
+def built_kernels():
+    """Build (or find) this checkout's kernel library once, so every copy reuses it."""
+    from refimpl._native import load_kernel_library
+
+    load_kernel_library("symm_mem")
+
+
+def run_section(root, mutant: Mutant, report):
+    """`python -m conformance` in the copy at `root`: the mutant's section, its rule first."""
+    # The suite needs no third-party pytest plugin but xdist, which the runner then names
+    # itself: not importing the others saves about a second a mutant.
+    env = {**os.environ, "PYTHONPATH": str(root), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    env.pop("EXPECTTEST_ACCEPT", None)
+    return subprocess.run(
+        [sys.executable, "-m", "conformance", "--backend", "refimpl", "--section",
+         mutant.section, "--first", mutant.rule, "-x", "-n", "0", "--json", str(report)],
+        cwd=root, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+def failed_cases(proc, report, mutant) -> list[dict]:
+    """The failed cases of the run's report; no report, or no case, is a crash."""
+    output = f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert report.exists(), f"mutant {mutant.name}: the runner wrote no report:\n{output}"
+    cases = json.loads(report.read_text())["cases"]
+    assert cases, f"mutant {mutant.name}: no case ran:\n{output}"
+    return [c for c in cases if c["outcome"] == "failed"]
+
+
+def test_mutants_are_named_once_and_break_a_rule_of_their_own_section():
     names = [m.name for m in MUTANTS]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
-    spec = (ROOT / "SPEC.md").read_text()
-    for m in MUTANTS:
-        assert f"**{m.rule}**" in spec, f"mutant {m.name}: {m.rule} is not a SPEC rule"
+    ids = {i for section in rule_ids().values() for i in section}
+    for prefix, mutants in section_lists().items():
+        for m in mutants:
+            assert m.rule in ids, f"mutant {m.name}: {m.rule} is not a rule of SPEC.md"
+            assert m.section == prefix, f"mutant {m.name} ({m.rule}) is in the {prefix} list"
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
+def test_the_mutant_still_applies(mutant):
+    """Fast: `old` still occurs exactly once in this checkout (code moves on)."""
+    count = (ROOT / mutant.path).read_text().count(mutant.old)
+    assert count == 1, f"mutant {mutant.name}: `old` occurs {count} times in {mutant.path}"
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: f"{m.rule}-{m.name}")
-def test_conformance_fails_the_mutant(mutant, tmp_path):
+def test_conformance_fails_the_mutant(mutant, tmp_path, built_kernels):
     root = copy_checkout(tmp_path / "checkout")
     mutant.apply(root)
     report = tmp_path / "report.json"
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    env.pop("EXPECTTEST_ACCEPT", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "conformance", "--backend", "refimpl", "--section",
-         mutant.section, "-x", "-n", "0", "--json", str(report)],
-        cwd=root, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert report.exists(), f"no report for mutant {mutant.name}:\n{proc.stdout[-3000:]}" \
-                            f"\n{proc.stderr[-3000:]}"
-    cases = json.loads(report.read_text())["cases"]
-    failed = [c["id"] for c in cases if c["outcome"] == "failed"]
+    proc = run_section(root, mutant, report)
+    failed = failed_cases(proc, report, mutant)
     assert proc.returncode == 1 and failed, (
         f"the {mutant.section} section passed mutant {mutant.name} ({mutant.rule}: "
         f"{mutant.why}):\n{proc.stdout[-3000:]}")
+
+
+def test_a_mutant_that_breaks_an_import_is_caught_by_failing_cases(tmp_path, built_kernels):
+    """The runner survives a refimpl module that does not import: every case fails with
+    the error and the report says so, rather than the run crashing with no report."""
+    broken = Mutant("syntax_error", "FC-22", "refimpl/functional_collectives.py",
+                    "def _check_src(src, group_name) -> int:", "def _check_src(src, group_name)")
+    root = copy_checkout(tmp_path / "checkout")
+    broken.apply(root)
+    report = tmp_path / "report.json"
+    proc = run_section(root, broken, report)
+    failed = failed_cases(proc, report, broken)
+    assert proc.returncode == 1 and len(failed) == 1  # -x: the first case, then stop
+    assert "SyntaxError" in failed[0]["reason"], failed[0]
+    assert "failed to load" in proc.stdout
+
+
+def test_a_copy_reuses_the_kernel_library_unless_its_source_changed(tmp_path, built_kernels):
+    """The copy loads the library built for this checkout (no compiler run); a mutated
+    kernel source gets a library of its own."""
+    root = copy_checkout(tmp_path / "checkout")
+    load = [sys.executable, "-c", "from refimpl._native import load_kernel_library as load; "
+            "print(load('symm_mem')._name)"]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    before = set((root / KERNEL_BUILDS).glob("*.so"))
+    path = subprocess.run(load, cwd=root, env=env, capture_output=True, text=True,
+                          check=True, timeout=120).stdout.strip()
+    assert root in Path(path).parents and set((root / KERNEL_BUILDS).glob("*.so")) == before
+    source = root / "kernels/cpu/symm_mem.c"
+    source.write_text(source.read_text() + "\n/* mutated */\n")
+    mutated = subprocess.run(load, cwd=root, env=env, capture_output=True, text=True,
+                             check=True, timeout=120).stdout.strip()
+    assert mutated != path and root / KERNEL_BUILDS in Path(mutated).parents

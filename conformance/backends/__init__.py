@@ -1,35 +1,19 @@
 """Backends: what the conformance suite runs against.
 
-A backend is an object with a `name` and a `require(concept)` method that returns the
-namespace implementing one concept of SPEC.md, or raises `NotImplementedConcept` when
-the backend does not implement it (its cases then report "not implemented", never pass).
-`get_backend(spec)` takes a registered name (`refimpl`, `torch`) or `package.module:attr`
-naming such an object (or a zero-argument callable returning one). Worker processes
-re-create the backend from its spec string, so a backend must be importable by name.
-
-Concepts and what their namespace exposes (upstream's names; see conformance/README.md):
-- "functional_collectives": all_reduce, all_gather_tensor, reduce_scatter_tensor,
-  all_to_all_single, broadcast, all_reduce_coalesced, all_gather_into_tensor_coalesced,
-  reduce_scatter_tensor_coalesced, wait_tensor, AsyncCollectiveTensor, ops (the op
-  namespace), work_registry_size (optional: cases that need it report not implemented).
-- "bucketing": bucket_all_gather(gm, cap_fn), bucket_reduce_scatter(gm, cap_fn),
-  bucket_all_reduce(gm, cap_fn) (optional).
-- "lowering": lowered_comm_trace(fn, example_inputs, options) -> list[CommEvent] (traced
-  in this process, which needs a default group, e.g. the fake one); run_lowered(fn,
-  example_inputs, options) -> outputs (inside a rank: it communicates); optional for
-  backends that produce FX: lowered_graph(fn, example_inputs, options) -> GraphModule and
-  lower(gm, config). `fn(*inputs)` uses the backend's own functional collectives;
-  `options` is a dict: auto_select, one_shot_all_reduce_threshold_bytes,
-  reorder_for_compute_comm_overlap, enable_symm_mem_for (group names).
-- "reorder", "memory": reorder(gm, ...), estimate_peak_memory(gm).
-- "symmetric_memory": the symmetric-memory API with upstream's names.
+The backend protocol (a `name`, `require(concept, *attrs)`, the concepts and what each
+namespace provides) is stated once, in conformance/README.md, "The backend protocol".
+This module holds its machinery: `Backend`, a named bundle of concept namespaces;
+`NotImplementedConcept`, which a case turns into "not implemented" (CF-3); and
+`get_backend(spec)`, which resolves `--backend` (CF-1). Worker processes re-create the
+backend from its spec string, so a backend must be importable by name.
 """
 
 from __future__ import annotations
 
 import importlib
 
-__all__ = ["Backend", "NotImplementedConcept", "get_backend", "REGISTERED"]
+__all__ = ["Backend", "BackendSpecError", "NotImplementedConcept", "get_backend",
+           "REGISTERED"]
 
 REGISTERED = {
     "refimpl": "conformance.backends.refimpl_backend:backend",
@@ -39,6 +23,10 @@ REGISTERED = {
 
 class NotImplementedConcept(Exception):
     """The backend does not implement this concept (or this part of it)."""
+
+
+class BackendSpecError(ValueError):
+    """`--backend` names no backend: an unknown name, or an object that is not one."""
 
 
 class Backend:
@@ -80,14 +68,22 @@ def get_backend(spec: str) -> Backend:
         return _cache[spec]
     target = REGISTERED.get(spec, spec)
     if ":" not in target:
-        raise ValueError(f"--backend: {spec!r} is neither a registered backend "
-                         f"{sorted(REGISTERED)} nor 'package.module:attr' [CF-1]")
+        raise BackendSpecError(f"--backend: {spec!r} is neither a registered backend "
+                               f"{sorted(REGISTERED)} nor 'package.module:attr' [CF-1]")
     module_name, attr = target.split(":", 1)
-    obj = getattr(importlib.import_module(module_name), attr)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (module_name + ".").startswith(exc.name + "."):
+            raise  # the backend's own imports are broken: reported by every case
+        raise BackendSpecError(f"--backend: {spec!r}: no module named {exc.name!r} "
+                               f"[CF-1]") from None
+    obj = getattr(module, attr, None)
     if callable(obj) and not isinstance(obj, Backend) and not hasattr(obj, "require"):
         obj = obj()
     if not hasattr(obj, "require") or not hasattr(obj, "name"):
-        raise TypeError(f"--backend: {target} is not a backend (needs .name and .require) [CF-1]")
+        raise BackendSpecError(f"--backend: {target} is not a backend (needs .name and "
+                               f".require) [CF-1]")
     obj.spec = spec
     _cache[spec] = obj
     return obj

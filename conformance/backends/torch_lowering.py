@@ -6,8 +6,8 @@ program with `torch.compile(backend="inductor", fullgraph=True)` on CPU, capture
 generated wrapper code with `torch._inductor.utils.run_and_get_code`, and reads every
 `torch.ops._c10d_functional.*` / `torch.ops.symm_mem.*` call of it, in order, into
 `conformance.comm_trace.CommEvent`s. Buffer shapes and dtypes come from the
-`empty_strided_cpu`, `assert_size_stride` and `rand_strided` (graph inputs) lines of
-the same code.
+`empty_strided_cpu`, `assert_size_stride` (2.14: `assert_tensor_metadata`) and
+`rand_strided` (graph inputs) lines of the same code.
 
 Options (a dict, the same keys as refimpl's CommLoweringConfig) map onto
 `torch._inductor.config`: `auto_select` and `one_shot_all_reduce_threshold_bytes` onto
@@ -35,7 +35,8 @@ _CONFIG_KEYS = {
 _NAMESPACES = {"_c10d_functional": "_c10d_functional", "symm_mem": "symm_mem"}
 _CALL = re.compile(r"^(?:(\w+) = )?torch\.ops\.(_c10d_functional|symm_mem)\.(\w+)\.(\w+)\((.*)\)$")
 _EMPTY = re.compile(r"^(\w+) = empty_strided_\w+\(\(([^)]*)\), \([^)]*\), torch\.(\w+)\)")
-_ASSERT = re.compile(r"^assert_size_stride\((\w+), \(([^)]*)\),")
+# torch 2.14 checks a fallback op's output with assert_tensor_metadata (size, stride, dtype).
+_ASSERT = re.compile(r"^assert_(?:size_stride|tensor_metadata)\((\w+), \(([^)]*)\),")
 _GETITEM = re.compile(r"^(\w+) = (\w+)\[(\d+)\]$")
 _ALIAS = re.compile(r"^(\w+) = (\w+); del \w+\s*# reuse")
 _RAND_ARG = re.compile(r"^\s*(\w+) = rand_strided\(\(([^)]*)\), \([^)]*\), device='\w+', "

@@ -1,27 +1,39 @@
 """pytest wiring of the conformance suite: --backend, SPEC IDs, expected failures.
 
 - `--backend NAME` (or REFIMPL_BACKEND) selects the backend; the `backend` fixture gives it.
-- `@pytest.mark.spec("FC-1", ...)` names the SPEC rules a case checks; every case must.
+  An unknown name stops the run (CF-1); a backend whose import raises fails every case
+  with that error, so the run still reports case by case (CF-7).
+- `@pytest.mark.spec("FC-1", ...)` names the SPEC rules a case checks; every case must
+  (CF-2). A case belongs to the section of its first ID.
 - A case that hits `NotImplementedConcept` is reported "not implemented" (a skip whose
-  reason starts with that phrase), never passed.
-- `conformance/expected_failures/<backend>.txt`: `case-id  reason` per line; listed cases
-  are strict expected failures (an unexpected pass fails the run); an entry matching no
-  case warns.
+  reason starts with that phrase), never passed (CF-3).
+- `conformance/expected_failures/<backend>.txt`: `case-id  [torch<2.14] reason` per line,
+  the bracketed torch-version condition optional; listed cases that apply to the running
+  torch are strict expected failures (an unexpected pass fails the run); an entry
+  matching no case warns (CF-4).
+- `--section ID` keeps the cases naming a rule of that section; `--first ID` runs the
+  cases naming rule ID before the others (with `-x`, a targeted failure ends the run
+  early: the mutation check uses it).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from conformance import harness
-from conformance.backends import NotImplementedConcept, get_backend
+from conformance.backends import BackendSpecError, NotImplementedConcept, get_backend
+from conformance.spec import section_prefix
 
 NOT_IMPLEMENTED = "not implemented"
 XFAIL_DIR = Path(__file__).resolve().parent.parent / "expected_failures"
+CASES_DIR = Path(__file__).resolve().parent
+_LOADED = pytest.StashKey[tuple]()
 
 
 def pytest_addoption(parser):
@@ -29,6 +41,8 @@ def pytest_addoption(parser):
                      help="conformance backend: a registered name or package.module:attr")
     parser.addoption("--section", action="append", default=None,
                      help="only cases that check a rule of this SPEC section (FC, SM, ...)")
+    parser.addoption("--first", metavar="ID", default=None,
+                     help="run the cases naming this SPEC ID before the others")
 
 
 def backend_spec(config) -> str:
@@ -39,9 +53,30 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "spec(*ids): the SPEC.md rules a conformance case checks")
 
 
+def loaded_backend(config):
+    """(backend, None), or (None, the exception its import raised); an unknown name or an
+    object that is not a backend stops the run instead [CF-1]."""
+    if _LOADED not in config.stash:
+        try:
+            config.stash[_LOADED] = (get_backend(backend_spec(config)), None)
+        except BackendSpecError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        except Exception as exc:  # the backend's own code is broken: every case fails with it
+            config.stash[_LOADED] = (None, exc)
+    return config.stash[_LOADED]
+
+
+class BackendLoadError(RuntimeError):
+    """The selected backend could not be imported or built."""
+
+
 @pytest.fixture(scope="session")
 def backend(request):
-    return get_backend(backend_spec(request.config))
+    loaded, error = loaded_backend(request.config)
+    if error is not None:
+        raise BackendLoadError(f"--backend {backend_spec(request.config)!r} failed to load: "
+                               f"{type(error).__name__}: {error}") from error
+    return loaded
 
 
 def case_id(item) -> str:
@@ -54,50 +89,111 @@ def strip_xdist_group(nodeid: str) -> str:
     return nodeid.split("@", 1)[0]
 
 
-def expected_failures_path(backend) -> Path:
-    """A backend's own list if it names one, else expected_failures/<name>.txt."""
-    own = getattr(backend, "expected_failures", None)
-    return Path(own) if own else XFAIL_DIR / f"{backend.name}.txt"
+def section_of(spec_ids) -> str:
+    """The section prefix a case is reported under: that of its first SPEC ID."""
+    return section_prefix(spec_ids[0]) if spec_ids else "?"
 
 
-def read_expected_failures(path: Path) -> dict[str, str]:
-    entries: dict[str, str] = {}
+# --- expected failures (CF-4) ----------------------------------------------------------
+
+_CONDITION = re.compile(r"\[torch\s*([^\]]*)\]\s*")
+_CLAUSE = re.compile(r"^(<=|>=|==|!=|<|>)\s*(\d+(?:\.\d+)*)$")
+
+
+def torch_release(version) -> tuple[int, ...]:
+    """(2, 14, 1) for '2.14.1+cu130' or '2.14.1a0'."""
+    return tuple(int(p) for p in re.match(r"\d+(?:\.\d+)*", str(version)).group().split("."))
+
+
+def torch_version_matches(condition: str, version) -> bool:
+    """Whether `version` satisfies `condition` ('<2.14', '>=2.13,<2.15'): release numbers
+    compared, the shorter padded with zeros (so '2.14' means 2.14.0)."""
+    have = torch_release(version)
+    for clause in condition.split(","):
+        match = _CLAUSE.match(clause.strip())
+        if match is None:
+            raise ValueError(f"torch version condition {clause.strip()!r}: expected an "
+                             f"operator (<, <=, >, >=, ==, !=) and a version like 2.14")
+        op, want = match.group(1), torch_release(match.group(2))
+        width = max(len(have), len(want))
+        a, b = have + (0,) * (width - len(have)), want + (0,) * (width - len(want))
+        if not {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b,
+                "==": a == b, "!=": a != b}[op]:
+            return False
+    return True
+
+
+def read_expected_failures(path: Path, torch_version=None) -> tuple[dict[str, str], set[str]]:
+    """({case id: reason} of the entries that apply to `torch_version` (all when None),
+    every case id the file lists)."""
+    applying: dict[str, str] = {}
+    listed: set[str] = set()
     if not path.exists():
-        return entries
-    for line in path.read_text().splitlines():
+        return applying, listed
+    for number, line in enumerate(path.read_text().splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        cid, _, reason = line.partition(" ")
-        entries[cid] = reason.strip() or "no reason given"
-    return entries
+        cid, _, rest = line.partition(" ")
+        rest = rest.strip()
+        condition = _CONDITION.match(rest)
+        listed.add(cid)
+        if condition is not None:
+            rest = rest[condition.end():]
+            try:
+                applies = torch_version is None or torch_version_matches(condition.group(1),
+                                                                         torch_version)
+            except ValueError as exc:
+                raise pytest.UsageError(f"{path}:{number}: {exc} [CF-4]") from None
+            if not applies:
+                continue
+        if cid in applying:
+            raise pytest.UsageError(f"{path}:{number}: {cid} is listed twice for this torch "
+                                    f"version [CF-4]")
+        applying[cid] = rest or "no reason given"
+    return applying, listed
+
+
+def expected_failures_path(config) -> Path | None:
+    """The backend's own list if it names one, else expected_failures/<name>.txt; none
+    when the backend failed to load (every case fails then)."""
+    loaded, _ = loaded_backend(config)
+    if loaded is None:
+        return None
+    own = getattr(loaded, "expected_failures", None)
+    return Path(own) if own else XFAIL_DIR / f"{loaded.name}.txt"
+
+
+def _conformance_items(items):
+    return [item for item in items if CASES_DIR in Path(item.path).resolve().parents]
 
 
 @pytest.hookimpl(tryfirst=True)  # before -k deselects: stale entries are judged on all cases
 def pytest_collection_modifyitems(config, items):
-    path = expected_failures_path(get_backend(backend_spec(config)))
-    expected = read_expected_failures(path)
+    import torch
+
+    path = expected_failures_path(config)
+    expected, listed = read_expected_failures(path, torch.__version__) if path else ({}, set())
     seen = set()
-    here = Path(__file__).resolve().parent
-    for item in items:
-        if here not in Path(item.path).resolve().parents:
-            continue  # refimpl's own tests, collected in the same run
-        if item.get_closest_marker("spec") is None:
+    for item in _conformance_items(items):
+        marker = item.get_closest_marker("spec")
+        if marker is None:
             raise pytest.UsageError(f"{item.nodeid}: a conformance case must name its SPEC "
                                     f"IDs with @pytest.mark.spec [CF-2]")
-        item.user_properties.append(("spec_ids", list(item.get_closest_marker("spec").args)))
+        item.user_properties.append(("spec_ids", list(marker.args)))
         cid = case_id(item)
+        seen.add(cid)
         if cid in expected:
-            seen.add(cid)
             item.add_marker(pytest.mark.xfail(reason=expected[cid], strict=True))
-    for cid in sorted(set(expected) - seen):
+    for cid in sorted(listed - seen):
         warnings.warn(f"{path.name}: {cid!r} matches no case [CF-4]", stacklevel=1)
     _select_sections(config, items)
+    _run_first(config, items)
 
 
-def spec_section(spec_id: str) -> str:
-    """The section prefix of a SPEC ID: 'FC' for 'FC-12'."""
-    return spec_id.rsplit("-", 1)[0]
+def _spec_ids(item) -> tuple:
+    marker = item.get_closest_marker("spec")
+    return marker.args if marker is not None else ()
 
 
 def _select_sections(config, items):
@@ -106,12 +202,26 @@ def _select_sections(config, items):
         return
     keep, drop = [], []
     for item in items:
-        marker = item.get_closest_marker("spec")
-        ids = marker.args if marker is not None else ()
-        (keep if any(spec_section(i) in sections for i in ids) else drop).append(item)
+        ids = _spec_ids(item)
+        (keep if any(section_prefix(i) in sections for i in ids) else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def _run_first(config, items):
+    first = config.getoption("--first")
+    if first:
+        items.sort(key=lambda item: first not in _spec_ids(item))  # stable: order kept
+
+
+def pytest_collection_finish(session):
+    """Each case carries its section's number of selected cases, so that the runner can
+    say when a section is complete (also under xdist, where only workers collect)."""
+    items = _conformance_items(session.items)
+    totals = Counter(section_of(_spec_ids(item)) for item in items)
+    for item in items:
+        item.user_properties.append(("section_total", totals[section_of(_spec_ids(item))]))
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,202 @@
+"""The conformance scoreboard: refimpl and upstream PyTorch versions, section by section.
+
+    python benchmarks/scoreboard.py run [--upstream PYTHON]... [-o OUT]
+    python benchmarks/scoreboard.py make REPORT.json... [-o OUT]
+
+`run` runs `python -m conformance` against `refimpl` (with this Python) and against
+`torch` with each `--upstream` Python (default: this one; a virtual environment holding
+another torch version, this checkout on its PYTHONPATH), writes each JSON report to
+`build/scoreboard/`, then does what `make` does. `make` turns JSON reports (`--json` of
+`python -m conformance`) into a markdown scoreboard (default benchmarks/results/
+scoreboard.md): a table per SPEC section with, per rule, the cases naming it that
+passed on each backend, then every case whose outcome differs between two upstream
+versions with the reason each run gives (the expected-failure entry that applies to it,
+or the failure). Sections and rules are SPEC.md's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from conformance.cases.conftest import section_of, torch_release  # noqa: E402
+from conformance.spec import rule_ids, section_title  # noqa: E402
+
+REPORTS_DIR = ROOT / "build" / "scoreboard"
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "scoreboard.md"
+SHORT = {"failed": "fail", "xfailed": "xfail", "xpassed": "XPASS",
+         "not_implemented": "n/i", "skipped": "skip"}
+
+
+def run_suite(python: str, backend: str) -> Path:
+    """One conformance run; returns its JSON report (written even when cases fail)."""
+    version = subprocess.run([python, "-c", "import torch; print(torch.__version__)"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    report = REPORTS_DIR / f"{backend}-torch-{version.split('+')[0]}.json"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    print(f"== {backend} on torch {version} ({python})", flush=True)
+    proc = subprocess.run([python, "-m", "conformance", "--backend", backend, "--json",
+                           str(report)], cwd=ROOT, env=env)
+    print(f"== exit status {proc.returncode}", flush=True)
+    return report
+
+
+def label(report: dict) -> str:
+    if report["backend"] == "torch":
+        return f"torch {report['torch_version']}"
+    return f"{report['backend']} (torch {report['torch_version']})"
+
+
+def cell(cases: list[dict]) -> str:
+    """'12/12', or '10/12 (2 xfail)': passed of all, then what the others were."""
+    if not cases:
+        return "-"
+    counts = Counter(c["outcome"] for c in cases)
+    others = ", ".join(f"{n} {SHORT[o]}" for o, n in sorted(counts.items()) if o != "passed")
+    return f"{counts['passed']}/{len(cases)}" + (f" ({others})" if others else "")
+
+
+def _by_rule(report: dict) -> dict[str, list[dict]]:
+    rules: dict[str, list[dict]] = {}
+    for case in report["cases"]:
+        for spec_id in case["spec_ids"]:
+            rules.setdefault(spec_id, []).append(case)
+    return rules
+
+
+def _by_section(report: dict) -> dict[str, list[dict]]:
+    sections: dict[str, list[dict]] = {}
+    for case in report["cases"]:
+        sections.setdefault(section_of(case["spec_ids"]), []).append(case)
+    return sections
+
+
+def section_table(prefix: str, ids: list[str], reports: list[dict]) -> list[str]:
+    lines = [f"## {section_title(prefix)} ({prefix})", ""]
+    lines.append("| rule | " + " | ".join(label(r) for r in reports) + " |")
+    lines.append("|---|" + "---|" * len(reports))
+    sections = [_by_section(r) for r in reports]
+    lines.append("| all cases | " + " | ".join(cell(s.get(prefix, [])) for s in sections)
+                 + " |")
+    rules = [_by_rule(r) for r in reports]
+    for spec_id in ids:
+        lines.append(f"| {spec_id} | " + " | ".join(cell(r.get(spec_id, [])) for r in rules)
+                     + " |")
+    return lines + [""]
+
+
+def differences(old: dict, new: dict) -> list[str]:
+    """Every case whose outcome differs between two reports, with both runs' reasons."""
+    before = {c["id"]: c for c in old["cases"]}
+    after = {c["id"]: c for c in new["cases"]}
+    lines = []
+    for cid in sorted(set(before) | set(after)):
+        a, b = before.get(cid), after.get(cid)
+        if a and b and a["outcome"] == b["outcome"]:
+            continue
+        lines.append(f"- `{cid}`: {_outcome(a)} on {label(old)}, {_outcome(b)} on "
+                     f"{label(new)}.")
+        for report, case in ((old, a), (new, b)):
+            if case and case["reason"]:
+                reason = " ".join(case["reason"].split())  # one line in the table's list
+                lines.append(f"  - {label(report)}: {reason[:400]}")
+    return lines
+
+
+def _outcome(case) -> str:
+    return case["outcome"] if case else "absent"
+
+
+COMMANDS = """\
+Remade, from the repository root, by these commands (the last two lines, once the venv exists):
+
+```bash
+# torch 2.14.1 (a CUDA build that runs on the CPU) in its own venv, never the project's:
+python -m venv /work/venvs/torch214 && /work/venvs/torch214/bin/pip install \\
+    /opt/pypi-more/files/torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl \\
+    pytest pytest-xdist expecttest hypothesis numpy
+# the three runs (JSON reports in build/scoreboard/) and this file, in one command:
+/work/bin/cpu-slot --exclusive python benchmarks/scoreboard.py run \\
+    --upstream python --upstream /work/venvs/torch214/bin/python
+# or this file alone, from reports made earlier:
+python benchmarks/scoreboard.py make build/scoreboard/*.json
+```
+"""
+
+
+def make(reports: list[dict], note: str = "") -> str:
+    lines = ["# Conformance scoreboard", "", COMMANDS]
+    lines += [f"Machine: {os.cpu_count()} cores, Python {reports[0]['python']}"
+              + (f"; {note}" if note else "") + ".", ""]
+    with_cases = {section_of(c["spec_ids"]) for r in reports for c in r["cases"]}
+    without = [p for p in rule_ids() if p not in with_cases and p != "CF"]
+    lines += [f"Sections with cases in these runs: "
+              f"{', '.join(p for p in rule_ids() if p in with_cases)}"
+              + (f"; none yet in {', '.join(without)}." if without else "."), ""]
+    lines += ["A cell is the number of cases that passed, of the cases naming the rule, then "
+              "what the others were: `xfail` a listed expected failure "
+              "(conformance/expected_failures/; its reason is given below where two upstream "
+              "versions differ), `n/i` a concept the backend does not implement, `fail` / "
+              "`XPASS` unexpected results. A case naming several rules counts for each.", ""]
+    lines += _runs(reports)
+    for prefix, ids in rule_ids().items():
+        if prefix == "CF":  # the suite's own rules: checked by refimpl's tests, not cases
+            continue
+        lines += section_table(prefix, ids, reports)
+    upstream = [r for r in reports if r["backend"] == "torch"]
+    for old, new in zip(upstream, upstream[1:], strict=False):
+        lines += [f"## Differences between {label(old)} and {label(new)}", ""]
+        diff = differences(old, new)
+        lines += diff or ["None: every case has the same outcome on both."]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _runs(reports: list[dict]) -> list[str]:
+    lines = ["| run | cases | passed | xfailed | not implemented | unexpected | seconds |",
+             "|---|---|---|---|---|---|---|"]
+    for r in reports:
+        counts = Counter(c["outcome"] for c in r["cases"])
+        lines.append(f"| {label(r)} | {len(r['cases'])} | {counts['passed']} | "
+                     f"{counts['xfailed']} | {counts['not_implemented']} | "
+                     f"{counts['failed'] + counts['xpassed']} | {r['seconds']:.0f} |")
+    return lines + [""]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="benchmarks/scoreboard.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the suite on each backend, then make the table")
+    run.add_argument("--upstream", action="append", metavar="PYTHON",
+                     help="a Python whose torch is the upstream to score (repeatable)")
+    mk = sub.add_parser("make", help="make the table from JSON reports")
+    mk.add_argument("reports", nargs="+")
+    for command in (run, mk):
+        command.add_argument("-o", "--out", default=str(DEFAULT_OUT))
+        command.add_argument("--note", default="", help="the machine's load, say")
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        paths = [run_suite(sys.executable, "refimpl")]
+        paths += [run_suite(python, "torch") for python in args.upstream or [sys.executable]]
+    else:
+        paths = [Path(p) for p in args.reports]
+    reports = sorted((json.loads(Path(p).read_text()) for p in paths),
+                     key=lambda r: (r["backend"] != "refimpl", r["backend"],
+                                    torch_release(r["torch_version"])))
+    Path(args.out).write_text(make(reports, args.note) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
