@@ -6,7 +6,8 @@ c10d's sequence number), the median step time after warm-up (the slower of the t
 ranks per step), its ratio to eager and to upstream Inductor measured in the same run,
 and the first step's time (which includes compiling). For refimpl, the simulator's
 exposed communication of the compiled programs before and after reorder, once
-refimpl/simulator.py and refimpl/reorder.py exist (marked pending until then).
+refimpl/simulator.py and refimpl/reorder.py exist (marked pending until then), under
+the simulator's default CostModel() profile, summed over the compiled graphs.
 
     python benchmarks/e2e.py [--steps 20] [--warmup 3] [--dim 64] [--layers 4]
 

@@ -155,7 +155,7 @@ def collective_counts(gm: torch.fx.GraphModule) -> dict[str, int]:
         if node.op == "call_function" and isinstance(target, torch._ops.OpOverload) \
                 and target.namespace in _COMM_NAMESPACES:
             name = target._schema.name.split("::", 1)[1]
-            if name not in ("wait_tensor", "barrier"):
+            if not name.startswith("wait_tensor") and name != "barrier":  # wait_tensor(_)
                 counts[name] += 1
     return dict(sorted(counts.items()))
 

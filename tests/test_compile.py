@@ -83,7 +83,7 @@ def _parsed_counts(text: str) -> dict[str, int]:
     allocations excluded)."""
     counts: dict[str, int] = {}
     for op in _COLLECTIVE_LINE.findall(text):
-        if op not in ("wait_tensor", "barrier", "empty_strided_p2p"):
+        if not op.startswith("wait_tensor") and op not in ("barrier", "empty_strided_p2p"):
             counts[op] = counts.get(op, 0) + 1
     return dict(sorted(counts.items()))
 
