@@ -97,6 +97,44 @@ BK: list[Mutant] = []
 # --------------------------------------------------------------------------------------
 SM: list[Mutant] = []
 
+# --------------------------------------------------------------------------------------
+# 9. End to end (E2E): refimpl/compile.py
+# --------------------------------------------------------------------------------------
+E2E = [
+    Mutant("e2e_cap_from_the_default_config", "E2E-2", "refimpl/compile.py",
+           "lambda gm: _bucket_stage(gm, config.bucket_cap_mb)",
+           "lambda gm: _bucket_stage(gm, CompileConfig.bucket_cap_mb)",
+           "the bucketing stage reads the default cap instead of the config's"),
+    Mutant("e2e_reduce_scatters_not_bucketed", "E2E-2", "refimpl/compile.py",
+           "    bucket_reduce_scatter(gm, cap, recompile=False)\n", "",
+           "the reduce_scatter pass left out: backward graphs keep one collective per "
+           "gradient"),
+    Mutant("e2e_inference_graph_named_forward", "E2E-5", "refimpl/compile.py",
+           '"inference_compiler": "inference"', '"inference_compiler": "forward"',
+           "the inference compiler copied from the forward's line: inference graphs are "
+           "recorded and written as forward graphs"),
+    Mutant("e2e_lowering_config_dropped", "E2E-2", "refimpl/compile.py",
+           "lambda gm: _lower_stage(gm, config.lowering)",
+           "lambda gm: _lower_stage(gm, CommLoweringConfig())",
+           "the lowering stage runs with the default CommLoweringConfig, not the config's"),
+    Mutant("e2e_debug_text_before_its_stage", "E2E-5", "refimpl/compile.py",
+           "            gm = run(gm)\n            self._observe(record, writer, stage, gm)\n",
+           "            self._observe(record, writer, stage, gm)\n            gm = run(gm)\n",
+           "a stage's text is written before the stage ran: every file shows the stage "
+           "before"),
+    Mutant("e2e_waits_counted_as_collectives", "E2E-5", "refimpl/compile.py",
+           'if not name.startswith("wait_tensor") and name != "barrier":',
+           'if name != "barrier":',
+           "the record of a graph's collectives counts its waits too"),
+    Mutant("e2e_bool_cap_accepted", "E2E-1", "refimpl/compile.py",
+           "if isinstance(cap, bool) or not isinstance(cap, (int, float)):",
+           "if not isinstance(cap, (int, float)):",
+           "bool is an int: bucket_cap_mb=True passes as a cap of 1 MiB"),
+    Mutant("e2e_zero_cap_accepted", "E2E-1", "refimpl/compile.py",
+           "if not math.isfinite(cap) or cap <= 0:", "if not math.isfinite(cap) or cap < 0:",
+           "a cap of 0 MiB accepted: every bucket would close before its first member"),
+]
+
 
 def section_lists() -> dict[str, list[Mutant]]:
     """{prefix: that section's list above}, for every section of SPEC.md, in its order."""

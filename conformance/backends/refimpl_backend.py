@@ -26,6 +26,15 @@ def _lowering():
     return refimpl_lowering.concept()
 
 
+def _compile_backend():
+    """The compile_backend concept: refimpl.compile behind the E2E cases' options."""
+    if _optional("refimpl.compile") is None:
+        return None
+    from conformance.backends import refimpl_compile
+
+    return refimpl_compile.concept()
+
+
 def _make() -> Backend:
     import refimpl.functional_collectives as fc
 
@@ -36,6 +45,7 @@ def _make() -> Backend:
         "reorder": _optional("refimpl.reorder"),
         "memory": _optional("refimpl.memory"),
         "symmetric_memory": _optional("refimpl.symmetric_memory"),
+        "compile_backend": _compile_backend(),
     }, notes={"reorder": "not built yet", "memory": "not built yet"})
 
 

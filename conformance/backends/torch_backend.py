@@ -46,6 +46,7 @@ def _make() -> Backend:
         "reorder": _adapter("torch_reorder"),
         "memory": _adapter("torch_memory"),
         "symmetric_memory": _adapter("torch_symm_mem"),
+        "compile_backend": _adapter("torch_compile"),
     }, notes={"reorder": "adapter not written yet", "memory": "adapter not written yet",
              "symmetric_memory": "upstream implements it for CUDA only"})
 

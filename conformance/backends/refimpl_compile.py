@@ -1,0 +1,35 @@
+"""The "compile_backend" concept of the `refimpl` backend: refimpl.compile behind the
+backend-neutral options the E2E cases give (see `concept()` and conformance/README.md)."""
+
+from __future__ import annotations
+
+import types
+
+from conformance.backends import NotImplementedConcept
+
+
+def make(options: dict):
+    """A torch.compile backend for `options`: bucket_cap_mb (float or None), lowering (a
+    dict of CommLoweringConfig fields, or None), reorder (None), debug_dir (path or None).
+    A value that is not a dict is handed to CompileConfig as it is (to check refusals)."""
+    from refimpl.comm_lowering import CommLoweringConfig
+    from refimpl.compile import CompileConfig, backend
+
+    options = dict(options)
+    lowering = options.pop("lowering", {})
+    if isinstance(lowering, dict):
+        lowering = CommLoweringConfig(**lowering)
+    if options.get("reorder") is not None:
+        raise NotImplementedConcept("refimpl: compile_backend: the reorder stage waits for "
+                                    "refimpl/reorder.py (issue 12)")
+    return backend(CompileConfig(lowering=lowering, **options))
+
+
+def stage_counts(compiled) -> dict:
+    """{graph name: {stage: {op: count}}} of every graph `compiled` (from make) compiled."""
+    return {g.name: g.counts for g in compiled.graphs}
+
+
+def concept():
+    return types.SimpleNamespace(make=make, exact=True, stages=("bucketing", "lowering"),
+                                 stage_counts=stage_counts)

@@ -1,0 +1,257 @@
+"""Conformance section "end to end" (SPEC.md section 9, E2E).
+
+One training step, sharded FSDP-style (conformance/e2e_programs.py), runs on 2 gloo
+ranks eagerly and compiled with the backend's `compile_backend`. Every case checks, on
+every rank and every step:
+- values: the compiled losses and final parameter shards equal eager's, bit for bit for
+  a backend that runs the program's ATen ops as they are (`exact`), within a relative
+  1e-4 for one that fuses arithmetic (Inductor);
+- collectives: how many the forward and the backward issued on the process group
+  (counted by c10d's own sequence number), against counts derived here from the model's
+  parameter sizes and the bucket cap alone.
+Backends that keep their FX programs (refimpl) are also checked stage by stage: the
+collectives of every compiled graph after every stage, from `debug_dir`'s canonical
+texts and from the backend's own record.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+
+from conformance import harness
+from conformance.e2e_programs import Model, compare_on_rank, parameter_shapes
+
+WORLD_SIZE = 2
+MiB = 1024 * 1024
+TRANSFORMER = Model("transformer")
+# Five [16, 16] float32 weights: every all_gather output and reduce_scatter input holds
+# 16 * 16 * 4 = 1024 bytes (BK-3 counts the larger of input and output).
+MLP = Model("mlp", dim=16, layers=5)
+MEMBER_BYTES = 16 * 16 * 4
+OFF = {"bucket_cap_mb": None, "lowering": None, "reorder": None}
+
+
+def all_stages(backend) -> dict:
+    """Every stage the backend implements, each with its default config."""
+    stages = backend.require("compile_backend").stages
+    return {"bucket_cap_mb": 25.0 if "bucketing" in stages else None,
+            "lowering": {} if "lowering" in stages else None,
+            "reorder": {} if "reorder" in stages else None}
+
+
+def buckets(members: int, member_bytes: int, cap_mb: float | None) -> int:
+    """Collectives left of `members` equal ones once merged under `cap_mb` (BK-3)."""
+    if cap_mb is None:
+        return members
+    per_bucket = max(1, int(cap_mb * MiB) // member_bytes)
+    return math.ceil(members / per_bucket)
+
+
+def run(backend, model, steps, options, **kwargs) -> list[dict]:
+    backend.require("functional_collectives")
+    backend.require("compile_backend")
+    return harness.run(backend, compare_on_rank, WORLD_SIZE, model, steps, options, **kwargs)
+
+
+def check_values(backend, results) -> None:
+    """Every rank's compiled losses and final shards against its eager ones (E2E-3)."""
+    exact = backend.require("compile_backend").exact
+    for rank, result in enumerate(results):
+        eager, compiled = result["eager"], result["compiled"]
+        want = torch.tensor([s.loss for s in eager["steps"]])
+        got = torch.tensor([s.loss for s in compiled["steps"]])
+        pairs = [("losses", want, got), *[(f"shard {i}", w, g) for i, (w, g) in enumerate(
+            zip(eager["shards"], compiled["shards"], strict=True))]]
+        for what, w, g in pairs:
+            if exact:
+                assert torch.equal(w, g), f"rank {rank}: {what}: compiled {g} != eager {w}"
+            else:
+                torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6,
+                                           msg=f"rank {rank}: {what}")
+
+
+def check_issued(results, forward: int, backward: int) -> None:
+    """Collectives every compiled step issued on the process group (E2E-4)."""
+    for rank, result in enumerate(results):
+        issued = [(s.forward_collectives, s.backward_collectives)
+                  for s in result["compiled"]["steps"]]
+        assert issued == [(forward, backward)] * len(issued), \
+            f"rank {rank}: (forward, backward) collectives per step {issued}, expected " \
+            f"{(forward, backward)}"
+
+
+# --------------------------------------------------------------------------------------
+# The transformer, every stage off and every stage on
+# --------------------------------------------------------------------------------------
+@pytest.mark.spec("E2E-2", "E2E-3", "E2E-4")
+@pytest.mark.parametrize("stages", ["off", "all"])
+def test_transformer_training_matches_eager(backend, stages):
+    options = OFF if stages == "off" else all_stages(backend)
+    results = run(backend, TRANSFORMER, 5, options)
+    check_values(backend, results)
+    shapes = parameter_shapes(TRANSFORMER).values()
+    sizes = [4 * math.prod(s) for s in shapes]  # gathered bytes, even sizes: no padding
+    cap = options["bucket_cap_mb"]
+    assert cap is None or sum(sizes) <= cap * MiB  # the whole model fits one bucket
+    gathers = len(sizes) if cap is None else 1
+    # Forward: the gathers, then the logged loss's all_reduce; backward: the scatters.
+    check_issued(results, gathers + 1, gathers)
+
+
+# --------------------------------------------------------------------------------------
+# bucket_cap_mb reaches both passes of every graph (E2E-2, E2E-4)
+# --------------------------------------------------------------------------------------
+CAPS = {
+    "one_under_two": (2 * MEMBER_BYTES - 1) / MiB,  # every bucket holds one: no merge
+    "two": 2 * MEMBER_BYTES / MiB,                  # exactly two members per bucket
+    "all": 5 * MEMBER_BYTES / MiB,
+}
+
+
+@pytest.mark.spec("E2E-2", "E2E-4", "E2E-3")
+@pytest.mark.parametrize("cap", sorted(CAPS))
+def test_bucket_cap_reaches_forward_and_backward(backend, cap):
+    options = {**OFF, "bucket_cap_mb": CAPS[cap]}
+    results = run(backend, MLP, 3, options)
+    check_values(backend, results)
+    n = buckets(MLP.layers, MEMBER_BYTES, CAPS[cap])
+    check_issued(results, n + 1, n)
+
+
+@pytest.mark.spec("E2E-2", "E2E-4", "E2E-3")
+def test_bucketing_alone_is_what_runs(backend):
+    """Bucketing with lowering off: the bucketed program itself must run."""
+    options = {**OFF, "bucket_cap_mb": CAPS["two"]}
+    if "lowering" in backend.require("compile_backend").stages:
+        options["lowering"] = None
+    results = run(backend, MLP, 3, options)
+    check_values(backend, results)
+    n = buckets(MLP.layers, MEMBER_BYTES, CAPS["two"])
+    check_issued(results, n + 1, n)
+
+
+@pytest.mark.spec("E2E-2", "E2E-4", "E2E-3", "E2E-5")
+def test_inference_graph_goes_through_the_stages(backend):
+    """Under no_grad AOTAutograd hands over one inference graph: it is bucketed too."""
+    results = run(backend, MLP, 2, {**all_stages(backend), "bucket_cap_mb": CAPS["two"]},
+                  grad=False)
+    check_values(backend, results)
+    check_issued(results, buckets(MLP.layers, MEMBER_BYTES, CAPS["two"]) + 1, 0)
+    for rank, result in enumerate(results):
+        if result["stage_counts"] is not None:  # the record names it (E2E-5)
+            assert list(result["stage_counts"]) == ["graph0_inference"], f"rank {rank}"
+
+
+@pytest.mark.spec("E2E-2", "E2E-4", "E2E-3", "CL-10")
+def test_lowering_config_reaches_the_program(backend):
+    """auto_select lowers the logged loss's all_reduce (a sum of a fresh scalar) to the
+    one-shot kernel on symmetric memory: the forward issues one collective less on the
+    process group, and the values stay eager's."""
+    options = {**OFF, "bucket_cap_mb": CAPS["two"], "lowering": {"auto_select": True}}
+    results = run(backend, MLP, 3, options, symm_mem=True)
+    check_values(backend, results)
+    n = buckets(MLP.layers, MEMBER_BYTES, CAPS["two"])
+    check_issued(results, n, n)
+
+
+# --------------------------------------------------------------------------------------
+# debug_dir and the record of every stage (E2E-5)
+# --------------------------------------------------------------------------------------
+FAMILIES = {"all_gather": r"all_gather_into_tensor\w*", "reduce_scatter": r"reduce_scatter\w*",
+            "all_reduce": r"(?:one_shot_)?all_reduce_?"}
+
+
+def families_in_text(text: str) -> dict[str, int]:
+    """Collectives per family in a canonical text, by its lines alone."""
+    counts = {}
+    for family, pattern in FAMILIES.items():
+        n = len(re.findall(rf"= (?:funcol|symm_mem)\.{pattern}\(", text))
+        if n:
+            counts[family] = n
+    return counts
+
+
+def families_in_record(ops: dict[str, int]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for op, n in ops.items():
+        family = next(f for f, p in FAMILIES.items() if re.fullmatch(p, op))
+        counts[family] = counts.get(family, 0) + n
+    return counts
+
+
+@pytest.mark.spec("E2E-5", "E2E-2", "E2E-4")
+def test_debug_dir_has_every_stage_of_every_graph(backend, tmp_path):
+    options = {**all_stages(backend), "bucket_cap_mb": CAPS["two"],
+               "debug_dir": str(tmp_path)}
+    results = run(backend, MLP, 2, options)
+    check_values(backend, results)
+    n = buckets(MLP.layers, MEMBER_BYTES, CAPS["two"])
+    check_issued(results, n + 1, n)
+    want = {  # per graph and stage: collectives by family
+        "graph0_forward": {"traced": {"all_gather": 5, "all_reduce": 1},
+                           "bucketed": {"all_gather": n, "all_reduce": 1},
+                           "lowered": {"all_gather": n, "all_reduce": 1}},
+        "graph0_backward": {"traced": {"reduce_scatter": 5},
+                            "bucketed": {"reduce_scatter": n},
+                            "lowered": {"reduce_scatter": n}},
+    }
+    for rank, result in enumerate(results):
+        folder = tmp_path / f"rank{rank}"
+        assert sorted(p.name for p in folder.iterdir()) == sorted(want), f"rank {rank}"
+        for graph, stages in want.items():
+            texts = sorted(p.name for p in (folder / graph).glob("*.txt"))
+            assert texts == ["0_traced.txt", "1_bucketed.txt", "2_lowered.txt"], \
+                f"rank {rank} {graph}: {texts}"
+            for index, (stage, counts) in enumerate(stages.items()):
+                text = (folder / graph / f"{index}_{stage}.txt").read_text()
+                assert families_in_text(text) == counts, f"rank {rank} {graph} {stage}"
+                if result["stage_counts"] is not None:
+                    recorded = families_in_record(result["stage_counts"][graph][stage])
+                    assert recorded == counts, f"rank {rank} {graph} {stage}: record"
+        # In place: the lowered forward reduces the loss in its own buffer (CL-3).
+        lowered = (folder / "graph0_forward" / "2_lowered.txt").read_text()
+        assert "funcol.all_reduce_(" in lowered and "funcol.all_reduce(" not in lowered
+
+
+@pytest.mark.spec("E2E-5", "E2E-2")
+def test_stages_switched_off_write_no_text(backend, tmp_path):
+    results = run(backend, MLP, 1, {**OFF, "debug_dir": str(tmp_path)})
+    check_values(backend, results)
+    for rank in range(WORLD_SIZE):
+        for graph in ("graph0_forward", "graph0_backward"):
+            texts = sorted(p.name for p in (tmp_path / f"rank{rank}" / graph).glob("*.txt"))
+            assert texts == ["0_traced.txt"], f"rank {rank} {graph}: {texts}"
+
+
+# --------------------------------------------------------------------------------------
+# Configs (E2E-1)
+# --------------------------------------------------------------------------------------
+BAD_OPTIONS = {
+    "cap_zero": ({"bucket_cap_mb": 0}, ValueError, "bucket_cap_mb"),
+    "cap_negative": ({"bucket_cap_mb": -1.0}, ValueError, "bucket_cap_mb"),
+    "cap_infinite": ({"bucket_cap_mb": float("inf")}, ValueError, "bucket_cap_mb"),
+    "cap_nan": ({"bucket_cap_mb": float("nan")}, ValueError, "bucket_cap_mb"),
+    "cap_bool": ({"bucket_cap_mb": True}, TypeError, "bucket_cap_mb"),
+    "cap_str": ({"bucket_cap_mb": "25"}, TypeError, "bucket_cap_mb"),
+    "lowering_str": ({"lowering": "fast"}, TypeError, "lowering"),
+    "debug_dir_int": ({"debug_dir": 3}, TypeError, "debug_dir"),
+}
+
+
+@pytest.mark.spec("E2E-1")
+@pytest.mark.parametrize("bad", sorted(BAD_OPTIONS))
+def test_bad_config_is_refused(backend, bad):
+    options, error, argument = BAD_OPTIONS[bad]
+    concept = backend.require("compile_backend")
+    with pytest.raises(error, match=rf"^{argument}: .*\[E2E-1\]"):
+        concept.make(options)
+
+
+@pytest.mark.spec("E2E-1")
+def test_smallest_cap_is_accepted(backend):
+    """Any positive cap is valid, even one smaller than every collective (BK-3)."""
+    backend.require("compile_backend").make({"bucket_cap_mb": 1e-9})

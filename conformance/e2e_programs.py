@@ -1,0 +1,226 @@
+"""End-to-end programs: a training step sharded FSDP-style, trained eagerly and compiled.
+
+The models are written once against any backend's functional collectives (`fc`), so
+every backend trains the same user code with its own API:
+
+- `Model("transformer")`: a small decoder-only transformer (token embedding, pre-norm
+  attention and MLP blocks, a final norm and an untied output head) on next-token
+  prediction;
+- `Model("mlp")`: `layers` square `[dim, dim]` weights with a tanh between them, so that
+  every parameter has the same size and a bucket cap of k parameters is exact.
+
+Parameters are sharded SimpleFSDP-style: each rank stores, per parameter, its chunk of the
+parameter flattened and padded to a multiple of the world size. The forward gathers
+each parameter where it is first used (`fc.all_gather_tensor`, then a view of the real
+elements); autograd's gradient of that all_gather is a `reduce_scatter(sum)`, which
+hands every rank the gradient of its own shard summed over the ranks. Each rank
+backpropagates its local mean loss divided by the world size, so the shard gradients
+are those of the global mean loss. The step also returns that global mean loss for
+logging, all_reduced (sum) inside the step.
+
+`train(fc, model, steps, compile_backend)` trains on this rank and reports, per step,
+the logged loss and how many collectives the forward and the backward issued on the
+group's ProcessGroup (its sequence number, counted by c10d itself: independent of any
+graph the backend produced), and the final shards. Shared by tests/test_compile*.py,
+conformance/cases/test_e2e.py, examples/fsdp_train.py and benchmarks/e2e.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+LEARNING_RATE = 0.2
+MOMENTUM = 0.9
+
+
+@dataclass(frozen=True)
+class Model:
+    """A model and its batch, per rank (small enough for a 2-core machine)."""
+
+    kind: str = "transformer"  # "transformer" or "mlp"
+    dim: int = 32
+    layers: int = 2
+    heads: int = 4
+    vocab: int = 64
+    seq: int = 16
+    batch: int = 4
+
+
+# --------------------------------------------------------------------------------------
+# Parameters: names and shapes in the order the forward first uses them
+# --------------------------------------------------------------------------------------
+def parameter_shapes(model: Model) -> dict[str, tuple[int, ...]]:
+    d = model.dim
+    if model.kind == "mlp":
+        return {f"w{i}": (d, d) for i in range(model.layers)}
+    shapes = {"embed": (model.vocab, d)}
+    for i in range(model.layers):
+        shapes |= {f"h{i}.norm1": (d,), f"h{i}.qkv": (3 * d, d), f"h{i}.proj": (d, d),
+                   f"h{i}.norm2": (d,), f"h{i}.up": (4 * d, d), f"h{i}.down": (d, 4 * d)}
+    return shapes | {"norm": (d,), "head": (model.vocab, d)}
+
+
+def initial_parameters(model: Model) -> dict[str, torch.Tensor]:
+    """The full parameters, the same on every rank (seeded)."""
+    gen = torch.Generator().manual_seed(1234)
+    params = {}
+    for name, shape in parameter_shapes(model).items():
+        if len(shape) == 1:
+            params[name] = torch.ones(shape)  # norm weights
+        else:
+            params[name] = torch.randn(shape, generator=gen) / math.sqrt(shape[1])
+    return params
+
+
+def batch(model: Model, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's (inputs, targets) of one step (seeded by rank and step)."""
+    gen = torch.Generator().manual_seed(100_003 * step + rank)
+    if model.kind == "mlp":
+        x = torch.randn(model.batch, model.dim, generator=gen)
+        return x, torch.randn(model.batch, model.dim, generator=gen)
+    tokens = torch.randint(0, model.vocab, (model.batch, model.seq + 1), generator=gen)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+# --------------------------------------------------------------------------------------
+# The models, given `param(name)` -> the full parameter
+# --------------------------------------------------------------------------------------
+def transformer_loss(model: Model, param, tokens, targets):
+    d, h = model.dim, model.heads
+    b, t = tokens.shape
+    x = F.embedding(tokens, param("embed"))
+    for i in range(model.layers):
+        y = F.layer_norm(x, (d,), param(f"h{i}.norm1"))
+        q, k, v = F.linear(y, param(f"h{i}.qkv")).split(d, dim=-1)
+        q, k, v = (z.view(b, t, h, d // h).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + F.linear(y.transpose(1, 2).reshape(b, t, d), param(f"h{i}.proj"))
+        y = F.layer_norm(x, (d,), param(f"h{i}.norm2"))
+        x = x + F.linear(F.gelu(F.linear(y, param(f"h{i}.up"))), param(f"h{i}.down"))
+    logits = F.linear(F.layer_norm(x, (d,), param("norm")), param("head"))
+    return F.cross_entropy(logits.reshape(-1, model.vocab), targets.reshape(-1))
+
+
+def mlp_loss(model: Model, param, x, y):
+    for i in range(model.layers):
+        x = torch.tanh(F.linear(x, param(f"w{i}")))
+    return F.mse_loss(x, y)
+
+
+LOSSES = {"transformer": transformer_loss, "mlp": mlp_loss}
+
+
+# --------------------------------------------------------------------------------------
+# SimpleFSDP-style sharding
+# --------------------------------------------------------------------------------------
+def shard_of(full: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """This rank's chunk of `full`, flattened and zero-padded to a multiple of the world."""
+    flat = full.reshape(-1)
+    flat = F.pad(flat, (0, -flat.numel() % world_size))
+    return flat.chunk(world_size)[rank].clone()
+
+
+def gathered(fc, shard: torch.Tensor, shape, group) -> torch.Tensor:
+    """The full parameter from every rank's shard: all_gather, then the real elements."""
+    return fc.all_gather_tensor(shard, 0, group)[:math.prod(shape)].view(shape)
+
+
+def sharded_step(fc, model: Model, group, world_size: int, shards, inputs, targets):
+    """(loss to backpropagate, global mean loss for logging) of one step on this rank."""
+    names = list(parameter_shapes(model).items())
+    index = {name: i for i, (name, _) in enumerate(names)}
+    param = lambda name: gathered(fc, shards[index[name]], names[index[name]][1], group)
+    loss = LOSSES[model.kind](model, param, inputs, targets)
+    logged = fc.all_reduce(loss.detach() / world_size, "sum", group)
+    return loss / world_size, logged
+
+
+# --------------------------------------------------------------------------------------
+# Training on this rank
+# --------------------------------------------------------------------------------------
+def _issued(pg) -> int:
+    """Collectives this rank has issued on `pg` so far (c10d's own sequence number)."""
+    return pg._get_sequence_number_for_group()
+
+
+def _plain(t):
+    return t.wait() if hasattr(t, "wait") and type(t) is not torch.Tensor else t
+
+
+@dataclass
+class StepRecord:
+    loss: float
+    forward_collectives: int
+    backward_collectives: int
+    seconds: float
+
+
+def train(fc, model: Model, steps: int, compile_backend=None, *, group=None,
+          grad: bool = True, on_step=None) -> dict:
+    """Train `steps` steps on this rank, eagerly or compiled with `compile_backend`.
+
+    Returns {"steps": [StepRecord], "shards": [final shard per parameter]}. With
+    `grad=False` the step runs under no_grad (an inference graph) and nothing is updated.
+    `on_step(step, record)` is called after every step (progress lines).
+    """
+    group = dist.group.WORLD if group is None else group
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    shards = [torch.nn.Parameter(shard_of(p, rank, world_size))
+              for p in initial_parameters(model).values()]
+    optimizer = torch.optim.SGD(shards, lr=LEARNING_RATE, momentum=MOMENTUM)
+    step_fn = functools.partial(sharded_step, fc, model, group, world_size)
+    if compile_backend is not None:
+        torch._dynamo.reset()
+        step_fn = torch.compile(step_fn, backend=compile_backend, fullgraph=True,
+                                dynamic=False)
+    records = []
+    for step in range(steps):
+        inputs, targets = batch(model, dist.get_rank(), step)
+        start = time.perf_counter()
+        before = _issued(group)
+        with torch.set_grad_enabled(grad):
+            scaled, logged = step_fn(shards, inputs, targets)
+        forward = _issued(group) - before
+        if grad:
+            scaled.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        loss = float(_plain(logged))
+        record = StepRecord(loss, forward, _issued(group) - before - forward,
+                            time.perf_counter() - start)
+        records.append(record)
+        if on_step is not None:
+            on_step(step, record)
+    return {"steps": records, "shards": [s.detach().clone() for s in shards]}
+
+
+# --------------------------------------------------------------------------------------
+# The conformance case on one rank
+# --------------------------------------------------------------------------------------
+def compare_on_rank(spec: str, model: Model, steps: int, options: dict, *,
+                    grad: bool = True, symm_mem: bool = False) -> dict:
+    """Train eagerly, then compiled with the backend's `compile_backend.make(options)`.
+
+    Returns both runs' per-step records and final shards, and, for backends that keep
+    them, the collectives of every compiled graph after every stage.
+    """
+    from conformance.backends import get_backend
+
+    backend = get_backend(spec)
+    fc = backend.require("functional_collectives")
+    concept = backend.require("compile_backend")
+    if symm_mem:
+        sm = backend.require("symmetric_memory")
+        sm.enable_symm_mem_for_group(dist.group.WORLD.group_name)
+    compiled_backend = concept.make(options)
+    eager = train(fc, model, steps, grad=grad)
+    compiled = train(fc, model, steps, compiled_backend, grad=grad)
+    counts = concept.stage_counts(compiled_backend) if concept.stage_counts else None
+    return {"eager": eager, "compiled": compiled, "stage_counts": counts}

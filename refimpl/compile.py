@@ -1,0 +1,295 @@
+"""From model to program: a `torch.compile` backend that runs refimpl's stages end to end.
+
+`torch.compile(step, backend=backend(CompileConfig(...)))` hands every graph that Dynamo
+captures to AOTAutograd, which traces it into a forward and a backward graph of ATen ops
+and functional collectives (an inference graph when nothing needs a gradient). Each of
+those graphs then goes through the stages in a fixed order, each stage a pass of its own
+module with its own config: bucketing (all_gathers, then reduce_scatters, every bucket
+capped at `bucket_cap_mb`), comm lowering (`lowering`) and reorder (`reorder`). A stage
+whose config is `None` is skipped. What runs is the last stage's FX program, eagerly, on
+the real process group: nothing else compiles it (E2E-1..E2E-4).
+
+`debug_dir` keeps, per rank and per compiled graph, the canonical text after every stage
+that ran, and the memory plan and simulated timeline of the final program once
+refimpl/memory.py and refimpl/simulator.py exist, so that a reader can diff one stage
+against the next (E2E-5). Logging goes to `refimpl.compile` only (E2E-6).
+
+Under `CI=1` (torch 2.13) AOTAutograd runs each program's first call under a check that
+no custom op claiming to be functional returns an alias of its input. The program holds
+refimpl_c10d's functional ops (fresh results; `wait_tensor` copies, FC-5), the in-place
+kernels lowering chose (`all_reduce_`, `all_gather_into_tensor_out`: their schemas
+declare the alias, which the check accepts) and one-shot kernels (fresh results), so it
+passes the check in its strict form; every test runs under it.
+
+The reorder stage waits for refimpl/reorder.py (issue 12): today `reorder` must be None,
+and `_reorder_stage` is the one place that will call `refimpl.reorder.reorder`.
+
+Implements SPEC.md section "End to end": E2E-1 .. E2E-6.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.fx
+
+from refimpl.bucketing import bucket_all_gather, bucket_reduce_scatter
+from refimpl.comm_lowering import CommLoweringConfig, lower
+
+__all__ = ["CompileConfig", "CompiledGraph", "RefimplBackend", "backend", "collective_counts",
+           "STAGES"]
+
+logger = logging.getLogger("refimpl.compile")
+
+# The stages in the order they run; the number in a debug file's name is the index here.
+STAGES = ("traced", "bucketed", "lowered", "reordered")
+# Op namespaces whose ops communicate (functional collectives of refimpl and upstream,
+# and the blocking symmetric-memory kernels lowering may choose).
+_COMM_NAMESPACES = ("refimpl_c10d", "_c10d_functional", "refimpl_symm_mem", "symm_mem")
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    """What the backend runs on every graph (E2E-1).
+
+    bucket_cap_mb: the cap in MiB of every bucket of both bucketing passes (all_gather
+        and reduce_scatter, BK-3); None: no bucketing.
+    lowering: the CommLoweringConfig of the comm-lowering stage; None: no lowering (the
+        traced, or bucketed, functional program runs as it is).
+    reorder: the ReorderConfig of the reorder stage; None: no reorder. refimpl/reorder.py
+        does not exist yet (issue 12), so None is the default and the only accepted
+        value today; the default becomes ReorderConfig() when the pass lands.
+    debug_dir: a folder for the canonical text of every stage, the memory plan and the
+        simulated timeline of every compiled graph (E2E-5); None: nothing is written.
+    """
+
+    bucket_cap_mb: float | None = 25.0
+    lowering: CommLoweringConfig | None = CommLoweringConfig()
+    reorder: object | None = None
+    debug_dir: str | os.PathLike | None = None
+
+    def __post_init__(self):
+        _check_cap(self.bucket_cap_mb)
+        if self.lowering is not None and not isinstance(self.lowering, CommLoweringConfig):
+            raise TypeError(f"lowering: expected a CommLoweringConfig or None, got "
+                            f"{type(self.lowering).__name__} [E2E-1]")
+        if self.reorder is not None:
+            raise ValueError(f"reorder: expected None, got {self.reorder!r}: "
+                             f"refimpl/reorder.py is not built yet (issue 12), so the "
+                             f"reorder stage cannot run [E2E-1]")
+        if self.debug_dir is not None and not isinstance(self.debug_dir, (str, os.PathLike)):
+            raise TypeError(f"debug_dir: expected a path or None, got "
+                            f"{type(self.debug_dir).__name__} [E2E-1]")
+
+
+def _check_cap(cap) -> None:
+    """A bucket cap is None or a positive, finite number of MiB (E2E-1)."""
+    if cap is None:
+        return
+    if isinstance(cap, bool) or not isinstance(cap, (int, float)):
+        raise TypeError(f"bucket_cap_mb: expected a number of MiB or None, got "
+                        f"{type(cap).__name__} [E2E-1]")
+    if not math.isfinite(cap) or cap <= 0:
+        raise ValueError(f"bucket_cap_mb: expected a positive, finite number of MiB, got "
+                         f"{cap!r} [E2E-1]")
+
+
+# --------------------------------------------------------------------------------------
+# The stages (E2E-2). Each takes a GraphModule with fake values and returns the next one.
+# --------------------------------------------------------------------------------------
+def _bucket_stage(gm: torch.fx.GraphModule, cap_mb: float) -> torch.fx.GraphModule:
+    """Both bucketing passes, in place: all_gathers first, then reduce_scatters (BK).
+
+    The code is regenerated once, after both passes: AOTAutograd's lazy GraphModules
+    would do it at their first call, a make_fx graph would keep running its old code.
+    """
+    cap = lambda bucket_index: cap_mb
+    bucket_all_gather(gm, cap, recompile=False)
+    bucket_reduce_scatter(gm, cap, recompile=False)
+    gm.recompile()
+    return gm
+
+
+def _lower_stage(gm: torch.fx.GraphModule, config: CommLoweringConfig) -> torch.fx.GraphModule:
+    return lower(gm, config)
+
+
+# ---- INTEGRATION POINT: the reorder stage (issue 12) ----------------------------------
+# refimpl/reorder.py does not exist yet. When it lands: type CompileConfig.reorder as a
+# ReorderConfig with default ReorderConfig(), accept it in __post_init__, and make this
+# function `return refimpl.reorder.reorder(gm, config)`. CompileConfig refuses any
+# reorder config today, so this is never reached.
+def _reorder_stage(gm: torch.fx.GraphModule, config) -> torch.fx.GraphModule:
+    raise NotImplementedError("reorder: refimpl/reorder.py is not built yet (issue 12) "
+                              "[E2E-2]")
+
+
+def _stages(config: CompileConfig) -> list[tuple[str, object]]:
+    """(stage, function of gm) for every stage the config switches on, in order."""
+    stages = []
+    if config.bucket_cap_mb is not None:
+        stages.append(("bucketed", lambda gm: _bucket_stage(gm, config.bucket_cap_mb)))
+    if config.lowering is not None:
+        stages.append(("lowered", lambda gm: _lower_stage(gm, config.lowering)))
+    if config.reorder is not None:
+        stages.append(("reordered", lambda gm: _reorder_stage(gm, config.reorder)))
+    return stages
+
+
+# --------------------------------------------------------------------------------------
+# What a compiled graph looks like at each stage
+# --------------------------------------------------------------------------------------
+def collective_counts(gm: torch.fx.GraphModule) -> dict[str, int]:
+    """How many of each communicating op `gm` issues per run, by op name (no waits)."""
+    counts: Counter = Counter()
+    for node in gm.graph.nodes:
+        target = node.target
+        if node.op == "call_function" and isinstance(target, torch._ops.OpOverload) \
+                and target.namespace in _COMM_NAMESPACES:
+            name = target._schema.name.split("::", 1)[1]
+            if not name.startswith("wait_tensor") and name != "barrier":  # wait_tensor(_)
+                counts[name] += 1
+    return dict(sorted(counts.items()))
+
+
+@dataclass
+class CompiledGraph:
+    """One graph AOTAutograd handed to the backend: its name, its collectives after every
+    stage that ran, and the program that runs."""
+
+    name: str  # "graph0_forward", "graph0_backward", "graph1_inference", ...
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)  # stage -> op -> count
+    program: torch.fx.GraphModule | None = None
+    seconds: float = 0.0
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+class _DebugWriter:
+    """The files of one compiled graph under debug_dir/rank<r>/<graph name>/ (E2E-5)."""
+
+    def __init__(self, debug_dir, name: str):
+        self.folder = Path(debug_dir) / f"rank{_rank()}" / name
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def stage(self, stage: str, gm: torch.fx.GraphModule) -> None:
+        from conformance.canonical import canonical_graph
+
+        path = self.folder / f"{STAGES.index(stage)}_{stage}.txt"
+        path.write_text(canonical_graph(gm) + "\n")
+
+    def program(self, gm: torch.fx.GraphModule) -> None:
+        """The memory plan and the simulated timeline of the program that runs."""
+        if _built("refimpl.memory"):
+            from refimpl.memory import plan_memory
+
+            plan = plan_memory(gm)
+            record = {"peak_bytes": plan.peak_bytes, "peak_node": str(plan.peak_node),
+                      "live_bytes": list(plan.live_bytes),
+                      "events": [str(e) for e in plan.events]}
+            (self.folder / "memory_plan.json").write_text(json.dumps(record, indent=1))
+        if _built("refimpl.simulator"):
+            from refimpl.simulator import CostModel, simulate
+
+            timeline = simulate(gm, CostModel())
+            timeline.to_chrome_trace(str(self.folder / "timeline.json"))
+            timeline.to_svg(str(self.folder / "timeline.svg"))
+
+
+def _built(module: str) -> bool:
+    """Whether a refimpl module exists in this checkout (memory and simulator may not yet)."""
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def _describe(counts: dict[str, dict[str, int]]) -> str:
+    def one(c):
+        return ", ".join(f"{n} {op}" for op, n in c.items()) or "no collectives"
+
+    return "; ".join(f"{stage}: {one(c)}" for stage, c in counts.items())
+
+
+# --------------------------------------------------------------------------------------
+# The backend
+# --------------------------------------------------------------------------------------
+# AOTAutograd's compiler arguments and the names their graphs get.
+_AOT_COMPILERS = {"fw_compiler": "forward", "bw_compiler": "backward",
+                  "inference_compiler": "inference"}
+
+
+class RefimplBackend:
+    """A torch.compile backend: AOTAutograd, then refimpl's stages on every graph (E2E-2).
+
+    `graphs` lists every graph compiled so far (forward, backward, inference), in the
+    order AOTAutograd handed them over (a backward graph is compiled at its first use).
+    """
+
+    def __init__(self, config: CompileConfig):
+        if not isinstance(config, CompileConfig):
+            raise TypeError(f"config: expected a CompileConfig, got {type(config).__name__} "
+                            f"[E2E-1]")
+        self.config = config
+        self.graphs: list[CompiledGraph] = []
+        self._dynamo_graphs = 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs):
+        from torch._dynamo.backends.common import aot_autograd
+
+        index = self._dynamo_graphs
+        self._dynamo_graphs += 1
+        compilers = {arg: self._compiler(f"graph{index}_{kind}")
+                     for arg, kind in _AOT_COMPILERS.items()}
+        return aot_autograd(**compilers)(gm, example_inputs)
+
+    def _compiler(self, name: str):
+        from torch._functorch.aot_autograd import make_boxed_func
+
+        def compile_graph(gm: torch.fx.GraphModule, example_inputs):
+            return make_boxed_func(self.run_stages(gm, name))
+
+        return compile_graph
+
+    def run_stages(self, gm: torch.fx.GraphModule, name: str) -> torch.fx.GraphModule:
+        """The program that runs for `gm`: every stage of the config, in order (E2E-2)."""
+        start = time.perf_counter()
+        record = CompiledGraph(name)
+        writer = (_DebugWriter(self.config.debug_dir, name)
+                  if self.config.debug_dir is not None else None)
+        self._observe(record, writer, "traced", gm)
+        for stage, run in _stages(self.config):
+            gm = run(gm)
+            self._observe(record, writer, stage, gm)
+        if writer is not None:
+            writer.program(gm)
+        record.program, record.seconds = gm, time.perf_counter() - start
+        self.graphs.append(record)
+        logger.info("%s: %s (%.2f s)", name, _describe(record.counts), record.seconds)
+        return gm
+
+    @staticmethod
+    def _observe(record: CompiledGraph, writer, stage: str, gm: torch.fx.GraphModule):
+        record.counts[stage] = collective_counts(gm)
+        if writer is not None:
+            writer.stage(stage, gm)
+        if logger.isEnabledFor(logging.DEBUG):
+            from conformance.canonical import canonical_graph
+
+            logger.debug("%s after %s:\n%s", record.name, stage, canonical_graph(gm))
+
+
+def backend(config: CompileConfig = CompileConfig()) -> RefimplBackend:
+    """A torch.compile backend running refimpl's stages with `config` (E2E-1)."""
+    return RefimplBackend(config)
