@@ -21,8 +21,8 @@ __all__ = ["SPEC_PATH", "sections", "rule_ids", "section_prefix", "section_title
 
 # SPEC.md sits at the repository root; an installed package without it knows no titles.
 SPEC_PATH = Path(__file__).resolve().parent.parent / "SPEC.md"
-_SECTION = re.compile(r"^## (\d+\. .+?) \(([A-Z]+)\)\s*$", re.MULTILINE)
-_RULE = re.compile(r"^- \*\*([A-Z]+-\d+)\*\*", re.MULTILINE)
+_SECTION = re.compile(r"^## (\d+\. .+?) \(([A-Z][A-Z0-9]*)\)\s*$", re.MULTILINE)
+_RULE = re.compile(r"^- \*\*([A-Z][A-Z0-9]*-\d+)\*\*", re.MULTILINE)
 
 
 @cache

@@ -62,6 +62,16 @@ def test_mutants_are_named_once_and_break_a_rule_of_their_own_section():
             assert m.section == prefix, f"mutant {m.name} ({m.rule}) is in the {prefix} list"
 
 
+def test_every_list_of_mutants_is_gathered():
+    """A list named for a section SPEC.md's headings do not parse would be left out."""
+    import mutants
+
+    lists = {name for name, value in vars(mutants).items()
+             if isinstance(value, list) and value and all(isinstance(m, Mutant) for m in value)
+             and name != "MUTANTS"}
+    assert lists <= set(section_lists()), sorted(lists - set(section_lists()))
+
+
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
 def test_the_mutant_still_applies(mutant):
     """Fast: `old` still occurs exactly once in this checkout (code moves on)."""
