@@ -38,11 +38,14 @@ __all__ = [
     "set_group_info", "enable_symm_mem_for_group", "is_symm_mem_enabled_for_group",
     "empty_strided_p2p", "empty", "rendezvous", "get_symmetric_memory", "is_symm_mem_tensor",
     "set_default_timeout", "leaked_segments", "ops", "LIBRARY", "SIGNAL_PAD_SIZE",
-    "SEGMENT_PREFIX", "SUPPORTED_DTYPES", "REDUCE_OPS", "DEVICE",
+    "SEGMENT_PREFIX", "SUPPORTED_DTYPES", "REDUCE_OPS", "DEVICE", "device_for_rank",
+    "SymmetricAllocation", "CpuAllocator", "CpuSymmetricMemory", "OP_CHANNEL",
 ]
 
 LIBRARY = "refimpl_symm_mem"
-DEVICE = "cpu"  # the device this module's backend allocates on (for conformance cases)
+# The device type the conformance cases allocate on (REFIMPL_SYMM_MEM_DEVICE=cuda runs them
+# on a registered CUDA allocator); see `device_for_rank`.
+DEVICE = os.environ.get("REFIMPL_SYMM_MEM_DEVICE", "cpu")
 SIGNAL_PAD_SIZE = 4096  # bytes per rank: uint32 slots, one per (channel, peer)
 SEGMENT_PREFIX = "refimpl-symm-"
 SHM_DIR = os.environ.get("REFIMPL_SHM_DIR", "/dev/shm")
@@ -57,6 +60,13 @@ def set_default_timeout(timeout_ms: int) -> int:
         raise ValueError(f"timeout_ms: must be a positive int, got {timeout_ms!r} [SM-11]")
     previous, _default_timeout_ms = _default_timeout_ms, timeout_ms
     return previous
+
+
+def device_for_rank(rank: int) -> torch.device:
+    """The device a rank allocates on: `DEVICE`, one GPU per rank round robin for cuda."""
+    if DEVICE == "cuda":
+        return torch.device("cuda", rank % torch.cuda.device_count())
+    return torch.device(DEVICE)
 
 
 def _timeout_ms(timeout_ms) -> int:
@@ -87,7 +97,9 @@ _lib.rsm_one_shot_all_reduce.argtypes = [_ptr, _ptr, _i32, _i32, _i32, _i64, _i6
                                          _ptr, _i64, _peer_p]
 _lib.rsm_two_shot_all_reduce.argtypes = [_ptr, _ptr, _i32, _i32, _i32, _i64, _i64, _i32, _i32,
                                          _i64, _peer_p]
-_OK, _PUT_TIMEOUT, _WAIT_TIMEOUT, _BAD_ARGUMENT = 0, 1, 2, 3
+# Statuses of a backend's primitives (the C kernels return the same numbers).
+STATUS_OK, STATUS_PUT_TIMEOUT, STATUS_WAIT_TIMEOUT, STATUS_BAD_ARGUMENT = 0, 1, 2, 3
+OP_CHANNEL = 0  # the signal-pad channel the all-reduce kernels synchronise on (SM-17)
 
 # dtype and reduction codes shared with kernels/cpu/symm_mem.c
 SUPPORTED_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int32: 3,
@@ -102,12 +114,47 @@ _allocators: dict[str, object] = {}
 
 
 def register_allocator(device_type: str, allocator) -> None:
-    """Make `allocator` serve symmetric allocations on devices of `device_type`.
+    """Make `allocator` serve symmetric memory on devices of type `device_type` (SM-1).
 
-    An allocator provides `empty_strided_p2p(size, stride, dtype, group_name, alloc_id)`
-    returning a tensor, `allocation_of(tensor)` returning its allocation record or None,
-    and `rendezvous(allocation, group_name, timeout_ms)` returning a `SymmetricMemory`;
-    see `CpuAllocator`.
+    The module's functions and the `refimpl_symm_mem` ops find the allocator by the
+    device type of the tensor they are given and touch nothing of it but this protocol
+    (see `CpuAllocator` for the CPU one):
+
+    Allocator
+      - `empty_strided_p2p(size, stride, dtype, device, group_name, alloc_id) -> Tensor`:
+        a tensor of exactly that layout on `device` whose storage is a new symmetric
+        allocation, or, with an `alloc_id`, the persistent one of SM-4 (raising as SM-4
+        says). Arguments arrive checked (SM-3); it MUST NOT communicate.
+      - `allocation_of(tensor) -> SymmetricAllocation | None`: the record of the
+        allocation whose storage holds `tensor` (any view of it), else None. The ops
+        call it on every call: it must be a lookup (no system call, no allocation).
+      - `rendezvous(allocation, group_name, timeout_ms) -> SymmetricMemory`: the
+        collective of SM-5 and SM-12 over `group_info(group_name)` (rank, world size,
+        store), every wait bounded by `timeout_ms` (SM-11). The module caches the
+        handle in `allocation.handle` and never calls it twice for one allocation.
+
+    SymmetricAllocation (the record; the allocator may subclass it)
+      `nbytes`, `group_name` (or None), `alloc_id` (or None), `base` (the address of
+      the buffer in this process: an input's byte offset is `data_ptr() - base`) and
+      `handle` (None until rendezvous).
+
+    SymmetricMemory (the handle; the allocator subclasses it)
+      The base class holds the attributes of SM-7 and every argument check of
+      SM-8..SM-11 and SM-14..SM-17; a subclass implements the device's primitives,
+      each returning a status (`STATUS_OK`, `STATUS_PUT_TIMEOUT`, `STATUS_WAIT_TIMEOUT`)
+      and the group rank it was waiting for when it timed out:
+      - `_tensor_at(rank, byte_offset, numel, dtype) -> Tensor`: a 1-D tensor over
+        rank `rank`'s memory, `byte_offset` bytes from the start of its buffer (the
+        signal pad starts at `pad_offset`); bounds are already checked.
+      - `_put_signal(dst_rank, channel, timeout_ms)`, `_wait_signal(src_rank, channel,
+        timeout_ms)`, `_barrier(channel, timeout_ms)`: SM-9 and SM-10 on the signal pads.
+      - `_one_shot(offset, numel, codes, out, timeout_ms)`: SM-15 from the inputs at
+        byte `offset` of every rank's buffer into the contiguous tensor `out`;
+        `_two_shot(offset, numel, codes, timeout_ms)`: SM-16 in place. `codes` is
+        `(reduce op code, dtype code)` of `REDUCE_OPS` and `SUPPORTED_DTYPES`, shared
+        with every backend's kernels. Both synchronise on channel `OP_CHANNEL`.
+    Registering an allocator also makes the ops run on its device type: they are
+    registered for the CPU and CUDA dispatch keys and choose the allocator at run time.
     """
     _allocators[str(device_type)] = allocator
 
@@ -198,28 +245,26 @@ def _check_index(name: str, value, limit: int, rule: str) -> int:
 
 
 class SymmetricMemory:
-    """One rank's view of a rendezvoused symmetric allocation of a group."""
+    """One rank's view of a rendezvoused symmetric allocation of a group.
+
+    Device-neutral: every argument check and error lives here; a backend's subclass
+    implements the primitives listed in `register_allocator`.
+    """
 
     def __init__(self, group_name: str, rank: int, world_size: int, buffer_size: int,
-                 maps: list[mmap.mmap], pad_offset: int):
+                 buffer_ptrs: list[int], pad_offset: int):
         self.group_name = group_name
         self.rank = rank
         self.world_size = world_size
         self.buffer_size = buffer_size
         self.signal_pad_size = SIGNAL_PAD_SIZE
-        self._maps = maps  # keeps every rank's segment mapped while the handle lives
-        self._pad_offset = pad_offset
-        bases = [_address_of(m) for m in maps]
-        self.buffer_ptrs = bases
-        self.signal_pad_ptrs = [b + pad_offset for b in bases]
-        self._buffer_array = (ctypes.c_void_p * world_size)(*self.buffer_ptrs)
-        self._pad_array = (ctypes.c_void_p * world_size)(*self.signal_pad_ptrs)
+        self.pad_offset = pad_offset  # bytes from a buffer's start to its signal pad
+        self.buffer_ptrs = list(buffer_ptrs)
+        self.signal_pad_ptrs = [b + pad_offset for b in buffer_ptrs]
         self.channels = SIGNAL_PAD_SIZE // (4 * world_size)
-        self._peer = ctypes.c_int32(-1)  # where a kernel reports the peer it timed out on
-        self._peer_ref = ctypes.pointer(self._peer)
 
     def __repr__(self):
-        return (f"SymmetricMemory(group={self.group_name!r}, rank={self.rank}, "
+        return (f"{type(self).__name__}(group={self.group_name!r}, rank={self.rank}, "
                 f"world_size={self.world_size}, buffer_size={self.buffer_size})")
 
     # ---- tensors on any rank's memory (SM-8)
@@ -232,15 +277,14 @@ class SymmetricMemory:
             raise ValueError(f"storage_offset: must be a non-negative int, got "
                              f"{storage_offset!r} [SM-8]")
         element = torch.empty((), dtype=dtype).element_size()
-        begin = base + storage_offset * element
-        end = begin + math.prod(sizes) * element
-        if end > base + limit:
+        numel = math.prod(sizes)
+        end = (storage_offset + numel) * element
+        if end > limit:
             raise ValueError(
                 f"sizes/storage_offset: {what} of rank {rank} holds {limit} bytes; "
-                f"{sizes} of {dtype} at offset {storage_offset} needs {end - base} [SM-8]")
-        view = memoryview(self._maps[rank])[begin:max(end, begin + element)]
-        flat = torch.frombuffer(view, dtype=torch.uint8).view(dtype)
-        return flat[: math.prod(sizes)].view(sizes)
+                f"{sizes} of {dtype} at offset {storage_offset} needs {end} [SM-8]")
+        flat = self._tensor_at(rank, base + storage_offset * element, numel, dtype)
+        return flat.view(sizes)
 
     def get_buffer(self, rank: int, sizes: Sequence[int], dtype: torch.dtype,
                    storage_offset: int = 0) -> torch.Tensor:
@@ -254,7 +298,7 @@ class SymmetricMemory:
         if sizes is None or len(sizes) == 0:
             element = torch.empty((), dtype=dtype).element_size()
             sizes = (self.signal_pad_size // element - storage_offset,)
-        return self._view(rank, sizes, dtype, storage_offset, self._pad_offset,
+        return self._view(rank, sizes, dtype, storage_offset, self.pad_offset,
                           self.signal_pad_size, "the signal pad")
 
     # ---- synchronisation (SM-9 .. SM-11)
@@ -265,37 +309,100 @@ class SymmetricMemory:
         """Signal `dst_rank` on `channel`; waits while its previous signal is unconsumed."""
         _check_index("dst_rank", dst_rank, self.world_size, "SM-9")
         channel, timeout = self._channel(channel), _timeout_ms(timeout_ms)
-        status = _lib.rsm_put_signal(self.signal_pad_ptrs[dst_rank], self.rank,
-                                     self.world_size, channel, timeout * 1_000_000)
+        status = self._put_signal(dst_rank, channel, timeout)
         self._check(status, dst_rank, "put_signal", channel, timeout)
 
     def wait_signal(self, src_rank: int, channel: int = 0, timeout_ms: int = 0) -> None:
         """Wait for (and consume) a signal from `src_rank` on `channel`."""
         _check_index("src_rank", src_rank, self.world_size, "SM-9")
         channel, timeout = self._channel(channel), _timeout_ms(timeout_ms)
-        status = _lib.rsm_wait_signal(self.signal_pad_ptrs[self.rank], src_rank,
-                                      self.world_size, channel, timeout * 1_000_000)
+        status = self._wait_signal(src_rank, channel, timeout)
         self._check(status, src_rank, "wait_signal", channel, timeout)
 
     def barrier(self, channel: int = 0, timeout_ms: int = 0) -> None:
         """Return once every rank of the group reached this barrier on `channel`."""
         channel, timeout = self._channel(channel), _timeout_ms(timeout_ms)
-        status = _lib.rsm_barrier(self._pad_array, self.rank, self.world_size, channel,
-                                  timeout * 1_000_000, self._peer_ref)
-        self._check(status, self._peer.value, "barrier", channel, timeout)
+        status, peer = self._barrier(channel, timeout)
+        self._check(status, peer, "barrier", channel, timeout)
 
     def _check(self, status: int, peer: int, what: str, channel: int, timeout_ms: int):
-        if status == _OK:
+        if status == STATUS_OK:
             return
-        if status == _PUT_TIMEOUT:
+        if status == STATUS_PUT_TIMEOUT:
             did = "did not consume this rank's previous signal"
-        elif status == _WAIT_TIMEOUT:
+        elif status == STATUS_WAIT_TIMEOUT:
             did = "did not signal"
         else:
             raise RuntimeError(f"{what}: the kernel refused its arguments (status {status})")
         raise SymmMemTimeout(
             f"{what}: rank {peer} of group {self.group_name!r} {did} on channel {channel} "
             f"within {timeout_ms} ms (waiting on rank {self.rank}) [SM-11]", peer)
+
+    # ---- the device's primitives (see register_allocator)
+    def _tensor_at(self, rank: int, byte_offset: int, numel: int, dtype) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _put_signal(self, dst_rank: int, channel: int, timeout_ms: int) -> int:
+        raise NotImplementedError
+
+    def _wait_signal(self, src_rank: int, channel: int, timeout_ms: int) -> int:
+        raise NotImplementedError
+
+    def _barrier(self, channel: int, timeout_ms: int) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def _one_shot(self, offset: int, numel: int, codes, out, timeout_ms: int) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def _two_shot(self, offset: int, numel: int, codes, timeout_ms: int) -> tuple[int, int]:
+        raise NotImplementedError
+
+
+class CpuSymmetricMemory(SymmetricMemory):
+    """The CPU handle: every rank's segment mapped here; C kernels on the mappings."""
+
+    def __init__(self, group_name: str, rank: int, world_size: int, buffer_size: int,
+                 maps: list[mmap.mmap]):
+        super().__init__(group_name, rank, world_size, buffer_size,
+                         [_address_of(m) for m in maps], _pad_offset(buffer_size))
+        self._maps = maps  # keeps every rank's segment mapped while the handle lives
+        self._buffer_array = (ctypes.c_void_p * world_size)(*self.buffer_ptrs)
+        self._pad_array = (ctypes.c_void_p * world_size)(*self.signal_pad_ptrs)
+        self._peer = ctypes.c_int32(-1)  # where a kernel reports the peer it timed out on
+        self._peer_ref = ctypes.pointer(self._peer)
+
+    def _tensor_at(self, rank, byte_offset, numel, dtype):
+        if numel == 0:  # may sit at the very end of the segment, where no view fits
+            return torch.empty(0, dtype=dtype)
+        element = torch.empty((), dtype=dtype).element_size()
+        view = memoryview(self._maps[rank])[byte_offset:byte_offset + max(numel, 1) * element]
+        return torch.frombuffer(view, dtype=torch.uint8).view(dtype)[:numel]
+
+    def _put_signal(self, dst_rank, channel, timeout_ms):
+        return _lib.rsm_put_signal(self.signal_pad_ptrs[dst_rank], self.rank, self.world_size,
+                                   channel, timeout_ms * 1_000_000)
+
+    def _wait_signal(self, src_rank, channel, timeout_ms):
+        return _lib.rsm_wait_signal(self.signal_pad_ptrs[self.rank], src_rank, self.world_size,
+                                    channel, timeout_ms * 1_000_000)
+
+    def _barrier(self, channel, timeout_ms):
+        status = _lib.rsm_barrier(self._pad_array, self.rank, self.world_size, channel,
+                                  timeout_ms * 1_000_000, self._peer_ref)
+        return status, self._peer.value
+
+    def _one_shot(self, offset, numel, codes, out, timeout_ms):
+        status = _lib.rsm_one_shot_all_reduce(
+            self._buffer_array, self._pad_array, self.rank, self.world_size, OP_CHANNEL,
+            offset, numel, codes[1], codes[0], out.data_ptr(), timeout_ms * 1_000_000,
+            self._peer_ref)
+        return status, self._peer.value
+
+    def _two_shot(self, offset, numel, codes, timeout_ms):
+        status = _lib.rsm_two_shot_all_reduce(
+            self._buffer_array, self._pad_array, self.rank, self.world_size, OP_CHANNEL,
+            offset, numel, codes[1], codes[0], timeout_ms * 1_000_000, self._peer_ref)
+        return status, self._peer.value
 
 
 def _address_of(m: mmap.mmap) -> int:
@@ -314,17 +421,23 @@ def _pad_offset(nbytes: int) -> int:
 
 
 @dataclass(eq=False)
-class _Allocation:
-    """This rank's segment: buffer bytes, then the signal pad."""
+class SymmetricAllocation:
+    """What every allocator records of an allocation (see `register_allocator`)."""
 
     nbytes: int
-    map: mmap.mmap
     group_name: str | None
     alloc_id: int | None
-    fd: int | None  # the unnamed segment's file, until rendezvous names it
-    handle: SymmetricMemory | None = None
-    holder: weakref.ref | None = None  # the memoryview behind the live tensor
-    base: int = field(default=0)
+    base: int = 0  # the buffer's address in this process
+    handle: SymmetricMemory | None = None  # set by `rendezvous`
+
+
+@dataclass(eq=False)
+class _CpuAllocation(SymmetricAllocation):
+    """This rank's segment: buffer bytes, then the signal pad."""
+
+    map: mmap.mmap | None = None
+    fd: int | None = None  # the unnamed segment's file, until rendezvous names it
+    holder: weakref.ref | None = field(default=None, repr=False)  # memoryview under the tensor
 
 
 def _open_segment(size: int) -> tuple[int, mmap.mmap]:
@@ -382,12 +495,15 @@ def _storage_elements(size: tuple[int, ...], stride: tuple[int, ...]) -> int:
 class CpuAllocator:
     """Symmetric allocations in /dev/shm, exchanged through the group's store."""
 
+    device_type = "cpu"
+
     def __init__(self):
-        self._live: dict[int, _Allocation] = {}  # base address -> live allocation
-        self._persistent: dict[int, _Allocation] = {}  # alloc_id -> allocation
+        self._live: dict[int, _CpuAllocation] = {}  # base address -> live allocation
+        self._persistent: dict[int, _CpuAllocation] = {}  # alloc_id -> allocation
 
     # ---- allocation (SM-3, SM-4)
-    def empty_strided_p2p(self, size, stride, dtype, group_name, alloc_id) -> torch.Tensor:
+    def empty_strided_p2p(self, size, stride, dtype, device, group_name,
+                          alloc_id) -> torch.Tensor:
         element = torch.empty((), dtype=dtype).element_size()
         nbytes = _storage_elements(size, stride) * element
         if alloc_id is None:
@@ -401,13 +517,12 @@ class CpuAllocator:
         flat = torch.frombuffer(view, dtype=torch.uint8).view(dtype)
         return flat.as_strided(size, stride)
 
-    def _new_allocation(self, nbytes, group_name, alloc_id) -> _Allocation:
+    def _new_allocation(self, nbytes, group_name, alloc_id) -> _CpuAllocation:
         fd, segment = _open_segment(_pad_offset(nbytes) + SIGNAL_PAD_SIZE)
-        alloc = _Allocation(nbytes, segment, group_name, alloc_id, fd)
-        alloc.base = _address_of(segment)
-        return alloc
+        return _CpuAllocation(nbytes, group_name, alloc_id, _address_of(segment), map=segment,
+                              fd=fd)
 
-    def _persistent_allocation(self, nbytes, group_name, alloc_id) -> _Allocation:
+    def _persistent_allocation(self, nbytes, group_name, alloc_id) -> _CpuAllocation:
         alloc = self._persistent.get(alloc_id)
         if alloc is None:
             alloc = self._persistent[alloc_id] = self._new_allocation(nbytes, group_name, alloc_id)
@@ -423,7 +538,7 @@ class CpuAllocator:
                              f"{alloc.group_name!r}, not {group_name!r} [SM-4]")
         return alloc
 
-    def _release(self, base: int, alloc: _Allocation) -> None:
+    def _release(self, base: int, alloc: _CpuAllocation) -> None:
         """The tensor over `alloc` died: forget it (a persistent one keeps its memory)."""
         if self._live.get(base) is alloc:
             del self._live[base]
@@ -431,11 +546,12 @@ class CpuAllocator:
             os.close(alloc.fd)
             alloc.fd = None
 
-    def allocation_of(self, tensor: torch.Tensor) -> _Allocation | None:
+    def allocation_of(self, tensor: torch.Tensor) -> _CpuAllocation | None:
         return self._live.get(tensor.untyped_storage().data_ptr())
 
     # ---- rendezvous (SM-5, SM-12)
-    def rendezvous(self, alloc: _Allocation, group_name: str, timeout_ms: int) -> SymmetricMemory:
+    def rendezvous(self, alloc: _CpuAllocation, group_name: str,
+                   timeout_ms: int) -> SymmetricMemory:
         info = _group_info(group_name)
         info.rendezvous_count += 1
         key = f"rdzv{info.rendezvous_count}"
@@ -461,8 +577,7 @@ class CpuAllocator:
         _unlink_quietly(own_name)  # every peer has it mapped now; nothing can leak
         os.close(alloc.fd)
         alloc.fd = None
-        return SymmetricMemory(group_name, info.rank, info.world_size, alloc.nbytes, maps,
-                               _pad_offset(alloc.nbytes))
+        return CpuSymmetricMemory(group_name, info.rank, info.world_size, alloc.nbytes, maps)
 
 
 def _gather(info: _GroupInfo, prefix: str, timeout_s: float, what: str) -> list:
@@ -530,8 +645,9 @@ def empty_strided_p2p(size, stride, dtype: torch.dtype, device, group_name: str 
         raise TypeError(f"group_name: expected a str or None, got {group_name!r} [SM-3]")
     if alloc_id is not None and (not isinstance(alloc_id, int) or isinstance(alloc_id, bool)):
         raise TypeError(f"alloc_id: expected an int or None, got {alloc_id!r} [SM-4]")
-    allocator = get_allocator(torch.device(device).type)
-    return allocator.empty_strided_p2p(size, stride, dtype, group_name, alloc_id)
+    device = torch.device(device)
+    allocator = get_allocator(device.type)
+    return allocator.empty_strided_p2p(size, stride, dtype, device, group_name, alloc_id)
 
 
 def empty(*size, dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
@@ -602,7 +718,6 @@ _oplib = torch.library.Library(LIBRARY, "DEF")
 for _name, _schema in SCHEMAS.items():
     _oplib.define(_name + _schema)
 ops = getattr(torch.ops, LIBRARY)
-_OP_CHANNEL = 0  # the signal-pad channel the all-reduce kernels synchronise on
 
 
 # Valid (reduce_op, dtype) pairs and their kernel codes, so the hot path is one lookup.
@@ -643,7 +758,8 @@ def _check_out(input, out) -> None:
 
 def _symmetric_input(input, group_name: str, where: str) -> tuple[SymmetricMemory, int]:
     """The handle of `input`'s allocation (rendezvous on first use) and its byte offset."""
-    alloc = _cpu_allocator._live.get(input.untyped_storage().data_ptr())
+    allocator = _allocators.get(input.device.type)
+    alloc = allocator.allocation_of(input) if allocator is not None else None
     if alloc is None or alloc.handle is None or alloc.handle.group_name != group_name:
         _, alloc = _allocation(input, where, arg="input")  # the checks, with their errors
         rendezvous(input, group_name)
@@ -652,23 +768,19 @@ def _symmetric_input(input, group_name: str, where: str) -> tuple[SymmetricMemor
 
 def _one_shot_into(input, codes, group_name, out, where):
     handle, offset = _symmetric_input(input, group_name, where)
-    status = _lib.rsm_one_shot_all_reduce(
-        handle._buffer_array, handle._pad_array, handle.rank, handle.world_size, _OP_CHANNEL,
-        offset, input.numel(), codes[1], codes[0], out.data_ptr(),
-        _default_timeout_ms * 1_000_000, handle._peer_ref)
+    timeout = _default_timeout_ms
+    status, peer = handle._one_shot(offset, input.numel(), codes, out, timeout)
     if status:
-        handle._check(status, handle._peer.value, where, _OP_CHANNEL, _default_timeout_ms)
+        handle._check(status, peer, where, OP_CHANNEL, timeout)
     return out
 
 
-@torch.library.impl(_oplib, "one_shot_all_reduce", "CPU")
 def _one_shot_all_reduce(input, reduce_op, group_name):
     codes = _check_reduce_input(input, reduce_op, "one_shot_all_reduce")
-    out = torch.empty(input.shape, dtype=input.dtype)
+    out = torch.empty_like(input, memory_format=torch.contiguous_format)
     return _one_shot_into(input, codes, group_name, out, "one_shot_all_reduce")
 
 
-@torch.library.impl(_oplib, "one_shot_all_reduce_out", "CPU")
 def _one_shot_all_reduce_out(input, reduce_op, group_name, *, out):
     codes = _check_reduce_input(input, reduce_op, "one_shot_all_reduce_out")
     _check_out(input, out)
@@ -678,24 +790,28 @@ def _one_shot_all_reduce_out(input, reduce_op, group_name, *, out):
     return _one_shot_into(input, codes, group_name, out, "one_shot_all_reduce_out")
 
 
-@torch.library.impl(_oplib, "two_shot_all_reduce_", "CPU")
 def _two_shot_all_reduce_(input, reduce_op, group_name):
     codes = _check_reduce_input(input, reduce_op, "two_shot_all_reduce_")
     handle, offset = _symmetric_input(input, group_name, "two_shot_all_reduce_")
-    status = _lib.rsm_two_shot_all_reduce(
-        handle._buffer_array, handle._pad_array, handle.rank, handle.world_size, _OP_CHANNEL,
-        offset, input.numel(), codes[1], codes[0], _default_timeout_ms * 1_000_000,
-        handle._peer_ref)
+    timeout = _default_timeout_ms
+    status, peer = handle._two_shot(offset, input.numel(), codes, timeout)
     if status:
-        handle._check(status, handle._peer.value, "two_shot_all_reduce_", _OP_CHANNEL,
-                      _default_timeout_ms)
+        handle._check(status, peer, "two_shot_all_reduce_", OP_CHANNEL, timeout)
     return input
 
 
-@torch.library.impl(_oplib, "barrier", "CPU")
 def _barrier(input, group_name, channel=0, timeout_ms=0):
     handle, _ = _symmetric_input(input, group_name, "barrier")
     handle.barrier(channel, timeout_ms)
+
+
+# The same kernels serve every device type: they find the allocator of the input's.
+DISPATCH_KEYS = ("CPU", "CUDA")
+for _key in DISPATCH_KEYS:
+    _oplib.impl("one_shot_all_reduce", _one_shot_all_reduce, _key)
+    _oplib.impl("one_shot_all_reduce_out", _one_shot_all_reduce_out, _key)
+    _oplib.impl("two_shot_all_reduce_", _two_shot_all_reduce_, _key)
+    _oplib.impl("barrier", _barrier, _key)
 
 
 # Fake kernels: shapes without communication, after the same argument checks (SM-13).

@@ -58,6 +58,63 @@ def test_allocator_registry_per_device_type_SM_1():
         sm._allocators.pop("privateuseone")
 
 
+def test_ops_are_registered_for_cpu_and_cuda_SM_1_SM_13():
+    for name in sm.SCHEMAS:
+        for key in ("CPU", "CUDA"):
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(f"{sm.LIBRARY}::{name}", key)
+
+
+class _RecordingAllocator:
+    """Delegates to the CPU allocator and records which protocol methods were used."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+        self.device_type = inner.device_type
+
+    def empty_strided_p2p(self, *args):
+        self.calls.append("empty_strided_p2p")
+        return self.inner.empty_strided_p2p(*args)
+
+    def allocation_of(self, tensor):
+        self.calls.append("allocation_of")
+        return self.inner.allocation_of(tensor)
+
+    def rendezvous(self, *args):
+        self.calls.append("rendezvous")
+        handle = self.inner.rendezvous(*args)
+        for primitive in ("_one_shot", "_two_shot", "_barrier"):
+            kernel = getattr(handle, primitive)
+
+            def recorded(*a, _kernel=kernel, _name=primitive):
+                self.calls.append(_name)
+                return _kernel(*a)
+            setattr(handle, primitive, recorded)
+        return handle
+
+
+def _ops_through_the_registry():
+    group = _world()
+    recording = _RecordingAllocator(sm.get_allocator("cpu"))
+    sm.register_allocator("cpu", recording)
+    try:
+        t = sm.empty(4, dtype=torch.float32)
+        t.fill_(1 + dist.get_rank())
+        total = sm.ops.one_shot_all_reduce(t, "sum", group).tolist()
+        sm.ops.two_shot_all_reduce_(t, "sum", group)
+        sm.ops.barrier(t, group)
+    finally:
+        sm.register_allocator("cpu", recording.inner)
+    return total, t.tolist(), recording.calls
+
+
+def test_ops_and_handles_dispatch_through_the_allocator_of_the_device_type_SM_1():
+    for total, two, calls in run_on_ranks(_ops_through_the_registry, 2):
+        assert total == [3.0] * 4 and two == [3.0] * 4
+        assert calls[:2] == ["empty_strided_p2p", "allocation_of"]
+        assert calls.count("rendezvous") == 1
+        assert {"_one_shot", "_two_shot", "_barrier"} <= set(calls)
+
+
 def test_default_timeout_is_positive_and_settable_SM_11():
     with pytest.raises(ValueError, match=r"^timeout_ms: .*\[SM-11\]"):
         sm.set_default_timeout(0)
