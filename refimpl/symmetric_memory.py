@@ -23,6 +23,7 @@ import math
 import mmap
 import os
 import secrets
+import struct
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -48,8 +49,8 @@ LIBRARY = "refimpl_symm_mem"
 DEVICE = os.environ.get("REFIMPL_SYMM_MEM_DEVICE", "cpu")
 SIGNAL_PAD_SIZE = 4096  # bytes per rank: uint32 slots, one per (channel, peer)
 SEGMENT_PREFIX = "refimpl-symm-"
+MAX_ALLOC_ID = 2**64 - 1  # alloc_id is a uint64 upstream
 SHM_DIR = os.environ.get("REFIMPL_SHM_DIR", "/dev/shm")
-MAX_WORLD_SIZE = 64  # the C kernels' limit
 _default_timeout_ms = int(os.environ.get("REFIMPL_SYMM_MEM_TIMEOUT_MS", "60000"))
 
 
@@ -89,16 +90,28 @@ class SymmMemTimeout(TimeoutError):
 # --------------------------------------------------------------------------------------
 _lib = load_kernel_library("symm_mem")
 _i32, _i64, _ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
-_peer_p = ctypes.POINTER(ctypes.c_int32)
+MAX_WORLD_SIZE = 64  # the C kernels' limit
+
+
+class _CGroup(ctypes.Structure):
+    """`rsm_group` of kernels/cpu/symm_mem.c: one rank's view of an allocation."""
+
+    _fields_ = [("rank", ctypes.c_int32), ("world", ctypes.c_int32), ("peer", ctypes.c_int32),
+                ("unused", ctypes.c_int32), ("bufs", _ptr * MAX_WORLD_SIZE),
+                ("pads", _ptr * MAX_WORLD_SIZE), ("descs", _ptr * MAX_WORLD_SIZE)]
+
+
 _lib.rsm_put_signal.argtypes = [_ptr, _i32, _i32, _i32, _i64]
 _lib.rsm_wait_signal.argtypes = [_ptr, _i32, _i32, _i32, _i64]
-_lib.rsm_barrier.argtypes = [_ptr, _i32, _i32, _i32, _i64, _peer_p]
-_lib.rsm_one_shot_all_reduce.argtypes = [_ptr, _ptr, _i32, _i32, _i32, _i64, _i64, _i32, _i32,
-                                         _ptr, _i64, _peer_p]
-_lib.rsm_two_shot_all_reduce.argtypes = [_ptr, _ptr, _i32, _i32, _i32, _i64, _i64, _i32, _i32,
-                                         _i64, _peer_p]
+_lib.rsm_group_barrier.argtypes = [_ptr, _i32, _i64]
+_lib.rsm_one_shot.argtypes = [_ptr, _i32, _i64, _i64, _i32, _i32, _ptr, _i64]
+_lib.rsm_two_shot.argtypes = [_ptr, _i32, _i64, _i64, _i32, _i32, _i64]
+_lib.rsm_reduce.argtypes = [_ptr, _ptr, _i32, _i64, _i32, _i32]
+
 # Statuses of a backend's primitives (the C kernels return the same numbers).
 STATUS_OK, STATUS_PUT_TIMEOUT, STATUS_WAIT_TIMEOUT, STATUS_BAD_ARGUMENT = 0, 1, 2, 3
+STATUS_MISMATCH = 4  # ranks called an all-reduce differently (SM-20)
+DESCRIPTOR_SIZE = 64  # bytes after the signal pad: the last all-reduce call's description
 OP_CHANNEL = 0  # the signal-pad channel the all-reduce kernels synchronise on (SM-17)
 
 # dtype and reduction codes shared with kernels/cpu/symm_mem.c
@@ -262,6 +275,8 @@ class SymmetricMemory:
         self.buffer_ptrs = list(buffer_ptrs)
         self.signal_pad_ptrs = [b + pad_offset for b in buffer_ptrs]
         self.channels = SIGNAL_PAD_SIZE // (4 * world_size)
+        self._failure: str | None = None  # the timeout that made this handle unusable (SM-19)
+        self._failed_peer = -1
 
     def __repr__(self):
         return (f"{type(self).__name__}(group={self.group_name!r}, rank={self.rank}, "
@@ -295,20 +310,33 @@ class SymmetricMemory:
                        dtype: torch.dtype | None = None, storage_offset: int = 0) -> torch.Tensor:
         """A tensor on rank `rank`'s signal pad (default: all of it, as uint32)."""
         dtype = dtype or torch.uint32
-        if sizes is None or len(sizes) == 0:
+        if sizes is None or len(sizes) == 0:  # the rest of the pad from storage_offset on
             element = torch.empty((), dtype=dtype).element_size()
-            sizes = (self.signal_pad_size // element - storage_offset,)
+            elements = self.signal_pad_size // element
+            if not isinstance(storage_offset, int) or not 0 <= storage_offset <= elements:
+                raise ValueError(f"storage_offset: the signal pad of rank {rank} holds "
+                                 f"{elements} elements of {dtype}; got {storage_offset!r} "
+                                 f"[SM-8]")
+            sizes = (elements - storage_offset,)
         return self._view(rank, sizes, dtype, storage_offset, self.pad_offset,
                           self.signal_pad_size, "the signal pad")
 
-    # ---- synchronisation (SM-9 .. SM-11)
+    # ---- synchronisation (SM-9 .. SM-11, SM-19)
     def _channel(self, channel) -> int:
         return _check_index("channel", channel, self.channels, "SM-9")
+
+    def _usable(self, what: str) -> None:
+        """Fail-stop: after a timeout no synchronisation may run on this handle (SM-19)."""
+        if self._failure is not None:
+            raise SymmMemTimeout(f"{what}: this handle of group {self.group_name!r} is "
+                                 f"unusable since an earlier timeout: {self._failure}",
+                                 self._failed_peer)
 
     def put_signal(self, dst_rank: int, channel: int = 0, timeout_ms: int = 0) -> None:
         """Signal `dst_rank` on `channel`; waits while its previous signal is unconsumed."""
         _check_index("dst_rank", dst_rank, self.world_size, "SM-9")
         channel, timeout = self._channel(channel), _timeout_ms(timeout_ms)
+        self._usable("put_signal")
         status = self._put_signal(dst_rank, channel, timeout)
         self._check(status, dst_rank, "put_signal", channel, timeout)
 
@@ -316,27 +344,48 @@ class SymmetricMemory:
         """Wait for (and consume) a signal from `src_rank` on `channel`."""
         _check_index("src_rank", src_rank, self.world_size, "SM-9")
         channel, timeout = self._channel(channel), _timeout_ms(timeout_ms)
+        self._usable("wait_signal")
         status = self._wait_signal(src_rank, channel, timeout)
         self._check(status, src_rank, "wait_signal", channel, timeout)
 
     def barrier(self, channel: int = 0, timeout_ms: int = 0) -> None:
         """Return once every rank of the group reached this barrier on `channel`."""
         channel, timeout = self._channel(channel), _timeout_ms(timeout_ms)
+        self._usable("barrier")
         status, peer = self._barrier(channel, timeout)
         self._check(status, peer, "barrier", channel, timeout)
 
     def _check(self, status: int, peer: int, what: str, channel: int, timeout_ms: int):
         if status == STATUS_OK:
             return
+        if status == STATUS_MISMATCH:
+            raise ValueError(self._mismatch(peer, what))
         if status == STATUS_PUT_TIMEOUT:
             did = "did not consume this rank's previous signal"
         elif status == STATUS_WAIT_TIMEOUT:
             did = "did not signal"
         else:
             raise RuntimeError(f"{what}: the kernel refused its arguments (status {status})")
-        raise SymmMemTimeout(
-            f"{what}: rank {peer} of group {self.group_name!r} {did} on channel {channel} "
-            f"within {timeout_ms} ms (waiting on rank {self.rank}) [SM-11]", peer)
+        message = (f"{what}: rank {peer} of group {self.group_name!r} {did} on channel "
+                   f"{channel} within {timeout_ms} ms (waiting on rank {self.rank}) [SM-11]")
+        if what not in ("put_signal", "wait_signal"):
+            # A barrier (alone or in an all-reduce) that gave up may have signalled some
+            # peers already; a later barrier would meet those signals: fail-stop (SM-19).
+            self._failure, self._failed_peer = message, peer
+        raise SymmMemTimeout(message, peer)
+
+    def _mismatch(self, peer: int, what: str) -> str:
+        """Rank `peer` is the lowest whose all-reduce call differs from rank 0's (SM-20)."""
+        def described(rank):
+            numel, offset, kind = self._op_descriptor(rank)
+            algorithm = {1: "one_shot", 2: "two_shot"}.get(kind >> 16, kind >> 16)
+            op = {code: name for name, code in REDUCE_OPS.items()}.get(kind >> 8 & 0xFF)
+            dtype = {code: d for d, code in SUPPORTED_DTYPES.items()}.get(kind & 0xFF)
+            return (f"{algorithm} of {numel} elements of {dtype} at byte offset {offset} "
+                    f"with {op!r}")
+        return (f"input: {what} needs the same call on every rank of group "
+                f"{self.group_name!r}; rank {peer} called {described(peer)}, rank 0 called "
+                f"{described(0)} [SM-20]")
 
     # ---- the device's primitives (see register_allocator)
     def _tensor_at(self, rank: int, byte_offset: int, numel: int, dtype) -> torch.Tensor:
@@ -357,6 +406,9 @@ class SymmetricMemory:
     def _two_shot(self, offset: int, numel: int, codes, timeout_ms: int) -> tuple[int, int]:
         raise NotImplementedError
 
+    def _op_descriptor(self, rank: int) -> tuple[int, int, int]:
+        raise NotImplementedError
+
 
 class CpuSymmetricMemory(SymmetricMemory):
     """The CPU handle: every rank's segment mapped here; C kernels on the mappings."""
@@ -366,17 +418,19 @@ class CpuSymmetricMemory(SymmetricMemory):
         super().__init__(group_name, rank, world_size, buffer_size,
                          [_address_of(m) for m in maps], _pad_offset(buffer_size))
         self._maps = maps  # keeps every rank's segment mapped while the handle lives
-        self._buffer_array = (ctypes.c_void_p * world_size)(*self.buffer_ptrs)
-        self._pad_array = (ctypes.c_void_p * world_size)(*self.signal_pad_ptrs)
-        self._peer = ctypes.c_int32(-1)  # where a kernel reports the peer it timed out on
-        self._peer_ref = ctypes.pointer(self._peer)
+        group = self._group = _CGroup(rank=rank, world=world_size, peer=-1)
+        for r in range(world_size):
+            group.bufs[r] = self.buffer_ptrs[r]
+            group.pads[r] = self.signal_pad_ptrs[r]
+            group.descs[r] = self.signal_pad_ptrs[r] + SIGNAL_PAD_SIZE
+        self._group_ptr = ctypes.addressof(group)
 
     def _tensor_at(self, rank, byte_offset, numel, dtype):
         if numel == 0:  # may sit at the very end of the segment, where no view fits
             return torch.empty(0, dtype=dtype)
         element = torch.empty((), dtype=dtype).element_size()
-        view = memoryview(self._maps[rank])[byte_offset:byte_offset + max(numel, 1) * element]
-        return torch.frombuffer(view, dtype=torch.uint8).view(dtype)[:numel]
+        view = memoryview(self._maps[rank])[byte_offset:byte_offset + numel * element]
+        return torch.frombuffer(view, dtype=dtype)
 
     def _put_signal(self, dst_rank, channel, timeout_ms):
         return _lib.rsm_put_signal(self.signal_pad_ptrs[dst_rank], self.rank, self.world_size,
@@ -387,22 +441,23 @@ class CpuSymmetricMemory(SymmetricMemory):
                                     channel, timeout_ms * 1_000_000)
 
     def _barrier(self, channel, timeout_ms):
-        status = _lib.rsm_barrier(self._pad_array, self.rank, self.world_size, channel,
-                                  timeout_ms * 1_000_000, self._peer_ref)
-        return status, self._peer.value
+        status = _lib.rsm_group_barrier(self._group_ptr, channel, timeout_ms * 1_000_000)
+        return status, self._group.peer
 
     def _one_shot(self, offset, numel, codes, out, timeout_ms):
-        status = _lib.rsm_one_shot_all_reduce(
-            self._buffer_array, self._pad_array, self.rank, self.world_size, OP_CHANNEL,
-            offset, numel, codes[1], codes[0], out.data_ptr(), timeout_ms * 1_000_000,
-            self._peer_ref)
-        return status, self._peer.value
+        status = _lib.rsm_one_shot(self._group_ptr, OP_CHANNEL, offset, numel, codes[1],
+                                   codes[0], out.data_ptr(), timeout_ms * 1_000_000)
+        return status, self._group.peer
 
     def _two_shot(self, offset, numel, codes, timeout_ms):
-        status = _lib.rsm_two_shot_all_reduce(
-            self._buffer_array, self._pad_array, self.rank, self.world_size, OP_CHANNEL,
-            offset, numel, codes[1], codes[0], timeout_ms * 1_000_000, self._peer_ref)
-        return status, self._peer.value
+        status = _lib.rsm_two_shot(self._group_ptr, OP_CHANNEL, offset, numel, codes[1],
+                                   codes[0], timeout_ms * 1_000_000)
+        return status, self._group.peer
+
+    def _op_descriptor(self, rank):
+        start = self.pad_offset + SIGNAL_PAD_SIZE
+        numel, offset, kind = struct.unpack_from("<qqq", self._maps[rank], start)
+        return numel, offset, kind
 
 
 def _address_of(m: mmap.mmap) -> int:
@@ -437,11 +492,22 @@ class _CpuAllocation(SymmetricAllocation):
 
     map: mmap.mmap | None = None
     fd: int | None = None  # the unnamed segment's file, until rendezvous names it
-    holder: weakref.ref | None = field(default=None, repr=False)  # memoryview under the tensor
+    own: torch.Tensor | None = field(default=None, repr=False)  # persistent: kept for good
+
+
+def _check_room(size: int) -> None:
+    """Refuse a segment the shared-memory filesystem cannot hold: tmpfs would accept it
+    and kill the process with SIGBUS when a page beyond its room is touched (SM-3)."""
+    fs = os.statvfs(SHM_DIR)
+    free = fs.f_bavail * fs.f_frsize
+    if size > free:
+        raise ValueError(f"size: the allocation needs {size} bytes of shared memory (buffer "
+                         f"and signal pad); {SHM_DIR} has {free} bytes free [SM-3]")
 
 
 def _open_segment(size: int) -> tuple[int, mmap.mmap]:
     """A new, zeroed, still unnamed shared-memory file of `size` bytes, mapped."""
+    _check_room(size)
     try:
         fd = os.open(SHM_DIR, getattr(os, "O_TMPFILE", 0) | os.O_RDWR, 0o600)
     except OSError as exc:
@@ -486,6 +552,12 @@ def leaked_segments() -> list[str]:
         return []
 
 
+def _storage_users(tensor: torch.Tensor) -> int:
+    """How many tensors share `tensor`'s storage (the temporary Python storage object,
+    which also holds a reference while asked, is not counted)."""
+    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata) - 1
+
+
 def _storage_elements(size: tuple[int, ...], stride: tuple[int, ...]) -> int:
     if any(s == 0 for s in size):
         return 0
@@ -504,30 +576,35 @@ class CpuAllocator:
     # ---- allocation (SM-3, SM-4)
     def empty_strided_p2p(self, size, stride, dtype, device, group_name,
                           alloc_id) -> torch.Tensor:
-        element = torch.empty((), dtype=dtype).element_size()
-        nbytes = _storage_elements(size, stride) * element
-        if alloc_id is None:
-            alloc = self._new_allocation(nbytes, group_name, None)
+        nbytes = _storage_elements(size, stride) * dtype.itemsize
+        if alloc_id is not None:
+            flat = self._persistent_bytes(nbytes, group_name, alloc_id)
         else:
-            alloc = self._persistent_allocation(nbytes, group_name, alloc_id)
-        view = memoryview(alloc.map)[: max(nbytes, element)]
-        alloc.holder = weakref.ref(view)
-        weakref.finalize(view, self._release, alloc.base, alloc)
-        self._live[alloc.base] = alloc
-        flat = torch.frombuffer(view, dtype=torch.uint8).view(dtype)
-        return flat.as_strided(size, stride)
+            alloc = self._new_allocation(nbytes, group_name, None)
+            view = memoryview(alloc.map)[: max(nbytes, dtype.itemsize)]
+            weakref.finalize(view, self._release, alloc)  # the last tensor over it died
+            self._live[alloc.base] = alloc
+            flat = torch.frombuffer(view, dtype=torch.uint8)
+        return flat.view(dtype).as_strided(size, stride)
 
     def _new_allocation(self, nbytes, group_name, alloc_id) -> _CpuAllocation:
-        fd, segment = _open_segment(_pad_offset(nbytes) + SIGNAL_PAD_SIZE)
+        fd, segment = _open_segment(_pad_offset(nbytes) + SIGNAL_PAD_SIZE + DESCRIPTOR_SIZE)
         return _CpuAllocation(nbytes, group_name, alloc_id, _address_of(segment), map=segment,
                               fd=fd)
 
-    def _persistent_allocation(self, nbytes, group_name, alloc_id) -> _CpuAllocation:
+    def _persistent_bytes(self, nbytes, group_name, alloc_id) -> torch.Tensor:
+        """The bytes of persistent allocation `alloc_id`: a lookup once it exists (SM-4).
+
+        The allocator keeps one uint8 tensor over the buffer for good; a tensor it handed
+        out (or any view of one) is alive exactly while the storage has more users."""
         alloc = self._persistent.get(alloc_id)
         if alloc is None:
-            alloc = self._persistent[alloc_id] = self._new_allocation(nbytes, group_name, alloc_id)
-            return alloc
-        if alloc.holder is not None and alloc.holder() is not None:
+            alloc = self._new_allocation(nbytes, group_name, alloc_id)
+            alloc.own = torch.frombuffer(memoryview(alloc.map)[: max(nbytes, 8)],
+                                         dtype=torch.uint8)
+            self._persistent[alloc_id] = self._live[alloc.base] = alloc
+            return alloc.own
+        if _storage_users(alloc.own) > 1:
             raise RuntimeError(f"alloc_id: cannot allocate alloc_id {alloc_id} while the "
                                f"previous allocation with this id is still alive [SM-4]")
         if alloc.nbytes != nbytes:
@@ -536,13 +613,13 @@ class CpuAllocator:
         if alloc.group_name != group_name:
             raise ValueError(f"alloc_id: alloc_id {alloc_id} belongs to group "
                              f"{alloc.group_name!r}, not {group_name!r} [SM-4]")
-        return alloc
+        return alloc.own
 
-    def _release(self, base: int, alloc: _CpuAllocation) -> None:
-        """The tensor over `alloc` died: forget it (a persistent one keeps its memory)."""
-        if self._live.get(base) is alloc:
-            del self._live[base]
-        if alloc.alloc_id is None and alloc.fd is not None:
+    def _release(self, alloc: _CpuAllocation) -> None:
+        """The last tensor over a (non-persistent) allocation died: forget it."""
+        if self._live.get(alloc.base) is alloc:
+            del self._live[alloc.base]
+        if alloc.fd is not None:
             os.close(alloc.fd)
             alloc.fd = None
 
@@ -623,9 +700,12 @@ register_allocator("cpu", _cpu_allocator)
 # Public API (SM-3 .. SM-6)
 # --------------------------------------------------------------------------------------
 def _check_shape(size, stride) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """`stride=()` checks the size alone (`empty` derives the strides from it)."""
     size, stride = tuple(size), tuple(stride)
-    if any(not isinstance(s, int) or s < 0 for s in size):
+    if any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in size):
         raise ValueError(f"size: must be non-negative ints, got {size} [SM-3]")
+    if not stride:
+        return size, stride
     if len(stride) != len(size) or any(not isinstance(s, int) or s < 0 for s in stride):
         raise ValueError(f"stride: must be {len(size)} non-negative ints, got {stride} [SM-3]")
     return size, stride
@@ -645,6 +725,9 @@ def empty_strided_p2p(size, stride, dtype: torch.dtype, device, group_name: str 
         raise TypeError(f"group_name: expected a str or None, got {group_name!r} [SM-3]")
     if alloc_id is not None and (not isinstance(alloc_id, int) or isinstance(alloc_id, bool)):
         raise TypeError(f"alloc_id: expected an int or None, got {alloc_id!r} [SM-4]")
+    if alloc_id is not None and not 0 <= alloc_id <= MAX_ALLOC_ID:
+        raise ValueError(f"alloc_id: must be in 0..2**64-1 (a uint64, as upstream's), got "
+                         f"{alloc_id} [SM-4]")
     device = torch.device(device)
     allocator = get_allocator(device.type)
     return allocator.empty_strided_p2p(size, stride, dtype, device, group_name, alloc_id)
@@ -656,6 +739,7 @@ def empty(*size, dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
         size = tuple(size[0])
     dtype = dtype or torch.get_default_dtype()
     device = torch.device(device) if device is not None else torch.get_default_device()
+    size, _ = _check_shape(size, ())  # before the strides are derived from it
     stride = tuple(torch._prims_common.make_contiguous_strides_for(size))
     return empty_strided_p2p(size, stride, dtype, device)
 
@@ -756,62 +840,70 @@ def _check_out(input, out) -> None:
                          f"and dtype {input.dtype}, got {tuple(out.shape)} {out.dtype} [SM-14]")
 
 
-def _symmetric_input(input, group_name: str, where: str) -> tuple[SymmetricMemory, int]:
-    """The handle of `input`'s allocation (rendezvous on first use) and its byte offset."""
-    allocator = _allocators.get(input.device.type)
-    alloc = allocator.allocation_of(input) if allocator is not None else None
-    if alloc is None or alloc.handle is None or alloc.handle.group_name != group_name:
-        _, alloc = _allocation(input, where, arg="input")  # the checks, with their errors
-        rendezvous(input, group_name)
-    return alloc.handle, input.data_ptr() - alloc.base
+def _kernels(device_type: str) -> dict:
+    """The op kernels of one dispatch key: they use the allocator of `device_type` (SM-1).
+
+    The hot path of an all-reduce is a few lookups and one kernel call: the allocation by
+    the input's storage, its handle, the kernel codes by (reduce_op, dtype).
+    """
+
+    def symmetric_input(input, group_name, where) -> tuple[SymmetricMemory, int]:
+        """The handle of `input`'s allocation (rendezvous on first use), its byte offset."""
+        allocator = _allocators.get(device_type)
+        alloc = allocator.allocation_of(input) if allocator is not None else None
+        if alloc is None or alloc.handle is None or alloc.handle.group_name != group_name:
+            _, alloc = _allocation(input, where, arg="input")  # the checks, with their errors
+            rendezvous(input, group_name)
+        handle = alloc.handle
+        if handle._failure is not None:
+            handle._usable(where)
+        return handle, input.data_ptr() - alloc.base
+
+    def one_shot_into(input, codes, group_name, out, where):
+        handle, offset = symmetric_input(input, group_name, where)
+        timeout = _default_timeout_ms
+        status, peer = handle._one_shot(offset, input.numel(), codes, out, timeout)
+        if status:
+            handle._check(status, peer, where, OP_CHANNEL, timeout)
+        return out
+
+    def one_shot_all_reduce(input, reduce_op, group_name):
+        codes = _check_reduce_input(input, reduce_op, "one_shot_all_reduce")
+        out = torch.empty_like(input, memory_format=torch.contiguous_format)
+        return one_shot_into(input, codes, group_name, out, "one_shot_all_reduce")
+
+    def one_shot_all_reduce_out(input, reduce_op, group_name, *, out):
+        codes = _check_reduce_input(input, reduce_op, "one_shot_all_reduce_out")
+        _check_out(input, out)
+        if out.untyped_storage().data_ptr() == input.untyped_storage().data_ptr():
+            raise ValueError("out: one_shot_all_reduce_out must not write into the input's "
+                             "allocation, which peers are reading [SM-14]")
+        return one_shot_into(input, codes, group_name, out, "one_shot_all_reduce_out")
+
+    def two_shot_all_reduce_(input, reduce_op, group_name):
+        codes = _check_reduce_input(input, reduce_op, "two_shot_all_reduce_")
+        handle, offset = symmetric_input(input, group_name, "two_shot_all_reduce_")
+        timeout = _default_timeout_ms
+        status, peer = handle._two_shot(offset, input.numel(), codes, timeout)
+        if status:
+            handle._check(status, peer, "two_shot_all_reduce_", OP_CHANNEL, timeout)
+        return input
+
+    def barrier(input, group_name, channel=0, timeout_ms=0):
+        handle, _ = symmetric_input(input, group_name, "barrier")
+        handle.barrier(channel, timeout_ms)
+
+    return {"one_shot_all_reduce": one_shot_all_reduce,
+            "one_shot_all_reduce_out": one_shot_all_reduce_out,
+            "two_shot_all_reduce_": two_shot_all_reduce_, "barrier": barrier}
 
 
-def _one_shot_into(input, codes, group_name, out, where):
-    handle, offset = _symmetric_input(input, group_name, where)
-    timeout = _default_timeout_ms
-    status, peer = handle._one_shot(offset, input.numel(), codes, out, timeout)
-    if status:
-        handle._check(status, peer, where, OP_CHANNEL, timeout)
-    return out
-
-
-def _one_shot_all_reduce(input, reduce_op, group_name):
-    codes = _check_reduce_input(input, reduce_op, "one_shot_all_reduce")
-    out = torch.empty_like(input, memory_format=torch.contiguous_format)
-    return _one_shot_into(input, codes, group_name, out, "one_shot_all_reduce")
-
-
-def _one_shot_all_reduce_out(input, reduce_op, group_name, *, out):
-    codes = _check_reduce_input(input, reduce_op, "one_shot_all_reduce_out")
-    _check_out(input, out)
-    if out.untyped_storage().data_ptr() == input.untyped_storage().data_ptr():
-        raise ValueError("out: one_shot_all_reduce_out must not write into the input's "
-                         "allocation, which peers are reading [SM-14]")
-    return _one_shot_into(input, codes, group_name, out, "one_shot_all_reduce_out")
-
-
-def _two_shot_all_reduce_(input, reduce_op, group_name):
-    codes = _check_reduce_input(input, reduce_op, "two_shot_all_reduce_")
-    handle, offset = _symmetric_input(input, group_name, "two_shot_all_reduce_")
-    timeout = _default_timeout_ms
-    status, peer = handle._two_shot(offset, input.numel(), codes, timeout)
-    if status:
-        handle._check(status, peer, "two_shot_all_reduce_", OP_CHANNEL, timeout)
-    return input
-
-
-def _barrier(input, group_name, channel=0, timeout_ms=0):
-    handle, _ = _symmetric_input(input, group_name, "barrier")
-    handle.barrier(channel, timeout_ms)
-
-
-# The same kernels serve every device type: they find the allocator of the input's.
-DISPATCH_KEYS = ("CPU", "CUDA")
-for _key in DISPATCH_KEYS:
-    _oplib.impl("one_shot_all_reduce", _one_shot_all_reduce, _key)
-    _oplib.impl("one_shot_all_reduce_out", _one_shot_all_reduce_out, _key)
-    _oplib.impl("two_shot_all_reduce_", _two_shot_all_reduce_, _key)
-    _oplib.impl("barrier", _barrier, _key)
+# The ops run on every device type with an allocator: the kernels of each dispatch key
+# find the allocator of its device type at run time.
+DISPATCH_KEYS = {"CPU": "cpu", "CUDA": "cuda"}
+for _key, _device_type in DISPATCH_KEYS.items():
+    for _name, _kernel in _kernels(_device_type).items():
+        _oplib.impl(_name, _kernel, _key)
 
 
 # Fake kernels: shapes without communication, after the same argument checks (SM-13).
