@@ -49,8 +49,8 @@ def rank_timings(iters: int, repeats: int) -> dict:
     from torch.fx.experimental.proxy_tensor import make_fx
 
     import refimpl.functional_collectives as fc
-    from refimpl.comm_lowering import CommLoweringConfig, lower
     import refimpl.symmetric_memory as sm
+    from refimpl.comm_lowering import CommLoweringConfig, lower
 
     sm.enable_symm_mem_for_group(WORLD)
     torch.set_num_threads(1)

@@ -23,19 +23,31 @@ import socket
 import time
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as tmp
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
-def percentiles_us(step, iterations: int) -> tuple[float, float]:
-    import torch.distributed as dist
+WARM_UP_S = 0.05
 
-    for _ in range(max(10, iterations // 10)):  # warm up
-        step()
+
+def percentiles_us(step, n: int) -> tuple[float, float]:
+    # Warm up for about WARM_UP_S, the same number of steps on every rank (rank 0 picks
+    # it): after a gloo barrier the scheduler often wakes both ranks on one core and
+    # takes milliseconds to move one away; ranks on their own cores, as in a running
+    # program, are what is measured.
     dist.barrier()
+    start = time.perf_counter()
+    for _ in range(20):
+        step()
+    per_step = (time.perf_counter() - start) / 20
+    count = [max(n // 10, int(WARM_UP_S / per_step))]
+    dist.broadcast_object_list(count, src=0)
+    for _ in range(count[0]):
+        step()
     times = []
-    for _ in range(iterations):
+    for _ in range(n):
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
@@ -60,8 +72,6 @@ def rank_main(rank: int, world: int, port: int, sizes: list[int], iterations: li
         rows[nbytes] = {"inference_all_reduce": api, "raw_op": raw}
     if rank == 0:
         queue.put(rows)
-    import torch.distributed as dist
-
     dist.barrier()
     dist.destroy_process_group()
 

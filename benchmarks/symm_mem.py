@@ -41,10 +41,23 @@ def iterations(nbytes: int, quick: bool) -> int:
     return 20 if quick else (200 if nbytes <= 1 << 20 else 60)
 
 
+WARM_UP_S = 0.05
+
+
 def percentiles_us(step, n: int) -> tuple[float, float]:
-    for _ in range(max(10, n // 10)):  # warm up
-        step()
+    # Warm up for about WARM_UP_S, the same number of steps on every rank (rank 0 picks
+    # it): after a gloo barrier the scheduler often wakes both ranks on one core and
+    # takes milliseconds to move one away; ranks on their own cores, as in a running
+    # program, are what is measured.
     dist.barrier()
+    start = time.perf_counter()
+    for _ in range(20):
+        step()
+    per_step = (time.perf_counter() - start) / 20
+    count = [max(n // 10, int(WARM_UP_S / per_step))]
+    dist.broadcast_object_list(count, src=0)
+    for _ in range(count[0]):
+        step()
     times = []
     for _ in range(n):
         start = time.perf_counter()

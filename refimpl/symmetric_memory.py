@@ -23,7 +23,7 @@ import math
 import mmap
 import os
 import secrets
-import struct
+import warnings
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,7 +32,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from refimpl._native import load_kernel_library
+from refimpl import _native
+from refimpl._native import load_kernel_library, load_torch_op_library
 
 __all__ = [
     "SymmetricMemory", "SymmMemTimeout", "register_allocator", "get_allocator",
@@ -41,6 +42,7 @@ __all__ = [
     "set_default_timeout", "leaked_segments", "ops", "LIBRARY", "SIGNAL_PAD_SIZE",
     "SEGMENT_PREFIX", "SUPPORTED_DTYPES", "REDUCE_OPS", "DEVICE", "device_for_rank",
     "SymmetricAllocation", "CpuAllocator", "CpuSymmetricMemory", "OP_CHANNEL",
+    "kernel_build_info",
 ]
 
 LIBRARY = "refimpl_symm_mem"
@@ -60,6 +62,8 @@ def set_default_timeout(timeout_ms: int) -> int:
     if not isinstance(timeout_ms, int) or timeout_ms <= 0:
         raise ValueError(f"timeout_ms: must be a positive int, got {timeout_ms!r} [SM-11]")
     previous, _default_timeout_ms = _default_timeout_ms, timeout_ms
+    if _native_ops is not None:
+        _native_ops.rsm_ops_set_timeout(timeout_ms * 1_000_000)
     return previous
 
 
@@ -98,7 +102,8 @@ class _CGroup(ctypes.Structure):
 
     _fields_ = [("rank", ctypes.c_int32), ("world", ctypes.c_int32), ("peer", ctypes.c_int32),
                 ("unused", ctypes.c_int32), ("bufs", _ptr * MAX_WORLD_SIZE),
-                ("pads", _ptr * MAX_WORLD_SIZE), ("descs", _ptr * MAX_WORLD_SIZE)]
+                ("pads", _ptr * MAX_WORLD_SIZE), ("descs", _ptr * MAX_WORLD_SIZE),
+                ("mismatch", ctypes.c_int64 * 6)]
 
 
 _lib.rsm_put_signal.argtypes = [_ptr, _i32, _i32, _i32, _i64]
@@ -154,7 +159,8 @@ def register_allocator(device_type: str, allocator) -> None:
     SymmetricMemory (the handle; the allocator subclasses it)
       The base class holds the attributes of SM-7 and every argument check of
       SM-8..SM-11 and SM-14..SM-17; a subclass implements the device's primitives,
-      each returning a status (`STATUS_OK`, `STATUS_PUT_TIMEOUT`, `STATUS_WAIT_TIMEOUT`)
+      each returning a status (`STATUS_OK`, `STATUS_PUT_TIMEOUT`, `STATUS_WAIT_TIMEOUT`,
+      `STATUS_MISMATCH`)
       and the group rank it was waiting for when it timed out:
       - `_tensor_at(rank, byte_offset, numel, dtype) -> Tensor`: a 1-D tensor over
         rank `rank`'s memory, `byte_offset` bytes from the start of its buffer (the
@@ -165,11 +171,19 @@ def register_allocator(device_type: str, allocator) -> None:
         byte `offset` of every rank's buffer into the contiguous tensor `out`;
         `_two_shot(offset, numel, codes, timeout_ms)`: SM-16 in place. `codes` is
         `(reduce op code, dtype code)` of `REDUCE_OPS` and `SUPPORTED_DTYPES`, shared
-        with every backend's kernels. Both synchronise on channel `OP_CHANNEL`.
+        with every backend's kernels. Both synchronise on channel `OP_CHANNEL` and check
+        the call against every rank's (SM-20): on a difference they return
+        `STATUS_MISMATCH` with the lowest differing rank, and `_mismatched_calls()` then
+        gives `((numel, byte offset, kind), (...))` of rank 0's call and that rank's,
+        `kind = algorithm << 16 | reduce op code << 8 | dtype code` (one-shot 1,
+        two-shot 2).
     Registering an allocator also makes the ops run on its device type: they are
     registered for the CPU and CUDA dispatch keys and choose the allocator at run time.
     """
     _allocators[str(device_type)] = allocator
+    if str(device_type) == "cpu" and _native_ops is not None:
+        # The C++ kernels serve only allocations of refimpl's own CPU allocator.
+        _native_ops.rsm_ops_enable(int(allocator is _cpu_allocator))
 
 
 def get_allocator(device_type) -> object:
@@ -372,22 +386,27 @@ class SymmetricMemory:
             # A barrier (alone or in an all-reduce) that gave up may have signalled some
             # peers already; a later barrier would meet those signals: fail-stop (SM-19).
             self._failure, self._failed_peer = message, peer
+            self._failed()
         raise SymmMemTimeout(message, peer)
 
     def _mismatch(self, peer: int, what: str) -> str:
         """Rank `peer` is the lowest whose all-reduce call differs from rank 0's (SM-20)."""
-        def described(rank):
-            numel, offset, kind = self._op_descriptor(rank)
+        calls = self._mismatched_calls()
+
+        def described(index):
+            numel, offset, kind = calls[index]
             algorithm = {1: "one_shot", 2: "two_shot"}.get(kind >> 16, kind >> 16)
             op = {code: name for name, code in REDUCE_OPS.items()}.get(kind >> 8 & 0xFF)
             dtype = {code: d for d, code in SUPPORTED_DTYPES.items()}.get(kind & 0xFF)
             return (f"{algorithm} of {numel} elements of {dtype} at byte offset {offset} "
                     f"with {op!r}")
         return (f"input: {what} needs the same call on every rank of group "
-                f"{self.group_name!r}; rank {peer} called {described(peer)}, rank 0 called "
+                f"{self.group_name!r}; rank {peer} called {described(1)}, rank 0 called "
                 f"{described(0)} [SM-20]")
 
     # ---- the device's primitives (see register_allocator)
+    def _failed(self) -> None:
+        """Told once when the handle becomes unusable (SM-19)."""
     def _tensor_at(self, rank: int, byte_offset: int, numel: int, dtype) -> torch.Tensor:
         raise NotImplementedError
 
@@ -406,7 +425,7 @@ class SymmetricMemory:
     def _two_shot(self, offset: int, numel: int, codes, timeout_ms: int) -> tuple[int, int]:
         raise NotImplementedError
 
-    def _op_descriptor(self, rank: int) -> tuple[int, int, int]:
+    def _mismatched_calls(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         raise NotImplementedError
 
 
@@ -454,10 +473,13 @@ class CpuSymmetricMemory(SymmetricMemory):
                                    codes[0], timeout_ms * 1_000_000)
         return status, self._group.peer
 
-    def _op_descriptor(self, rank):
-        start = self.pad_offset + SIGNAL_PAD_SIZE
-        numel, offset, kind = struct.unpack_from("<qqq", self._maps[rank], start)
-        return numel, offset, kind
+    def _failed(self):
+        if _native_ops is not None:  # from now on every op call goes through Python
+            _native_ops.rsm_ops_forget(self.buffer_ptrs[self.rank])
+
+    def _mismatched_calls(self):
+        seen = list(self._group.mismatch)
+        return tuple(seen[:3]), tuple(seen[3:])
 
 
 def _address_of(m: mmap.mmap) -> int:
@@ -619,6 +641,8 @@ class CpuAllocator:
         """The last tensor over a (non-persistent) allocation died: forget it."""
         if self._live.get(alloc.base) is alloc:
             del self._live[alloc.base]
+        if _native_ops is not None and alloc.handle is not None:
+            _native_ops.rsm_ops_forget(alloc.base)
         if alloc.fd is not None:
             os.close(alloc.fd)
             alloc.fd = None
@@ -654,7 +678,12 @@ class CpuAllocator:
         _unlink_quietly(own_name)  # every peer has it mapped now; nothing can leak
         os.close(alloc.fd)
         alloc.fd = None
-        return CpuSymmetricMemory(group_name, info.rank, info.world_size, alloc.nbytes, maps)
+        handle = CpuSymmetricMemory(group_name, info.rank, info.world_size, alloc.nbytes, maps)
+        if _native_ops is not None:  # the C++ kernels may run ops on it from now on
+            _native_ops.rsm_ops_register(alloc.base, handle._group_ptr,
+                                         handle._group_ptr + _CGroup.peer.offset,
+                                         group_name.encode())
+        return handle
 
 
 def _gather(info: _GroupInfo, prefix: str, timeout_s: float, what: str) -> list:
@@ -692,6 +721,8 @@ def _map_peer(record: dict, size: int) -> mmap.mmap:
         os.close(fd)
 
 
+_native_ops = None  # set once the op library is defined (below)
+_native_ops_path = None
 _cpu_allocator = CpuAllocator()
 register_allocator("cpu", _cpu_allocator)
 
@@ -901,9 +932,71 @@ def _kernels(device_type: str) -> dict:
 # The ops run on every device type with an allocator: the kernels of each dispatch key
 # find the allocator of its device type at run time.
 DISPATCH_KEYS = {"CPU": "cpu", "CUDA": "cuda"}
+NATIVE_OPS = ("one_shot_all_reduce", "one_shot_all_reduce_out", "two_shot_all_reduce_")
+# The CPU fast path in C++ (kernels/cpu/symm_mem_ops.cpp, SM-18) hands every call it does
+# not run itself to these: the Python kernels under an internal name.
+INTERNAL_SCHEMAS = {
+    **{f"_python_{name}": SCHEMAS[name] for name in NATIVE_OPS},
+    "_python_raise_status":
+        "(Tensor input, str group_name, str where, int status, int peer) -> ()",
+}
+
+
+def _load_native_ops() -> ctypes.CDLL | None:
+    """The C++ CPU kernels of NATIVE_OPS, or None: then the Python kernels serve CPU too.
+    REFIMPL_SYMM_MEM_NATIVE_OPS=0 keeps the Python kernels."""
+    if os.environ.get("REFIMPL_SYMM_MEM_NATIVE_OPS", "1") == "0":
+        return None
+    global _native_ops_path
+    try:
+        _native_ops_path = load_torch_op_library("symm_mem_ops")
+        native = ctypes.CDLL(str(_native_ops_path))
+    except Exception as exc:  # no compiler, or headers this torch cannot build with
+        warnings.warn(f"refimpl.symmetric_memory: the C++ CPU op kernels could not be built "
+                      f"({str(exc)[:300]}); the ops run their Python kernels [SM-18]",
+                      stacklevel=2)
+        return None
+    native.rsm_ops_init.argtypes = [_ptr, _ptr]
+    native.rsm_ops_set_timeout.argtypes = [_i64]
+    native.rsm_ops_register.argtypes = [ctypes.c_size_t, _ptr, _ptr, ctypes.c_char_p]
+    native.rsm_ops_forget.argtypes = [ctypes.c_size_t]
+    native.rsm_ops_enable.argtypes = [_i32]
+    native.rsm_ops_init(ctypes.cast(_lib.rsm_one_shot, _ptr), ctypes.cast(_lib.rsm_two_shot, _ptr))
+    native.rsm_ops_set_timeout(_default_timeout_ms * 1_000_000)
+    return native
+
+
+for _name, _schema in INTERNAL_SCHEMAS.items():
+    _oplib.define(_name + _schema)
+_native_ops = _load_native_ops()
 for _key, _device_type in DISPATCH_KEYS.items():
     for _name, _kernel in _kernels(_device_type).items():
+        if _key == "CPU" and _name in NATIVE_OPS:
+            _oplib.impl(f"_python_{_name}", _kernel, _key)
+            if _native_ops is not None:
+                continue  # the C++ kernel serves CPU
         _oplib.impl(_name, _kernel, _key)
+
+
+def _raise_status(input, group_name, where, status, peer):
+    """What the Python kernels raise for a kernel status the C++ kernel got."""
+    handle = get_allocator(input.device.type).allocation_of(input).handle
+    handle._check(status, peer, where, OP_CHANNEL, _default_timeout_ms)
+
+
+_oplib.impl("_python_raise_status", _raise_status, "CPU")
+
+
+def kernel_build_info() -> dict:
+    """Which kernels serve the ops, and the source identities they were built from (SM-18)."""
+    source = _native.KERNEL_DIR / "symm_mem.c"
+    info = {"c_library": {"stamped": _native.stamped_hash(_lib),
+                          "source": _native.source_hash(source) if source.exists() else None},
+            "ops": "native" if _native_ops is not None else "python"}
+    if _native_ops is not None:
+        info["native_library"] = {"path": str(_native_ops_path),
+                                  "source": _native.torch_op_digest("symm_mem_ops")}
+    return info
 
 
 # Fake kernels: shapes without communication, after the same argument checks (SM-13).

@@ -79,7 +79,7 @@ enum { EMPTY = 0, FULL = 1, EMPTY_CONSUMER_ASLEEP = 2, FULL_PRODUCER_ASLEEP = 3 
  * peer waited for), then sleep on the slot until woken. Ranks run Python between their
  * synchronisations, so their skew is often tens of microseconds: sleeping that early
  * would add a wake-up (tens of microseconds more) to many waits. */
-#define SPIN_NS 5000LL
+#define SPIN_NS 2000LL
 #define YIELD_NS 1000000LL
 #define MAX_SLEEP_NS 50000000LL
 
@@ -127,9 +127,9 @@ static int try_transition(_Atomic uint32_t *slot, uint32_t ready, uint32_t ready
  * sleep until woken or the deadline. 0 on success, 1 on timeout. */
 static int transition(_Atomic uint32_t *slot, uint32_t ready, uint32_t ready_with_sleeper,
                       uint32_t next, uint32_t busy, uint32_t busy_asleep, memory_order order,
-                      int64_t deadline_ns) {
+                      int64_t spin_ns, int64_t deadline_ns) {
   int64_t start = 0;
-  int spinning = 1;
+  int spinning = spin_ns > 0;
   for (uint32_t step = 0;; step++) {
     if (try_transition(slot, ready, ready_with_sleeper, next, order)) return 0;
     if (spinning && step % 32 != 31) { /* while spinning, read the clock now and then */
@@ -143,7 +143,7 @@ static int transition(_Atomic uint32_t *slot, uint32_t ready, uint32_t ready_wit
       cas(slot, busy_asleep, busy, memory_order_relaxed); /* withdraw our mark */
       return try_transition(slot, ready, ready_with_sleeper, next, order) ? 0 : 1;
     }
-    if (now - start < SPIN_NS) {
+    if (now - start < spin_ns) {
       cpu_relax();
       continue;
     }
@@ -158,15 +158,15 @@ static int transition(_Atomic uint32_t *slot, uint32_t ready, uint32_t ready_wit
 }
 
 /* Producer: EMPTY -> FULL (release), waiting while the previous signal is unconsumed. */
-static int put(_Atomic uint32_t *slot, int64_t deadline_ns) {
+static int put(_Atomic uint32_t *slot, int64_t spin_ns, int64_t deadline_ns) {
   return transition(slot, EMPTY, EMPTY_CONSUMER_ASLEEP, FULL, FULL, FULL_PRODUCER_ASLEEP,
-                    memory_order_release, deadline_ns);
+                    memory_order_release, spin_ns, deadline_ns);
 }
 
 /* Consumer: FULL -> EMPTY (acquire), waiting while no signal has arrived. */
-static int take(_Atomic uint32_t *slot, int64_t deadline_ns) {
+static int take(_Atomic uint32_t *slot, int64_t spin_ns, int64_t deadline_ns) {
   return transition(slot, FULL, FULL_PRODUCER_ASLEEP, EMPTY, EMPTY, EMPTY_CONSUMER_ASLEEP,
-                    memory_order_acquire, deadline_ns);
+                    memory_order_acquire, spin_ns, deadline_ns);
 }
 
 static _Atomic uint32_t *slot_of(uint32_t *pad, int world, int channel, int peer) {
@@ -175,30 +175,66 @@ static _Atomic uint32_t *slot_of(uint32_t *pad, int world, int channel, int peer
 
 /* put_signal: set slot [channel][rank] of dst's pad 0 -> 1 (release). */
 int rsm_put_signal(uint32_t *dst_pad, int rank, int world, int channel, int64_t timeout_ns) {
-  return put(slot_of(dst_pad, world, channel, rank), now_ns() + timeout_ns) ? RSM_PUT_TIMEOUT
+  return put(slot_of(dst_pad, world, channel, rank), SPIN_NS, now_ns() + timeout_ns)
+             ? RSM_PUT_TIMEOUT
                                                                             : RSM_OK;
 }
 
 /* wait_signal: set slot [channel][src] of my own pad 1 -> 0 (acquire). */
 int rsm_wait_signal(uint32_t *my_pad, int src, int world, int channel, int64_t timeout_ns) {
-  return take(slot_of(my_pad, world, channel, src), now_ns() + timeout_ns) ? RSM_WAIT_TIMEOUT
+  return take(slot_of(my_pad, world, channel, src), SPIN_NS, now_ns() + timeout_ns)
+             ? RSM_WAIT_TIMEOUT
                                                                          : RSM_OK;
 }
 
-static int barrier_until(uint32_t **pads, int rank, int world, int channel,
-                         int64_t deadline_ns, int32_t *peer_out) {
+#define MAX_WORLD 64
+
+/* One rank's view of a rendezvoused allocation: built once per handle by Python. */
+typedef struct {
+  int32_t rank, world;
+  int32_t peer; /* out: the peer a wait timed out on, or the first rank whose call differs */
+  int32_t unused;
+  void *bufs[MAX_WORLD];
+  uint32_t *pads[MAX_WORLD];
+  int64_t *descs[MAX_WORLD]; /* each rank's descriptor: the op call, then its last CPU */
+  int64_t mismatch[2][3];    /* out: rank 0's call and the differing rank's (SM-20) */
+} rsm_group;
+
+enum { DESC_CPU = 4 }; /* descs[r][DESC_CPU]: the CPU rank r last waited on */
+
+/* Spinning only helps while the peer runs on another core: when it last waited on this
+ * one, go straight to yielding (a heuristic: the scheduler may have moved either). */
+static int64_t spin_for(const rsm_group *g, int peer, int64_t my_cpu) {
+  int64_t peer_cpu = __atomic_load_n(&g->descs[peer][DESC_CPU], __ATOMIC_RELAXED);
+  return peer_cpu == my_cpu ? 0 : SPIN_NS;
+}
+
+static int64_t publish_cpu(const rsm_group *g) {
+#ifdef __linux__
+  int64_t cpu = sched_getcpu();
+#else
+  int64_t cpu = -1;
+#endif
+  __atomic_store_n(&g->descs[g->rank][DESC_CPU], cpu, __ATOMIC_RELAXED);
+  return cpu;
+}
+
+/* SM-10: signal every peer on `channel`, then wait for every peer's signal. */
+static int barrier_until(rsm_group *g, int channel, int64_t deadline_ns) {
+  int rank = g->rank, world = g->world;
+  int64_t cpu = publish_cpu(g);
   /* Visit peers starting after `rank` so that ranks do not all hit rank 0 first. */
   for (int i = 1; i < world; i++) {
     int peer = (rank + i) % world;
-    if (put(slot_of(pads[peer], world, channel, rank), deadline_ns)) {
-      *peer_out = peer;
+    if (put(slot_of(g->pads[peer], world, channel, rank), spin_for(g, peer, cpu), deadline_ns)) {
+      g->peer = peer;
       return RSM_PUT_TIMEOUT;
     }
   }
   for (int i = 1; i < world; i++) {
     int peer = (rank + i) % world;
-    if (take(slot_of(pads[rank], world, channel, peer), deadline_ns)) {
-      *peer_out = peer;
+    if (take(slot_of(g->pads[rank], world, channel, peer), spin_for(g, peer, cpu), deadline_ns)) {
+      g->peer = peer;
       return RSM_WAIT_TIMEOUT;
     }
   }
@@ -332,17 +368,6 @@ int rsm_reduce(void *out, void *const *srcs, int nsrc, int64_t numel, int dtype,
 /* All-reduce kernels                                                                  */
 /* ---------------------------------------------------------------------------------- */
 
-#define MAX_WORLD 64
-
-/* One rank's view of a rendezvoused allocation: built once per handle by Python. */
-typedef struct {
-  int32_t rank, world;
-  int32_t peer; /* out: the peer a wait timed out on, or the first rank whose call differs */
-  int32_t unused;
-  void *bufs[MAX_WORLD];
-  uint32_t *pads[MAX_WORLD];
-  int64_t *descs[MAX_WORLD]; /* each rank's op descriptor: 4 int64 */
-} rsm_group;
 
 enum { ALGO_ONE_SHOT = 1, ALGO_TWO_SHOT = 2 };
 
@@ -373,14 +398,19 @@ static int check_arguments(const rsm_group *g, int dtype, int op) {
 static int enter(rsm_group *g, int channel, int64_t offset, int64_t numel, int64_t kind,
                  int64_t deadline) {
   write_descriptor(g, offset, numel, kind);
-  int status = barrier_until(g->pads, g->rank, g->world, channel, deadline, &g->peer);
+  int status = barrier_until(g, channel, deadline);
   if (status) return status;
   int differing = first_differing_rank(g);
-  if (differing >= 0) {
-    g->peer = differing;
-    return RSM_MISMATCH;
+  if (differing < 0) return RSM_OK;
+  for (int i = 0; i < 3; i++) { /* for the error message: peers move on after the barrier */
+    g->mismatch[0][i] = g->descs[0][i];
+    g->mismatch[1][i] = g->descs[differing][i];
   }
-  return RSM_OK;
+  /* No rank may write its next call's descriptor before every rank has read these. */
+  status = barrier_until(g, channel, deadline);
+  if (status) return status;
+  g->peer = differing;
+  return RSM_MISMATCH;
 }
 
 /* One-shot (SM-15): after a barrier every rank reads every rank's input, at the same
@@ -395,7 +425,7 @@ int rsm_one_shot(rsm_group *g, int channel, int64_t offset, int64_t numel, int d
   void *srcs[MAX_WORLD];
   for (int r = 0; r < g->world; r++) srcs[r] = (char *)g->bufs[r] + offset;
   rsm_reduce(out, srcs, g->world, numel, dtype, op);
-  return barrier_until(g->pads, g->rank, g->world, channel, deadline, &g->peer);
+  return barrier_until(g, channel, deadline);
 }
 
 /* Elements [*begin, *end) of chunk `r` of `numel` split in chunks of `chunk`. */
@@ -421,7 +451,7 @@ int rsm_two_shot(rsm_group *g, int channel, int64_t offset, int64_t numel, int d
   void *srcs[MAX_WORLD];
   for (int r = 0; r < g->world; r++) srcs[r] = (char *)g->bufs[r] + offset + begin * esize;
   rsm_reduce(srcs[g->rank], srcs, g->world, end - begin, dtype, op);
-  status = barrier_until(g->pads, g->rank, g->world, channel, deadline, &g->peer);
+  status = barrier_until(g, channel, deadline);
   if (status) return status;
   for (int r = 0; r < g->world; r++) {
     chunk_bounds(chunk, r, numel, &begin, &end);
@@ -429,10 +459,10 @@ int rsm_two_shot(rsm_group *g, int channel, int64_t offset, int64_t numel, int d
     memcpy((char *)g->bufs[g->rank] + offset + begin * esize,
            (char *)g->bufs[r] + offset + begin * esize, (size_t)((end - begin) * esize));
   }
-  return barrier_until(g->pads, g->rank, g->world, channel, deadline, &g->peer);
+  return barrier_until(g, channel, deadline);
 }
 
 /* barrier (SM-10) on a group's pads. */
 int rsm_group_barrier(rsm_group *g, int channel, int64_t timeout_ns) {
-  return barrier_until(g->pads, g->rank, g->world, channel, now_ns() + timeout_ns, &g->peer);
+  return barrier_until(g, channel, now_ns() + timeout_ns);
 }
