@@ -128,7 +128,7 @@ def load_kernel_library(name: str) -> ctypes.CDLL:
 
 
 # ---- C++ op kernels against the installed torch
-CXXFLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", "-w"]
+CXXFLAGS = ["-std=c++20", "-O2", "-fPIC", "-shared", "-w"]  # torch 2.14 needs C++20
 
 
 def _torch_build():
@@ -170,10 +170,16 @@ def _compile_cxx(source: Path, target: Path, flags: list[str], libs: list[str]) 
             os.unlink(tmp)
 
 
+def _cxx_source(name: str) -> Path:
+    """The checkout's `kernels/cpu/<name>.cpp`, or the copy a package install put here."""
+    source = KERNEL_DIR / f"{name}.cpp"
+    return source if source.exists() else PACKAGE_DIR / f"{name}.cpp"
+
+
 def torch_op_digest(name: str) -> str:
     """The identity of `kernels/cpu/<name>.cpp` built against the installed torch."""
     flags, libs, identity = _torch_build()
-    digest = hashlib.sha256((KERNEL_DIR / f"{name}.cpp").read_bytes())
+    digest = hashlib.sha256(_cxx_source(name).read_bytes())
     digest.update(" ".join(CXXFLAGS + flags + libs + [identity]).encode())
     return digest.hexdigest()[:16]
 
@@ -183,7 +189,7 @@ def load_torch_op_library(name: str) -> Path:
     `torch.ops.load_library`; returns its path. Raises when it cannot be built."""
     import torch
 
-    source = KERNEL_DIR / f"{name}.cpp"
+    source = _cxx_source(name)
     flags, libs, _ = _torch_build()
     filename = f"lib{name}-{torch_op_digest(name)}.so"
     errors = []

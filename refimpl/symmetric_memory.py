@@ -514,7 +514,7 @@ class _CpuAllocation(SymmetricAllocation):
 
     map: mmap.mmap | None = None
     fd: int | None = None  # the unnamed segment's file, until rendezvous names it
-    own: torch.Tensor | None = field(default=None, repr=False)  # persistent: kept for good
+    storage: torch.UntypedStorage | None = field(default=None, repr=False)  # persistent
 
 
 def _check_room(size: int) -> None:
@@ -574,10 +574,9 @@ def leaked_segments() -> list[str]:
         return []
 
 
-def _storage_users(tensor: torch.Tensor) -> int:
-    """How many tensors share `tensor`'s storage (the temporary Python storage object,
-    which also holds a reference while asked, is not counted)."""
-    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata) - 1
+def _storage_users(storage: torch.UntypedStorage) -> int:
+    """How many tensors use `storage` (its own Python object is not counted)."""
+    return torch._C._storage_Use_Count(storage._cdata) - 1
 
 
 def _storage_elements(size: tuple[int, ...], stride: tuple[int, ...]) -> int:
@@ -600,33 +599,33 @@ class CpuAllocator:
                           alloc_id) -> torch.Tensor:
         nbytes = _storage_elements(size, stride) * dtype.itemsize
         if alloc_id is not None:
-            flat = self._persistent_bytes(nbytes, group_name, alloc_id)
-        else:
-            alloc = self._new_allocation(nbytes, group_name, None)
-            view = memoryview(alloc.map)[: max(nbytes, dtype.itemsize)]
-            weakref.finalize(view, self._release, alloc)  # the last tensor over it died
-            self._live[alloc.base] = alloc
-            flat = torch.frombuffer(view, dtype=torch.uint8)
-        return flat.view(dtype).as_strided(size, stride)
+            storage = self._persistent_storage(nbytes, group_name, alloc_id)
+            # A tensor of its own over the storage (no view of another): one user each.
+            return torch.empty(0, dtype=dtype).set_(storage, 0, size, stride)
+        alloc = self._new_allocation(nbytes, group_name, None)
+        view = memoryview(alloc.map)[: max(nbytes, dtype.itemsize)]
+        weakref.finalize(view, self._release, alloc)  # the last tensor over it died
+        self._live[alloc.base] = alloc
+        return torch.frombuffer(view, dtype=torch.uint8).view(dtype).as_strided(size, stride)
 
     def _new_allocation(self, nbytes, group_name, alloc_id) -> _CpuAllocation:
         fd, segment = _open_segment(_pad_offset(nbytes) + SIGNAL_PAD_SIZE + DESCRIPTOR_SIZE)
         return _CpuAllocation(nbytes, group_name, alloc_id, _address_of(segment), map=segment,
                               fd=fd)
 
-    def _persistent_bytes(self, nbytes, group_name, alloc_id) -> torch.Tensor:
-        """The bytes of persistent allocation `alloc_id`: a lookup once it exists (SM-4).
+    def _persistent_storage(self, nbytes, group_name, alloc_id) -> torch.UntypedStorage:
+        """The storage of persistent allocation `alloc_id`: a lookup once it exists (SM-4).
 
-        The allocator keeps one uint8 tensor over the buffer for good; a tensor it handed
-        out (or any view of one) is alive exactly while the storage has more users."""
+        The allocator keeps the storage for good; every tensor it handed out (and every
+        view of one) is one more user of it."""
         alloc = self._persistent.get(alloc_id)
         if alloc is None:
             alloc = self._new_allocation(nbytes, group_name, alloc_id)
-            alloc.own = torch.frombuffer(memoryview(alloc.map)[: max(nbytes, 8)],
-                                         dtype=torch.uint8)
+            view = memoryview(alloc.map)[: max(nbytes, 8)]
+            alloc.storage = torch.frombuffer(view, dtype=torch.uint8).untyped_storage()
             self._persistent[alloc_id] = self._live[alloc.base] = alloc
-            return alloc.own
-        if _storage_users(alloc.own) > 1:
+            return alloc.storage
+        if _storage_users(alloc.storage) > 0:
             raise RuntimeError(f"alloc_id: cannot allocate alloc_id {alloc_id} while the "
                                f"previous allocation with this id is still alive [SM-4]")
         if alloc.nbytes != nbytes:
@@ -635,7 +634,7 @@ class CpuAllocator:
         if alloc.group_name != group_name:
             raise ValueError(f"alloc_id: alloc_id {alloc_id} belongs to group "
                              f"{alloc.group_name!r}, not {group_name!r} [SM-4]")
-        return alloc.own
+        return alloc.storage
 
     def _release(self, alloc: _CpuAllocation) -> None:
         """The last tensor over a (non-persistent) allocation died: forget it."""

@@ -587,3 +587,50 @@ def test_group_info_from_any_store_defines_the_group_SM_2():
         assert group_rank == 2 - rank
         assert order == [2, 1, 0], "group rank r is the process that registered as r"
         assert total == [3] * 4 and enabled
+
+
+# --------------------------------------------------------------------------------------
+# The C++ CPU kernels (SM-18): the same bits as the Python kernels, results never aliased
+# --------------------------------------------------------------------------------------
+def _native_and_python_kernels_agree():
+    group = _world()
+    rank = dist.get_rank()
+    results = []
+    for dtype, op in CASES:
+        x = sm.empty(1001, dtype=dtype)
+        x.copy_(rank_data(rank, dtype, 1001, seed=5))
+        native = sm.ops.one_shot_all_reduce(x, op, group)
+        python = torch.ops.refimpl_symm_mem._python_one_shot_all_reduce(x, op, group)
+        out = torch.empty_like(x)
+        torch.ops.refimpl_symm_mem._python_one_shot_all_reduce_out(x, op, group, out=out)
+        results.append(torch.equal(native.view(torch.uint8), python.view(torch.uint8))
+                       and torch.equal(native.view(torch.uint8), out.view(torch.uint8)))
+    return sm.kernel_build_info()["ops"], results
+
+
+def test_native_kernels_give_the_bits_of_the_python_kernels_SM_18():
+    for ops, same in run_on_ranks(_native_and_python_kernels_agree, 2):
+        assert ops == "native", "the C++ kernels build here (g++ and torch's headers)"
+        assert same == [True] * len(CASES)
+
+
+def _reused_results_never_alias_a_live_one(numel):
+    group = _world()
+    x = sm.empty(numel, dtype=torch.float32)
+    x.fill_(1)
+    first = sm.ops.one_shot_all_reduce(x, "sum", group)
+    x.fill_(2)
+    second = sm.ops.one_shot_all_reduce(x, "sum", group)  # `first` is alive: a new one
+    kept = bool((first == 2).all()) and first.data_ptr() != second.data_ptr()
+    address = second.data_ptr()
+    del second
+    x.fill_(3)
+    third = sm.ops.one_shot_all_reduce(x, "sum", group)  # may reuse the dropped one
+    return kept, bool((first == 2).all()), bool((third == 6).all()), third.data_ptr() == address
+
+
+def test_one_shot_results_reuse_only_storage_nobody_holds_SM_18():
+    for kept, first_intact, third, reused in run_on_ranks(_reused_results_never_alias_a_live_one,
+                                                          2, 1 << 16):
+        assert kept and first_intact and third
+        assert reused, "a dropped result of 256 KiB is reused (no page faults)"
