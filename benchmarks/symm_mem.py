@@ -20,7 +20,6 @@ import os
 import platform
 import subprocess
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -30,41 +29,19 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import refimpl.symmetric_memory as sm  # noqa: E402
 from refimpl.multiprocess import run_on_ranks  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from percentiles import percentiles_us  # noqa: E402
+
 SIZES = [1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]
 DEEPSPEED_PYTHON = "/work/venvs/deepspeed/bin/python"
 HERE = os.path.dirname(os.path.abspath(__file__))
+
 
 
 def iterations(nbytes: int, quick: bool) -> int:
     if nbytes <= 64 << 10:
         return 100 if quick else 600
     return 20 if quick else (200 if nbytes <= 1 << 20 else 60)
-
-
-WARM_UP_S = 0.05
-
-
-def percentiles_us(step, n: int) -> tuple[float, float]:
-    # Warm up for about WARM_UP_S, the same number of steps on every rank (rank 0 picks
-    # it): after a gloo barrier the scheduler often wakes both ranks on one core and
-    # takes milliseconds to move one away; ranks on their own cores, as in a running
-    # program, are what is measured.
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(20):
-        step()
-    per_step = (time.perf_counter() - start) / 20
-    count = [max(n // 10, int(WARM_UP_S / per_step))]
-    dist.broadcast_object_list(count, src=0)
-    for _ in range(count[0]):
-        step()
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    times.sort()
-    return times[len(times) // 2] * 1e6, times[int(len(times) * 0.9)] * 1e6
 
 
 def _bench_rank(sizes: list[int], quick: bool) -> list[tuple]:

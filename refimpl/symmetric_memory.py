@@ -158,10 +158,11 @@ def register_allocator(device_type: str, allocator) -> None:
 
     SymmetricMemory (the handle; the allocator subclasses it)
       The base class holds the attributes of SM-7 and every argument check of
-      SM-8..SM-11 and SM-14..SM-17; a subclass implements the device's primitives,
-      each returning a status (`STATUS_OK`, `STATUS_PUT_TIMEOUT`, `STATUS_WAIT_TIMEOUT`,
-      `STATUS_MISMATCH`)
-      and the group rank it was waiting for when it timed out:
+      SM-8..SM-11, SM-14..SM-17 and SM-19; a subclass implements the device's
+      primitives. Those that wait return a status (`STATUS_OK`, `STATUS_PUT_TIMEOUT`,
+      `STATUS_WAIT_TIMEOUT`, `STATUS_MISMATCH`): `_put_signal` and `_wait_signal` the
+      status alone (their peer is an argument), the others `(status, peer)`, the group
+      rank waited for when it timed out:
       - `_tensor_at(rank, byte_offset, numel, dtype) -> Tensor`: a 1-D tensor over
         rank `rank`'s memory, `byte_offset` bytes from the start of its buffer (the
         signal pad starts at `pad_offset`); bounds are already checked.
@@ -177,8 +178,11 @@ def register_allocator(device_type: str, allocator) -> None:
         gives `((numel, byte offset, kind), (...))` of rank 0's call and that rank's,
         `kind = algorithm << 16 | reduce op code << 8 | dtype code` (one-shot 1,
         two-shot 2).
-    Registering an allocator also makes the ops run on its device type: they are
-    registered for the CPU and CUDA dispatch keys and choose the allocator at run time.
+      - `_failed()` (optional): told once when the handle becomes fail-stop (SM-19).
+    Allocator also has `device_type`. Registering an allocator also makes the ops run on
+    its device type: their Python kernels are registered for the CPU and CUDA dispatch
+    keys and choose the allocator at run time (on CPU, refimpl's C++ kernels take the
+    calls they can serve only while refimpl's own CPU allocator is the registered one).
     """
     _allocators[str(device_type)] = allocator
     if str(device_type) == "cpu" and _native_ops is not None:

@@ -213,6 +213,15 @@ OPS = ["sum", "avg", "max", "min"]
 KINDS = [(d, op) for d in DTYPES for op in OPS if op != "avg" or d.startswith(("f", "b"))]
 
 
+def _refusal(fn, *args, whole: bool = False, **kwargs) -> str | None:
+    """The argument a ValueError of `fn(*args)` names (its whole message if `whole`)."""
+    try:
+        fn(*args, **kwargs)
+    except ValueError as exc:
+        return str(exc) if whole else str(exc).split(":")[0]
+    return None
+
+
 def _rank_order(inputs: list[torch.Tensor], op: str) -> torch.Tensor:
     """((x0 op x1) op x2) ...: 16-bit floats in float32 rounded once, avg = sum / ranks,
     integer sums wrap, max/min propagate NaN."""
@@ -315,25 +324,18 @@ def _op_refusals(spec: str):
     sm.ops.one_shot_all_reduce(f, "sum", group)  # both rendezvoused: later calls are warm
     sm.ops.one_shot_all_reduce(i, "sum", group)
 
-    def refused(fn, *args, **kwargs):
-        try:
-            fn(*args, **kwargs)
-        except ValueError as exc:
-            return str(exc).split(":")[0]
-        return None
-
     plain = torch.ones(6, device=device)
     answers = [
-        refused(sm.ops.one_shot_all_reduce, i, "avg", group),
-        refused(sm.ops.two_shot_all_reduce_, i, "avg", group),
-        refused(sm.ops.one_shot_all_reduce, f, "prod", group),
-        refused(sm.ops.one_shot_all_reduce, f.view(2, 3).t(), "sum", group),
-        refused(sm.ops.one_shot_all_reduce_out, f, "sum", group,
+        _refusal(sm.ops.one_shot_all_reduce, i, "avg", group),
+        _refusal(sm.ops.two_shot_all_reduce_, i, "avg", group),
+        _refusal(sm.ops.one_shot_all_reduce, f, "prod", group),
+        _refusal(sm.ops.one_shot_all_reduce, f.view(2, 3).t(), "sum", group),
+        _refusal(sm.ops.one_shot_all_reduce_out, f, "sum", group,
                 out=torch.empty(5, device=device)),
-        refused(sm.ops.one_shot_all_reduce_out, f, "sum", group,
+        _refusal(sm.ops.one_shot_all_reduce_out, f, "sum", group,
                 out=torch.empty(6, dtype=torch.float64, device=device)),
-        refused(sm.ops.one_shot_all_reduce_out, f[:3], "sum", group, out=f[3:]),
-        refused(sm.ops.one_shot_all_reduce, plain, "sum", group),
+        _refusal(sm.ops.one_shot_all_reduce_out, f[:3], "sum", group, out=f[3:]),
+        _refusal(sm.ops.one_shot_all_reduce, plain, "sum", group),
     ]
     upper = sm.ops.one_shot_all_reduce(f, "SUM", group).cpu().tolist()  # case-insensitive
     return answers, upper
@@ -354,13 +356,6 @@ def _mismatched_calls(spec: str):
     buf = sm.empty(16, dtype=torch.float32, device=device)
     buf.fill_(rank + 1)
 
-    def refused(fn, *args):
-        try:
-            fn(*args)
-        except ValueError as exc:
-            return str(exc)
-        return None
-
     calls = [
         # rank 2 passes fewer elements
         lambda: sm.ops.one_shot_all_reduce(buf[: 8 if rank == 2 else 9], "sum", group),
@@ -375,7 +370,7 @@ def _mismatched_calls(spec: str):
         lambda: (sm.ops.two_shot_all_reduce_(buf[:8], "sum", group) if rank == 1
                  else sm.ops.one_shot_all_reduce(buf[:8], "sum", group)),
     ]
-    messages = [refused(call) for call in calls]
+    messages = [_refusal(call, whole=True) for call in calls]
     after = sm.ops.one_shot_all_reduce(buf[:4], "sum", group).cpu().tolist()  # still in step
     return messages, after
 
@@ -398,13 +393,6 @@ def _bounds(spec: str):
     t = sm.empty(6, dtype=torch.int16, device=device)  # 12 bytes
     h = sm.rendezvous(t, group)
 
-    def refused(fn, *args, **kwargs):
-        try:
-            fn(*args, **kwargs)
-        except ValueError as exc:
-            return str(exc).split(":")[0]
-        return None
-
     peer = (rank + 1) % world
     fits = [
         tuple(h.get_buffer(peer, (6,), torch.int16).shape),
@@ -416,14 +404,14 @@ def _bounds(spec: str):
         tuple(h.get_signal_pad(peer, storage_offset=h.signal_pad_size // 4).shape),
     ]
     over = [
-        refused(h.get_buffer, peer, (7,), torch.int16),
-        refused(h.get_buffer, peer, (1,), torch.int64, storage_offset=1),
-        refused(h.get_buffer, peer, (2,), torch.int16, storage_offset=5),
-        refused(h.get_signal_pad, peer, (h.signal_pad_size // 4 + 1,)),
-        refused(h.get_signal_pad, peer, (1,), torch.uint32, h.signal_pad_size // 4),
-        refused(h.get_signal_pad, peer, storage_offset=h.signal_pad_size // 4 + 1),
-        refused(h.get_buffer, world, (1,), torch.int16),
-        refused(h.get_buffer, -1, (1,), torch.int16),
+        _refusal(h.get_buffer, peer, (7,), torch.int16),
+        _refusal(h.get_buffer, peer, (1,), torch.int64, storage_offset=1),
+        _refusal(h.get_buffer, peer, (2,), torch.int16, storage_offset=5),
+        _refusal(h.get_signal_pad, peer, (h.signal_pad_size // 4 + 1,)),
+        _refusal(h.get_signal_pad, peer, (1,), torch.uint32, h.signal_pad_size // 4),
+        _refusal(h.get_signal_pad, peer, storage_offset=h.signal_pad_size // 4 + 1),
+        _refusal(h.get_buffer, world, (1,), torch.int16),
+        _refusal(h.get_buffer, -1, (1,), torch.int16),
     ]
     # writes through a peer's view land in that peer's buffer
     h.barrier()
