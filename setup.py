@@ -4,9 +4,13 @@ All metadata lives in pyproject.toml. The kernels are plain C libraries loaded w
 ctypes, not Python extension modules; setuptools' extension machinery is used only so
 that `pip install` (editable or not) builds them into the package with the same compiler
 flags and source-hash stamp that refimpl/_native.py uses when it builds them itself.
+The C++ op kernels (`kernels/cpu/*_ops.cpp`) need the headers of the torch they run
+with, which pip's isolated build environment does not have: they are built on first
+import; a non-editable install carries their source for that.
 """
 
 import importlib.util
+import shutil
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -28,6 +32,9 @@ class BuildKernels(build_ext):
     def build_extension(self, ext):
         target = Path(self.get_ext_fullpath(ext.name))
         _native().compile_library(ROOT / ext.sources[0], target)
+        if not self.inplace:  # an installed package has no kernels/ folder beside it
+            for source in (ROOT / "kernels" / "cpu").glob("*_ops.cpp"):
+                shutil.copy(source, target.parent / source.name)
 
 
 setup(

@@ -4,7 +4,9 @@ On 2 gloo ranks, each rank runs `all_reduce(x * 2, "sum") + 1` with `x` of 4 KiB
 - upstream: `torch.compile` with Inductor on CPU (its lowering: clone + all_reduce_ over
   gloo; one-shot needs CUDA upstream);
 - refimpl, default lowering (in-place all_reduce_ over gloo);
-- refimpl with `auto_select` (one-shot all-reduce through CPU symmetric memory).
+- refimpl with `auto_select` (one-shot all-reduce through CPU symmetric memory), against
+  the bare `one_shot_all_reduce` op on a symmetric buffer (the program adds the `x * 2`
+  written into its persistent comm buffer, the buffer's lookup, and the `+ 1`).
 Prints microseconds per call (median over ranks of the best of several repeats) and the
 ratios. Also times `lower()` itself on a graph of 1,000 all_reduces.
 
@@ -47,11 +49,14 @@ def rank_timings(iters: int, repeats: int) -> dict:
     from torch.fx.experimental.proxy_tensor import make_fx
 
     import refimpl.functional_collectives as fc
+    import refimpl.symmetric_memory as sm
     from refimpl.comm_lowering import CommLoweringConfig, lower
-    from refimpl.symmetric_memory import enable_symm_mem_for_group
 
-    enable_symm_mem_for_group(WORLD)
+    sm.enable_symm_mem_for_group(WORLD)
+    torch.set_num_threads(1)
     x = torch.ones(1024)
+    buf = sm.empty(1024)
+    buf.copy_(x)
     gm = make_fx(functools.partial(program, fc), tracing_mode="fake")(x)
     upstream = torch.compile(functools.partial(program, ufc), backend="inductor",
                              fullgraph=True)
@@ -59,6 +64,7 @@ def rank_timings(iters: int, repeats: int) -> dict:
         "upstream inductor (gloo)": upstream,
         "refimpl lowered (gloo)": lower(gm),
         "refimpl lowered one-shot": lower(gm, CommLoweringConfig(auto_select=True)),
+        "bare one-shot op": lambda _: sm.ops.one_shot_all_reduce(buf, "sum", WORLD),
     }
     results = {}
     for name, fn in variants.items():
@@ -103,6 +109,8 @@ def main():
     up = med["upstream inductor (gloo)"]
     print(f"upstream / refimpl gloo     {up / med['refimpl lowered (gloo)']:10.2f}x")
     print(f"upstream / refimpl one-shot {up / med['refimpl lowered one-shot']:10.2f}x")
+    print(f"lowered one-shot / bare op  "
+          f"{med['refimpl lowered one-shot'] / med['bare one-shot op']:10.2f}x")
     print(f"lower() on 1,000 all_reduces: {lowering_time_s(1000):.2f} s")
 
 

@@ -1,24 +1,25 @@
-"""Shared-memory all-reduce (one-shot, two-shot) against gloo's all_reduce, same ranks, one run.
+"""Shared-memory all-reduce (one-shot, `out=`, two-shot) against gloo and DeepSpeed, one run.
 
-For 2 and 4 ranks and float32 tensors of 1 KiB to 4 MiB, every rank times each
-operation on its own; the table shows rank 0's median latency per op in microseconds
-and the ratio gloo / symmetric memory (higher is better for refimpl). `one-shot`
-allocates its result (at MiB sizes that is mostly page faults), `one-shot out=` writes a
-preallocated one; gloo and two-shot reduce in place. The target (DESIGN.md) is one-shot
-at least 50x faster than gloo up to 64 KiB on 2 ranks; with more ranks than cores the
-kernels' waits back off, and one-shot must still beat gloo.
+For 2 and 4 ranks and float32 `sum` over 1 KiB to 4 MiB, every rank times each operation
+on its own; the table shows rank 0's p50 / p90 latency in microseconds. `one-shot`
+allocates its result, `out=` writes a preallocated one; gloo, two-shot and DeepSpeed
+reduce in place. DeepSpeed (`deepspeed.comm.inference_all_reduce`, its CPU shared-memory
+op) is the peer column when its virtual environment exists (`--deepspeed-python`,
+default /work/venvs/deepspeed/bin/python; see benchmarks/deepspeed_peer.py), run right
+after refimpl's ranks of the same world size; nothing in refimpl needs it. The ratio
+column is DeepSpeed's p50 over refimpl one-shot's p50 (above 1: refimpl is faster).
 
-    python benchmarks/symm_mem.py [--worlds 2 4] [--quick] [--pin]
+    python benchmarks/symm_mem.py [--worlds 2 4] [--quick] [--no-deepspeed]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
-import statistics
+import subprocess
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -28,78 +29,98 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import refimpl.symmetric_memory as sm  # noqa: E402
 from refimpl.multiprocess import run_on_ranks  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from percentiles import percentiles_us  # noqa: E402
+
 SIZES = [1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]
+DEEPSPEED_PYTHON = "/work/venvs/deepspeed/bin/python"
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _median_us(step, iterations: int) -> float:
-    for _ in range(max(3, iterations // 10)):  # warm up
-        step()
-    dist.barrier()
-    times = []
-    for _ in range(iterations):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
+
+def iterations(nbytes: int, quick: bool) -> int:
+    if nbytes <= 64 << 10:
+        return 100 if quick else 600
+    return 20 if quick else (200 if nbytes <= 1 << 20 else 60)
 
 
-def _pinned(pin: bool):
-    """Pin this rank's thread to one CPU (round robin) if `pin`; returns how to undo it."""
-    everywhere = os.sched_getaffinity(0)
-    if pin:
-        cpus = sorted(everywhere)
-        os.sched_setaffinity(0, {cpus[dist.get_rank() % len(cpus)]})
-    return lambda: os.sched_setaffinity(0, everywhere)
-
-
-def _bench_rank(sizes: list[int], quick: bool, pin: bool) -> list[tuple]:
+def _bench_rank(sizes: list[int], quick: bool) -> list[tuple]:
+    torch.set_num_threads(1)
     group = dist.group.WORLD.group_name
     sm.enable_symm_mem_for_group(group)
+    ops = sm.ops
     rows = []
     for nbytes in sizes:
-        numel = nbytes // 4
-        iterations = (50 if quick else 300) if nbytes <= 64 << 10 else (10 if quick else 40)
+        numel, n = nbytes // 4, iterations(nbytes, quick)
         plain = torch.zeros(numel)
-        # gloo always runs unpinned: its I/O threads keep their own placement, and pinning
-        # only its calling thread makes it wait for scheduler ticks (4 ms here).
-        gloo = _median_us(lambda: dist.all_reduce(plain), iterations)
-        unpin = _pinned(pin)
+        gloo = percentiles_us(lambda: dist.all_reduce(plain), max(n // 4, 10))
         buf = sm.empty(numel, dtype=torch.float32)
         buf.zero_()  # sums of zeros stay zero, however often two-shot reduces in place
         sm.rendezvous(buf, group)
         out = torch.empty(numel)
-        one_shot = _median_us(lambda: sm.ops.one_shot_all_reduce(buf, "sum", group), iterations)
-        one_out = _median_us(lambda: sm.ops.one_shot_all_reduce_out(buf, "sum", group, out=out),
-                             iterations)
-        two_shot = _median_us(lambda: sm.ops.two_shot_all_reduce_(buf, "sum", group), iterations)
-        unpin()
-        rows.append((nbytes, gloo, one_shot, one_out, two_shot))
+        one = percentiles_us(lambda: ops.one_shot_all_reduce(buf, "sum", group), n)
+        one_out = percentiles_us(lambda: ops.one_shot_all_reduce_out(buf, "sum", group, out=out),
+                                 n)
+        two = percentiles_us(lambda: ops.two_shot_all_reduce_(buf, "sum", group), n)
+        rows.append((nbytes, gloo, one, one_out, two))
     return rows
+
+
+def deepspeed_rows(python: str, world: int, sizes: list[int], quick: bool) -> dict | None:
+    """DeepSpeed's p50/p90 per size from its own environment, or None (with the reason)."""
+    if not python or not os.path.exists(python):
+        print(f"# DeepSpeed: no interpreter at {python!r}; column left empty")
+        return None
+    cmd = [python, os.path.join(HERE, "deepspeed_peer.py"), "--world", str(world),
+           "--sizes", *map(str, sizes), "--iterations",
+           *(str(iterations(s, quick)) for s in sizes)]
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    if proc.returncode != 0:
+        print(f"# DeepSpeed failed (exit {proc.returncode}): {proc.stderr[-500:]}")
+        return None
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"# DeepSpeed {report['deepspeed']} on torch {report['torch']}, world {world}")
+    return {int(k): v for k, v in report["rows"].items()}
 
 
 def _size(nbytes: int) -> str:
     return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
 
 
+def _cell(p: tuple[float, float] | list[float] | None) -> str:
+    return "-" if p is None else f"{p[0]:.1f} / {p[1]:.1f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--quick", action="store_true", help="fewer iterations")
-    parser.add_argument("--pin", action="store_true",
-                        help="pin rank r to CPU r mod #CPUs for the shared-memory ops")
+    parser.add_argument("--deepspeed-python", default=DEEPSPEED_PYTHON)
+    parser.add_argument("--no-deepspeed", action="store_true")
     args = parser.parse_args()
-    print(f"# symmetric-memory all-reduce vs gloo: {os.cpu_count()} CPUs, "
+    print(f"# symmetric-memory all-reduce, float32 sum: {os.cpu_count()} CPUs, "
           f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
-          f"load average {os.getloadavg()[0]:.1f}, ranks pinned: {args.pin}\n")
-    print("| ranks | size | gloo all_reduce | one-shot | ratio | one-shot out= | ratio "
-          "| two-shot (in place) | ratio |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          f"load average before {os.getloadavg()[0]:.2f}\n")
+    tables = []
     for world in args.worlds:
-        rows = run_on_ranks(_bench_rank, world, SIZES, args.quick, args.pin, timeout=600)[0]
+        rows = run_on_ranks(_bench_rank, world, SIZES, args.quick, timeout=1800)[0]
+        ds = None if args.no_deepspeed else deepspeed_rows(args.deepspeed_python, world, SIZES,
+                                                           args.quick)
+        tables.append((world, rows, ds))
+    print("\np50 / p90 in microseconds (rank 0); ratio = DeepSpeed p50 / refimpl one-shot p50\n")
+    print("| ranks | size | refimpl one-shot | refimpl `out=` | refimpl two-shot | DeepSpeed "
+          "| ratio | gloo |")
+    print("|---|---|---|---|---|---|---|---|")
+    for world, rows, ds in tables:
         for nbytes, gloo, one, one_out, two in rows:
-            print(f"| {world} | {_size(nbytes)} | {gloo:.1f} | {one:.1f} | {gloo / one:.1f}x "
-                  f"| {one_out:.1f} | {gloo / one_out:.1f}x | {two:.1f} | {gloo / two:.1f}x |",
-                  flush=True)
+            peer = ds[nbytes]["inference_all_reduce"] if ds else None
+            ratio = f"{peer[0] / one[0]:.2f}" if peer else "-"
+            print(f"| {world} | {_size(nbytes)} | {_cell(one)} | {_cell(one_out)} | {_cell(two)} "
+                  f"| {_cell(peer)} | {ratio} | {_cell(gloo)} |")
+    print(f"\n# load average after {os.getloadavg()[0]:.2f}; /dev/shm refimpl segments left: "
+          f"{len(sm.leaked_segments())}")
 
 
 if __name__ == "__main__":

@@ -12,11 +12,21 @@ this order:
 
 A checkout that was never pip-installed therefore works too, and an edited kernel is
 rebuilt on the next import instead of running stale code.
+
+`load_torch_op_library` builds the one C++ file that registers op kernels with torch's
+dispatcher (`kernels/cpu/*_ops.cpp`). It needs torch's headers, so it is built on first
+import against the torch that is installed (never by `pip install`, whose build
+environment has no torch), under a hash of its source, its flags and that torch's
+version, into the user's cache first (a copy of the checkout finds it there), one
+process at a time (a file lock). When it cannot be built, the caller keeps its Python
+kernels.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import glob
 import hashlib
 import os
@@ -24,7 +34,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["load_kernel_library", "source_hash", "compile_library", "CFLAGS"]
+__all__ = ["load_kernel_library", "load_torch_op_library", "torch_op_digest", "source_hash",
+           "compile_library", "stamped_hash", "CFLAGS", "CXXFLAGS"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KERNEL_DIR = REPO_ROOT / "kernels" / "cpu"
@@ -67,7 +78,7 @@ def _cache_dirs() -> list[Path]:
     return [REPO_ROOT / "build" / "refimpl-kernels", user_cache / "refimpl-kernels"]
 
 
-def _stamped_hash(lib: ctypes.CDLL) -> str | None:
+def stamped_hash(lib: ctypes.CDLL) -> str | None:
     try:
         fn = lib.rsm_source_hash
     except AttributeError:
@@ -80,7 +91,7 @@ def _installed_library(name: str, wanted_hash: str | None) -> ctypes.CDLL | None
     """The library the package install put next to this file, if it is current."""
     for path in sorted(glob.glob(str(PACKAGE_DIR / f"_{name}*.so"))):
         lib = ctypes.CDLL(path)
-        if wanted_hash is None or _stamped_hash(lib) == wanted_hash:
+        if wanted_hash is None or stamped_hash(lib) == wanted_hash:
             return lib
     return None
 
@@ -114,3 +125,84 @@ def load_kernel_library(name: str) -> ctypes.CDLL:
                                f"library in {PACKAGE_DIR} exists; reinstall refimpl")
     _loaded[name] = lib
     return lib
+
+
+# ---- C++ op kernels against the installed torch
+CXXFLAGS = ["-std=c++20", "-O2", "-fPIC", "-shared", "-w"]  # torch 2.14 needs C++20
+
+
+def _torch_build():
+    """Compiler flags and identity of the installed torch's C++ side."""
+    import torch
+
+    root = Path(torch.__file__).resolve().parent
+    include = root / "include"
+    flags = [f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+             f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}"]
+    libs = [f"-L{root / 'lib'}", f"-Wl,-rpath,{root / 'lib'}", "-lc10", "-ltorch_cpu"]
+    identity = f"{torch.__version__} {torch.version.git_version}"
+    return flags, libs, identity
+
+
+@contextlib.contextmanager
+def _locked(directory: Path):
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _compile_cxx(source: Path, target: Path, flags: list[str], libs: list[str]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        cmd = [os.environ.get("CXX", "g++"), *CXXFLAGS, *flags, "-o", tmp, str(source), *libs]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"compiling {source} failed ({' '.join(cmd)}):\n"
+                               f"{result.stderr[-3000:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _cxx_source(name: str) -> Path:
+    """The checkout's `kernels/cpu/<name>.cpp`, or the copy a package install put here."""
+    source = KERNEL_DIR / f"{name}.cpp"
+    return source if source.exists() else PACKAGE_DIR / f"{name}.cpp"
+
+
+def torch_op_digest(name: str) -> str:
+    """The identity of `kernels/cpu/<name>.cpp` built against the installed torch."""
+    flags, libs, identity = _torch_build()
+    digest = hashlib.sha256(_cxx_source(name).read_bytes())
+    digest.update(" ".join(CXXFLAGS + flags + libs + [identity]).encode())
+    return digest.hexdigest()[:16]
+
+
+def load_torch_op_library(name: str) -> Path:
+    """Build (once per source and torch) and load `kernels/cpu/<name>.cpp` with
+    `torch.ops.load_library`; returns its path. Raises when it cannot be built."""
+    import torch
+
+    source = _cxx_source(name)
+    flags, libs, _ = _torch_build()
+    filename = f"lib{name}-{torch_op_digest(name)}.so"
+    errors = []
+    for directory in reversed(_cache_dirs()):  # the user's cache first: copies share it
+        target = directory / filename
+        try:
+            if not target.exists():
+                with _locked(directory):
+                    if not target.exists():
+                        _compile_cxx(source, target, flags, libs)
+        except OSError as exc:  # a read-only place: try the next one
+            errors.append(f"{directory}: {exc}")
+            continue
+        torch.ops.load_library(str(target))
+        return target
+    raise RuntimeError(f"cannot build op library {name!r}: " + "; ".join(errors))

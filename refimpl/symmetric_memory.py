@@ -23,6 +23,7 @@ import math
 import mmap
 import os
 import secrets
+import warnings
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,22 +32,27 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from refimpl._native import load_kernel_library
+from refimpl import _native
+from refimpl._native import load_kernel_library, load_torch_op_library
 
 __all__ = [
     "SymmetricMemory", "SymmMemTimeout", "register_allocator", "get_allocator",
     "set_group_info", "enable_symm_mem_for_group", "is_symm_mem_enabled_for_group",
     "empty_strided_p2p", "empty", "rendezvous", "get_symmetric_memory", "is_symm_mem_tensor",
     "set_default_timeout", "leaked_segments", "ops", "LIBRARY", "SIGNAL_PAD_SIZE",
-    "SEGMENT_PREFIX", "SUPPORTED_DTYPES", "REDUCE_OPS", "DEVICE",
+    "SEGMENT_PREFIX", "SUPPORTED_DTYPES", "REDUCE_OPS", "DEVICE", "device_for_rank",
+    "SymmetricAllocation", "CpuAllocator", "CpuSymmetricMemory", "OP_CHANNEL",
+    "kernel_build_info",
 ]
 
 LIBRARY = "refimpl_symm_mem"
-DEVICE = "cpu"  # the device this module's backend allocates on (for conformance cases)
+# The device type the conformance cases allocate on (REFIMPL_SYMM_MEM_DEVICE=cuda runs them
+# on a registered CUDA allocator); see `device_for_rank`.
+DEVICE = os.environ.get("REFIMPL_SYMM_MEM_DEVICE", "cpu")
 SIGNAL_PAD_SIZE = 4096  # bytes per rank: uint32 slots, one per (channel, peer)
 SEGMENT_PREFIX = "refimpl-symm-"
+MAX_ALLOC_ID = 2**64 - 1  # alloc_id is a uint64 upstream
 SHM_DIR = os.environ.get("REFIMPL_SHM_DIR", "/dev/shm")
-MAX_WORLD_SIZE = 64  # the C kernels' limit
 _default_timeout_ms = int(os.environ.get("REFIMPL_SYMM_MEM_TIMEOUT_MS", "60000"))
 
 
@@ -56,7 +62,16 @@ def set_default_timeout(timeout_ms: int) -> int:
     if not isinstance(timeout_ms, int) or timeout_ms <= 0:
         raise ValueError(f"timeout_ms: must be a positive int, got {timeout_ms!r} [SM-11]")
     previous, _default_timeout_ms = _default_timeout_ms, timeout_ms
+    if _native_ops is not None:
+        _native_ops.rsm_ops_set_timeout(timeout_ms * 1_000_000)
     return previous
+
+
+def device_for_rank(rank: int) -> torch.device:
+    """The device a rank allocates on: `DEVICE`, one GPU per rank round robin for cuda."""
+    if DEVICE == "cuda":
+        return torch.device("cuda", rank % torch.cuda.device_count())
+    return torch.device(DEVICE)
 
 
 def _timeout_ms(timeout_ms) -> int:
@@ -79,15 +94,30 @@ class SymmMemTimeout(TimeoutError):
 # --------------------------------------------------------------------------------------
 _lib = load_kernel_library("symm_mem")
 _i32, _i64, _ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
-_peer_p = ctypes.POINTER(ctypes.c_int32)
+MAX_WORLD_SIZE = 64  # the C kernels' limit
+
+
+class _CGroup(ctypes.Structure):
+    """`rsm_group` of kernels/cpu/symm_mem.c: one rank's view of an allocation."""
+
+    _fields_ = [("rank", ctypes.c_int32), ("world", ctypes.c_int32), ("peer", ctypes.c_int32),
+                ("unused", ctypes.c_int32), ("bufs", _ptr * MAX_WORLD_SIZE),
+                ("pads", _ptr * MAX_WORLD_SIZE), ("descs", _ptr * MAX_WORLD_SIZE),
+                ("mismatch", ctypes.c_int64 * 6)]
+
+
 _lib.rsm_put_signal.argtypes = [_ptr, _i32, _i32, _i32, _i64]
 _lib.rsm_wait_signal.argtypes = [_ptr, _i32, _i32, _i32, _i64]
-_lib.rsm_barrier.argtypes = [_ptr, _i32, _i32, _i32, _i64, _peer_p]
-_lib.rsm_one_shot_all_reduce.argtypes = [_ptr, _ptr, _i32, _i32, _i32, _i64, _i64, _i32, _i32,
-                                         _ptr, _i64, _peer_p]
-_lib.rsm_two_shot_all_reduce.argtypes = [_ptr, _ptr, _i32, _i32, _i32, _i64, _i64, _i32, _i32,
-                                         _i64, _peer_p]
-_OK, _PUT_TIMEOUT, _WAIT_TIMEOUT, _BAD_ARGUMENT = 0, 1, 2, 3
+_lib.rsm_group_barrier.argtypes = [_ptr, _i32, _i64]
+_lib.rsm_one_shot.argtypes = [_ptr, _i32, _i64, _i64, _i32, _i32, _ptr, _i64]
+_lib.rsm_two_shot.argtypes = [_ptr, _i32, _i64, _i64, _i32, _i32, _i64]
+_lib.rsm_reduce.argtypes = [_ptr, _ptr, _i32, _i64, _i32, _i32]
+
+# Statuses of a backend's primitives (the C kernels return the same numbers).
+STATUS_OK, STATUS_PUT_TIMEOUT, STATUS_WAIT_TIMEOUT, STATUS_BAD_ARGUMENT = 0, 1, 2, 3
+STATUS_MISMATCH = 4  # ranks called an all-reduce differently (SM-20)
+DESCRIPTOR_SIZE = 64  # bytes after the signal pad: the last all-reduce call's description
+OP_CHANNEL = 0  # the signal-pad channel the all-reduce kernels synchronise on (SM-17)
 
 # dtype and reduction codes shared with kernels/cpu/symm_mem.c
 SUPPORTED_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int32: 3,
@@ -102,14 +132,62 @@ _allocators: dict[str, object] = {}
 
 
 def register_allocator(device_type: str, allocator) -> None:
-    """Make `allocator` serve symmetric allocations on devices of `device_type`.
+    """Make `allocator` serve symmetric memory on devices of type `device_type` (SM-1).
 
-    An allocator provides `empty_strided_p2p(size, stride, dtype, group_name, alloc_id)`
-    returning a tensor, `allocation_of(tensor)` returning its allocation record or None,
-    and `rendezvous(allocation, group_name, timeout_ms)` returning a `SymmetricMemory`;
-    see `CpuAllocator`.
+    The module's functions and the `refimpl_symm_mem` ops find the allocator by the
+    device type of the tensor they are given and touch nothing of it but this protocol
+    (see `CpuAllocator` for the CPU one):
+
+    Allocator
+      - `empty_strided_p2p(size, stride, dtype, device, group_name, alloc_id) -> Tensor`:
+        a tensor of exactly that layout on `device` whose storage is a new symmetric
+        allocation, or, with an `alloc_id`, the persistent one of SM-4 (raising as SM-4
+        says). Arguments arrive checked (SM-3); it MUST NOT communicate.
+      - `allocation_of(tensor) -> SymmetricAllocation | None`: the record of the
+        allocation whose storage holds `tensor` (any view of it), else None. The ops
+        call it on every call: it must be a lookup (no system call, no allocation).
+      - `rendezvous(allocation, group_name, timeout_ms) -> SymmetricMemory`: the
+        collective of SM-5 and SM-12 over `group_info(group_name)` (rank, world size,
+        store), every wait bounded by `timeout_ms` (SM-11). The module caches the
+        handle in `allocation.handle` and never calls it twice for one allocation.
+
+    SymmetricAllocation (the record; the allocator may subclass it)
+      `nbytes`, `group_name` (or None), `alloc_id` (or None), `base` (the address of
+      the buffer in this process: an input's byte offset is `data_ptr() - base`) and
+      `handle` (None until rendezvous).
+
+    SymmetricMemory (the handle; the allocator subclasses it)
+      The base class holds the attributes of SM-7 and every argument check of
+      SM-8..SM-11, SM-14..SM-17 and SM-19; a subclass implements the device's
+      primitives. Those that wait return a status (`STATUS_OK`, `STATUS_PUT_TIMEOUT`,
+      `STATUS_WAIT_TIMEOUT`, `STATUS_MISMATCH`): `_put_signal` and `_wait_signal` the
+      status alone (their peer is an argument), the others `(status, peer)`, the group
+      rank waited for when it timed out:
+      - `_tensor_at(rank, byte_offset, numel, dtype) -> Tensor`: a 1-D tensor over
+        rank `rank`'s memory, `byte_offset` bytes from the start of its buffer (the
+        signal pad starts at `pad_offset`); bounds are already checked.
+      - `_put_signal(dst_rank, channel, timeout_ms)`, `_wait_signal(src_rank, channel,
+        timeout_ms)`, `_barrier(channel, timeout_ms)`: SM-9 and SM-10 on the signal pads.
+      - `_one_shot(offset, numel, codes, out, timeout_ms)`: SM-15 from the inputs at
+        byte `offset` of every rank's buffer into the contiguous tensor `out`;
+        `_two_shot(offset, numel, codes, timeout_ms)`: SM-16 in place. `codes` is
+        `(reduce op code, dtype code)` of `REDUCE_OPS` and `SUPPORTED_DTYPES`, shared
+        with every backend's kernels. Both synchronise on channel `OP_CHANNEL` and check
+        the call against every rank's (SM-20): on a difference they return
+        `STATUS_MISMATCH` with the lowest differing rank, and `_mismatched_calls()` then
+        gives `((numel, byte offset, kind), (...))` of rank 0's call and that rank's,
+        `kind = algorithm << 16 | reduce op code << 8 | dtype code` (one-shot 1,
+        two-shot 2).
+      - `_failed()` (optional): told once when the handle becomes fail-stop (SM-19).
+    Allocator also has `device_type`. Registering an allocator also makes the ops run on
+    its device type: their Python kernels are registered for the CPU and CUDA dispatch
+    keys and choose the allocator at run time (on CPU, refimpl's C++ kernels take the
+    calls they can serve only while refimpl's own CPU allocator is the registered one).
     """
     _allocators[str(device_type)] = allocator
+    if str(device_type) == "cpu" and _native_ops is not None:
+        # The C++ kernels serve only allocations of refimpl's own CPU allocator.
+        _native_ops.rsm_ops_enable(int(allocator is _cpu_allocator))
 
 
 def get_allocator(device_type) -> object:
@@ -198,28 +276,28 @@ def _check_index(name: str, value, limit: int, rule: str) -> int:
 
 
 class SymmetricMemory:
-    """One rank's view of a rendezvoused symmetric allocation of a group."""
+    """One rank's view of a rendezvoused symmetric allocation of a group.
+
+    Device-neutral: every argument check and error lives here; a backend's subclass
+    implements the primitives listed in `register_allocator`.
+    """
 
     def __init__(self, group_name: str, rank: int, world_size: int, buffer_size: int,
-                 maps: list[mmap.mmap], pad_offset: int):
+                 buffer_ptrs: list[int], pad_offset: int):
         self.group_name = group_name
         self.rank = rank
         self.world_size = world_size
         self.buffer_size = buffer_size
         self.signal_pad_size = SIGNAL_PAD_SIZE
-        self._maps = maps  # keeps every rank's segment mapped while the handle lives
-        self._pad_offset = pad_offset
-        bases = [_address_of(m) for m in maps]
-        self.buffer_ptrs = bases
-        self.signal_pad_ptrs = [b + pad_offset for b in bases]
-        self._buffer_array = (ctypes.c_void_p * world_size)(*self.buffer_ptrs)
-        self._pad_array = (ctypes.c_void_p * world_size)(*self.signal_pad_ptrs)
+        self.pad_offset = pad_offset  # bytes from a buffer's start to its signal pad
+        self.buffer_ptrs = list(buffer_ptrs)
+        self.signal_pad_ptrs = [b + pad_offset for b in buffer_ptrs]
         self.channels = SIGNAL_PAD_SIZE // (4 * world_size)
-        self._peer = ctypes.c_int32(-1)  # where a kernel reports the peer it timed out on
-        self._peer_ref = ctypes.pointer(self._peer)
+        self._failure: str | None = None  # the timeout that made this handle unusable (SM-19)
+        self._failed_peer = -1
 
     def __repr__(self):
-        return (f"SymmetricMemory(group={self.group_name!r}, rank={self.rank}, "
+        return (f"{type(self).__name__}(group={self.group_name!r}, rank={self.rank}, "
                 f"world_size={self.world_size}, buffer_size={self.buffer_size})")
 
     # ---- tensors on any rank's memory (SM-8)
@@ -232,15 +310,14 @@ class SymmetricMemory:
             raise ValueError(f"storage_offset: must be a non-negative int, got "
                              f"{storage_offset!r} [SM-8]")
         element = torch.empty((), dtype=dtype).element_size()
-        begin = base + storage_offset * element
-        end = begin + math.prod(sizes) * element
-        if end > base + limit:
+        numel = math.prod(sizes)
+        end = (storage_offset + numel) * element
+        if end > limit:
             raise ValueError(
                 f"sizes/storage_offset: {what} of rank {rank} holds {limit} bytes; "
-                f"{sizes} of {dtype} at offset {storage_offset} needs {end - base} [SM-8]")
-        view = memoryview(self._maps[rank])[begin:max(end, begin + element)]
-        flat = torch.frombuffer(view, dtype=torch.uint8).view(dtype)
-        return flat[: math.prod(sizes)].view(sizes)
+                f"{sizes} of {dtype} at offset {storage_offset} needs {end} [SM-8]")
+        flat = self._tensor_at(rank, base + storage_offset * element, numel, dtype)
+        return flat.view(sizes)
 
     def get_buffer(self, rank: int, sizes: Sequence[int], dtype: torch.dtype,
                    storage_offset: int = 0) -> torch.Tensor:
@@ -251,51 +328,162 @@ class SymmetricMemory:
                        dtype: torch.dtype | None = None, storage_offset: int = 0) -> torch.Tensor:
         """A tensor on rank `rank`'s signal pad (default: all of it, as uint32)."""
         dtype = dtype or torch.uint32
-        if sizes is None or len(sizes) == 0:
+        if sizes is None or len(sizes) == 0:  # the rest of the pad from storage_offset on
             element = torch.empty((), dtype=dtype).element_size()
-            sizes = (self.signal_pad_size // element - storage_offset,)
-        return self._view(rank, sizes, dtype, storage_offset, self._pad_offset,
+            elements = self.signal_pad_size // element
+            if not isinstance(storage_offset, int) or not 0 <= storage_offset <= elements:
+                raise ValueError(f"storage_offset: the signal pad of rank {rank} holds "
+                                 f"{elements} elements of {dtype}; got {storage_offset!r} "
+                                 f"[SM-8]")
+            sizes = (elements - storage_offset,)
+        return self._view(rank, sizes, dtype, storage_offset, self.pad_offset,
                           self.signal_pad_size, "the signal pad")
 
-    # ---- synchronisation (SM-9 .. SM-11)
+    # ---- synchronisation (SM-9 .. SM-11, SM-19)
     def _channel(self, channel) -> int:
         return _check_index("channel", channel, self.channels, "SM-9")
+
+    def _usable(self, what: str) -> None:
+        """Fail-stop: after a timeout no synchronisation may run on this handle (SM-19)."""
+        if self._failure is not None:
+            raise SymmMemTimeout(f"{what}: this handle of group {self.group_name!r} is "
+                                 f"unusable since an earlier timeout: {self._failure}",
+                                 self._failed_peer)
 
     def put_signal(self, dst_rank: int, channel: int = 0, timeout_ms: int = 0) -> None:
         """Signal `dst_rank` on `channel`; waits while its previous signal is unconsumed."""
         _check_index("dst_rank", dst_rank, self.world_size, "SM-9")
         channel, timeout = self._channel(channel), _timeout_ms(timeout_ms)
-        status = _lib.rsm_put_signal(self.signal_pad_ptrs[dst_rank], self.rank,
-                                     self.world_size, channel, timeout * 1_000_000)
+        self._usable("put_signal")
+        status = self._put_signal(dst_rank, channel, timeout)
         self._check(status, dst_rank, "put_signal", channel, timeout)
 
     def wait_signal(self, src_rank: int, channel: int = 0, timeout_ms: int = 0) -> None:
         """Wait for (and consume) a signal from `src_rank` on `channel`."""
         _check_index("src_rank", src_rank, self.world_size, "SM-9")
         channel, timeout = self._channel(channel), _timeout_ms(timeout_ms)
-        status = _lib.rsm_wait_signal(self.signal_pad_ptrs[self.rank], src_rank,
-                                      self.world_size, channel, timeout * 1_000_000)
+        self._usable("wait_signal")
+        status = self._wait_signal(src_rank, channel, timeout)
         self._check(status, src_rank, "wait_signal", channel, timeout)
 
     def barrier(self, channel: int = 0, timeout_ms: int = 0) -> None:
         """Return once every rank of the group reached this barrier on `channel`."""
         channel, timeout = self._channel(channel), _timeout_ms(timeout_ms)
-        status = _lib.rsm_barrier(self._pad_array, self.rank, self.world_size, channel,
-                                  timeout * 1_000_000, self._peer_ref)
-        self._check(status, self._peer.value, "barrier", channel, timeout)
+        self._usable("barrier")
+        status, peer = self._barrier(channel, timeout)
+        self._check(status, peer, "barrier", channel, timeout)
 
     def _check(self, status: int, peer: int, what: str, channel: int, timeout_ms: int):
-        if status == _OK:
+        if status == STATUS_OK:
             return
-        if status == _PUT_TIMEOUT:
+        if status == STATUS_MISMATCH:
+            raise ValueError(self._mismatch(peer, what))
+        if status == STATUS_PUT_TIMEOUT:
             did = "did not consume this rank's previous signal"
-        elif status == _WAIT_TIMEOUT:
+        elif status == STATUS_WAIT_TIMEOUT:
             did = "did not signal"
         else:
             raise RuntimeError(f"{what}: the kernel refused its arguments (status {status})")
-        raise SymmMemTimeout(
-            f"{what}: rank {peer} of group {self.group_name!r} {did} on channel {channel} "
-            f"within {timeout_ms} ms (waiting on rank {self.rank}) [SM-11]", peer)
+        message = (f"{what}: rank {peer} of group {self.group_name!r} {did} on channel "
+                   f"{channel} within {timeout_ms} ms (waiting on rank {self.rank}) [SM-11]")
+        if what not in ("put_signal", "wait_signal"):
+            # A barrier (alone or in an all-reduce) that gave up may have signalled some
+            # peers already; a later barrier would meet those signals: fail-stop (SM-19).
+            self._failure, self._failed_peer = message, peer
+            self._failed()
+        raise SymmMemTimeout(message, peer)
+
+    def _mismatch(self, peer: int, what: str) -> str:
+        """Rank `peer` is the lowest whose all-reduce call differs from rank 0's (SM-20)."""
+        calls = self._mismatched_calls()
+
+        def described(index):
+            numel, offset, kind = calls[index]
+            algorithm = {1: "one_shot", 2: "two_shot"}.get(kind >> 16, kind >> 16)
+            op = {code: name for name, code in REDUCE_OPS.items()}.get(kind >> 8 & 0xFF)
+            dtype = {code: d for d, code in SUPPORTED_DTYPES.items()}.get(kind & 0xFF)
+            return (f"{algorithm} of {numel} elements of {dtype} at byte offset {offset} "
+                    f"with {op!r}")
+        return (f"input: {what} needs the same call on every rank of group "
+                f"{self.group_name!r}; rank {peer} called {described(1)}, rank 0 called "
+                f"{described(0)} [SM-20]")
+
+    # ---- the device's primitives (see register_allocator)
+    def _failed(self) -> None:
+        """Told once when the handle becomes unusable (SM-19)."""
+    def _tensor_at(self, rank: int, byte_offset: int, numel: int, dtype) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _put_signal(self, dst_rank: int, channel: int, timeout_ms: int) -> int:
+        raise NotImplementedError
+
+    def _wait_signal(self, src_rank: int, channel: int, timeout_ms: int) -> int:
+        raise NotImplementedError
+
+    def _barrier(self, channel: int, timeout_ms: int) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def _one_shot(self, offset: int, numel: int, codes, out, timeout_ms: int) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def _two_shot(self, offset: int, numel: int, codes, timeout_ms: int) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def _mismatched_calls(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        raise NotImplementedError
+
+
+class CpuSymmetricMemory(SymmetricMemory):
+    """The CPU handle: every rank's segment mapped here; C kernels on the mappings."""
+
+    def __init__(self, group_name: str, rank: int, world_size: int, buffer_size: int,
+                 maps: list[mmap.mmap]):
+        super().__init__(group_name, rank, world_size, buffer_size,
+                         [_address_of(m) for m in maps], _pad_offset(buffer_size))
+        self._maps = maps  # keeps every rank's segment mapped while the handle lives
+        group = self._group = _CGroup(rank=rank, world=world_size, peer=-1)
+        for r in range(world_size):
+            group.bufs[r] = self.buffer_ptrs[r]
+            group.pads[r] = self.signal_pad_ptrs[r]
+            group.descs[r] = self.signal_pad_ptrs[r] + SIGNAL_PAD_SIZE
+        self._group_ptr = ctypes.addressof(group)
+
+    def _tensor_at(self, rank, byte_offset, numel, dtype):
+        if numel == 0:  # may sit at the very end of the segment, where no view fits
+            return torch.empty(0, dtype=dtype)
+        element = torch.empty((), dtype=dtype).element_size()
+        view = memoryview(self._maps[rank])[byte_offset:byte_offset + numel * element]
+        return torch.frombuffer(view, dtype=dtype)
+
+    def _put_signal(self, dst_rank, channel, timeout_ms):
+        return _lib.rsm_put_signal(self.signal_pad_ptrs[dst_rank], self.rank, self.world_size,
+                                   channel, timeout_ms * 1_000_000)
+
+    def _wait_signal(self, src_rank, channel, timeout_ms):
+        return _lib.rsm_wait_signal(self.signal_pad_ptrs[self.rank], src_rank, self.world_size,
+                                    channel, timeout_ms * 1_000_000)
+
+    def _barrier(self, channel, timeout_ms):
+        status = _lib.rsm_group_barrier(self._group_ptr, channel, timeout_ms * 1_000_000)
+        return status, self._group.peer
+
+    def _one_shot(self, offset, numel, codes, out, timeout_ms):
+        status = _lib.rsm_one_shot(self._group_ptr, OP_CHANNEL, offset, numel, codes[1],
+                                   codes[0], out.data_ptr(), timeout_ms * 1_000_000)
+        return status, self._group.peer
+
+    def _two_shot(self, offset, numel, codes, timeout_ms):
+        status = _lib.rsm_two_shot(self._group_ptr, OP_CHANNEL, offset, numel, codes[1],
+                                   codes[0], timeout_ms * 1_000_000)
+        return status, self._group.peer
+
+    def _failed(self):
+        if _native_ops is not None:  # from now on every op call goes through Python
+            _native_ops.rsm_ops_forget(self.buffer_ptrs[self.rank])
+
+    def _mismatched_calls(self):
+        seen = list(self._group.mismatch)
+        return tuple(seen[:3]), tuple(seen[3:])
 
 
 def _address_of(m: mmap.mmap) -> int:
@@ -314,21 +502,38 @@ def _pad_offset(nbytes: int) -> int:
 
 
 @dataclass(eq=False)
-class _Allocation:
-    """This rank's segment: buffer bytes, then the signal pad."""
+class SymmetricAllocation:
+    """What every allocator records of an allocation (see `register_allocator`)."""
 
     nbytes: int
-    map: mmap.mmap
     group_name: str | None
     alloc_id: int | None
-    fd: int | None  # the unnamed segment's file, until rendezvous names it
-    handle: SymmetricMemory | None = None
-    holder: weakref.ref | None = None  # the memoryview behind the live tensor
-    base: int = field(default=0)
+    base: int = 0  # the buffer's address in this process
+    handle: SymmetricMemory | None = None  # set by `rendezvous`
+
+
+@dataclass(eq=False)
+class _CpuAllocation(SymmetricAllocation):
+    """This rank's segment: buffer bytes, then the signal pad."""
+
+    map: mmap.mmap | None = None
+    fd: int | None = None  # the unnamed segment's file, until rendezvous names it
+    storage: torch.UntypedStorage | None = field(default=None, repr=False)  # persistent
+
+
+def _check_room(size: int) -> None:
+    """Refuse a segment the shared-memory filesystem cannot hold: tmpfs would accept it
+    and kill the process with SIGBUS when a page beyond its room is touched (SM-3)."""
+    fs = os.statvfs(SHM_DIR)
+    free = fs.f_bavail * fs.f_frsize
+    if size > free:
+        raise ValueError(f"size: the allocation needs {size} bytes of shared memory (buffer "
+                         f"and signal pad); {SHM_DIR} has {free} bytes free [SM-3]")
 
 
 def _open_segment(size: int) -> tuple[int, mmap.mmap]:
     """A new, zeroed, still unnamed shared-memory file of `size` bytes, mapped."""
+    _check_room(size)
     try:
         fd = os.open(SHM_DIR, getattr(os, "O_TMPFILE", 0) | os.O_RDWR, 0o600)
     except OSError as exc:
@@ -373,6 +578,11 @@ def leaked_segments() -> list[str]:
         return []
 
 
+def _storage_users(storage: torch.UntypedStorage) -> int:
+    """How many tensors use `storage` (its own Python object is not counted)."""
+    return torch._C._storage_Use_Count(storage._cdata) - 1
+
+
 def _storage_elements(size: tuple[int, ...], stride: tuple[int, ...]) -> int:
     if any(s == 0 for s in size):
         return 0
@@ -382,37 +592,44 @@ def _storage_elements(size: tuple[int, ...], stride: tuple[int, ...]) -> int:
 class CpuAllocator:
     """Symmetric allocations in /dev/shm, exchanged through the group's store."""
 
+    device_type = "cpu"
+
     def __init__(self):
-        self._live: dict[int, _Allocation] = {}  # base address -> live allocation
-        self._persistent: dict[int, _Allocation] = {}  # alloc_id -> allocation
+        self._live: dict[int, _CpuAllocation] = {}  # base address -> live allocation
+        self._persistent: dict[int, _CpuAllocation] = {}  # alloc_id -> allocation
 
     # ---- allocation (SM-3, SM-4)
-    def empty_strided_p2p(self, size, stride, dtype, group_name, alloc_id) -> torch.Tensor:
-        element = torch.empty((), dtype=dtype).element_size()
-        nbytes = _storage_elements(size, stride) * element
-        if alloc_id is None:
-            alloc = self._new_allocation(nbytes, group_name, None)
-        else:
-            alloc = self._persistent_allocation(nbytes, group_name, alloc_id)
-        view = memoryview(alloc.map)[: max(nbytes, element)]
-        alloc.holder = weakref.ref(view)
-        weakref.finalize(view, self._release, alloc.base, alloc)
+    def empty_strided_p2p(self, size, stride, dtype, device, group_name,
+                          alloc_id) -> torch.Tensor:
+        nbytes = _storage_elements(size, stride) * dtype.itemsize
+        if alloc_id is not None:
+            storage = self._persistent_storage(nbytes, group_name, alloc_id)
+            # A tensor of its own over the storage (no view of another): one user each.
+            return torch.empty(0, dtype=dtype).set_(storage, 0, size, stride)
+        alloc = self._new_allocation(nbytes, group_name, None)
+        view = memoryview(alloc.map)[: max(nbytes, dtype.itemsize)]
+        weakref.finalize(view, self._release, alloc)  # the last tensor over it died
         self._live[alloc.base] = alloc
-        flat = torch.frombuffer(view, dtype=torch.uint8).view(dtype)
-        return flat.as_strided(size, stride)
+        return torch.frombuffer(view, dtype=torch.uint8).view(dtype).as_strided(size, stride)
 
-    def _new_allocation(self, nbytes, group_name, alloc_id) -> _Allocation:
-        fd, segment = _open_segment(_pad_offset(nbytes) + SIGNAL_PAD_SIZE)
-        alloc = _Allocation(nbytes, segment, group_name, alloc_id, fd)
-        alloc.base = _address_of(segment)
-        return alloc
+    def _new_allocation(self, nbytes, group_name, alloc_id) -> _CpuAllocation:
+        fd, segment = _open_segment(_pad_offset(nbytes) + SIGNAL_PAD_SIZE + DESCRIPTOR_SIZE)
+        return _CpuAllocation(nbytes, group_name, alloc_id, _address_of(segment), map=segment,
+                              fd=fd)
 
-    def _persistent_allocation(self, nbytes, group_name, alloc_id) -> _Allocation:
+    def _persistent_storage(self, nbytes, group_name, alloc_id) -> torch.UntypedStorage:
+        """The storage of persistent allocation `alloc_id`: a lookup once it exists (SM-4).
+
+        The allocator keeps the storage for good; every tensor it handed out (and every
+        view of one) is one more user of it."""
         alloc = self._persistent.get(alloc_id)
         if alloc is None:
-            alloc = self._persistent[alloc_id] = self._new_allocation(nbytes, group_name, alloc_id)
-            return alloc
-        if alloc.holder is not None and alloc.holder() is not None:
+            alloc = self._new_allocation(nbytes, group_name, alloc_id)
+            view = memoryview(alloc.map)[: max(nbytes, 8)]
+            alloc.storage = torch.frombuffer(view, dtype=torch.uint8).untyped_storage()
+            self._persistent[alloc_id] = self._live[alloc.base] = alloc
+            return alloc.storage
+        if _storage_users(alloc.storage) > 0:
             raise RuntimeError(f"alloc_id: cannot allocate alloc_id {alloc_id} while the "
                                f"previous allocation with this id is still alive [SM-4]")
         if alloc.nbytes != nbytes:
@@ -421,21 +638,24 @@ class CpuAllocator:
         if alloc.group_name != group_name:
             raise ValueError(f"alloc_id: alloc_id {alloc_id} belongs to group "
                              f"{alloc.group_name!r}, not {group_name!r} [SM-4]")
-        return alloc
+        return alloc.storage
 
-    def _release(self, base: int, alloc: _Allocation) -> None:
-        """The tensor over `alloc` died: forget it (a persistent one keeps its memory)."""
-        if self._live.get(base) is alloc:
-            del self._live[base]
-        if alloc.alloc_id is None and alloc.fd is not None:
+    def _release(self, alloc: _CpuAllocation) -> None:
+        """The last tensor over a (non-persistent) allocation died: forget it."""
+        if self._live.get(alloc.base) is alloc:
+            del self._live[alloc.base]
+        if _native_ops is not None and alloc.handle is not None:
+            _native_ops.rsm_ops_forget(alloc.base)
+        if alloc.fd is not None:
             os.close(alloc.fd)
             alloc.fd = None
 
-    def allocation_of(self, tensor: torch.Tensor) -> _Allocation | None:
+    def allocation_of(self, tensor: torch.Tensor) -> _CpuAllocation | None:
         return self._live.get(tensor.untyped_storage().data_ptr())
 
     # ---- rendezvous (SM-5, SM-12)
-    def rendezvous(self, alloc: _Allocation, group_name: str, timeout_ms: int) -> SymmetricMemory:
+    def rendezvous(self, alloc: _CpuAllocation, group_name: str,
+                   timeout_ms: int) -> SymmetricMemory:
         info = _group_info(group_name)
         info.rendezvous_count += 1
         key = f"rdzv{info.rendezvous_count}"
@@ -461,8 +681,12 @@ class CpuAllocator:
         _unlink_quietly(own_name)  # every peer has it mapped now; nothing can leak
         os.close(alloc.fd)
         alloc.fd = None
-        return SymmetricMemory(group_name, info.rank, info.world_size, alloc.nbytes, maps,
-                               _pad_offset(alloc.nbytes))
+        handle = CpuSymmetricMemory(group_name, info.rank, info.world_size, alloc.nbytes, maps)
+        if _native_ops is not None:  # the C++ kernels may run ops on it from now on
+            _native_ops.rsm_ops_register(alloc.base, handle._group_ptr,
+                                         handle._group_ptr + _CGroup.peer.offset,
+                                         group_name.encode())
+        return handle
 
 
 def _gather(info: _GroupInfo, prefix: str, timeout_s: float, what: str) -> list:
@@ -500,6 +724,8 @@ def _map_peer(record: dict, size: int) -> mmap.mmap:
         os.close(fd)
 
 
+_native_ops = None  # set once the op library is defined (below)
+_native_ops_path = None
 _cpu_allocator = CpuAllocator()
 register_allocator("cpu", _cpu_allocator)
 
@@ -508,9 +734,12 @@ register_allocator("cpu", _cpu_allocator)
 # Public API (SM-3 .. SM-6)
 # --------------------------------------------------------------------------------------
 def _check_shape(size, stride) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """`stride=()` checks the size alone (`empty` derives the strides from it)."""
     size, stride = tuple(size), tuple(stride)
-    if any(not isinstance(s, int) or s < 0 for s in size):
+    if any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in size):
         raise ValueError(f"size: must be non-negative ints, got {size} [SM-3]")
+    if not stride:
+        return size, stride
     if len(stride) != len(size) or any(not isinstance(s, int) or s < 0 for s in stride):
         raise ValueError(f"stride: must be {len(size)} non-negative ints, got {stride} [SM-3]")
     return size, stride
@@ -530,8 +759,12 @@ def empty_strided_p2p(size, stride, dtype: torch.dtype, device, group_name: str 
         raise TypeError(f"group_name: expected a str or None, got {group_name!r} [SM-3]")
     if alloc_id is not None and (not isinstance(alloc_id, int) or isinstance(alloc_id, bool)):
         raise TypeError(f"alloc_id: expected an int or None, got {alloc_id!r} [SM-4]")
-    allocator = get_allocator(torch.device(device).type)
-    return allocator.empty_strided_p2p(size, stride, dtype, group_name, alloc_id)
+    if alloc_id is not None and not 0 <= alloc_id <= MAX_ALLOC_ID:
+        raise ValueError(f"alloc_id: must be in 0..2**64-1 (a uint64, as upstream's), got "
+                         f"{alloc_id} [SM-4]")
+    device = torch.device(device)
+    allocator = get_allocator(device.type)
+    return allocator.empty_strided_p2p(size, stride, dtype, device, group_name, alloc_id)
 
 
 def empty(*size, dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
@@ -540,6 +773,7 @@ def empty(*size, dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
         size = tuple(size[0])
     dtype = dtype or torch.get_default_dtype()
     device = torch.device(device) if device is not None else torch.get_default_device()
+    size, _ = _check_shape(size, ())  # before the strides are derived from it
     stride = tuple(torch._prims_common.make_contiguous_strides_for(size))
     return empty_strided_p2p(size, stride, dtype, device)
 
@@ -602,7 +836,6 @@ _oplib = torch.library.Library(LIBRARY, "DEF")
 for _name, _schema in SCHEMAS.items():
     _oplib.define(_name + _schema)
 ops = getattr(torch.ops, LIBRARY)
-_OP_CHANNEL = 0  # the signal-pad channel the all-reduce kernels synchronise on
 
 
 # Valid (reduce_op, dtype) pairs and their kernel codes, so the hot path is one lookup.
@@ -641,61 +874,132 @@ def _check_out(input, out) -> None:
                          f"and dtype {input.dtype}, got {tuple(out.shape)} {out.dtype} [SM-14]")
 
 
-def _symmetric_input(input, group_name: str, where: str) -> tuple[SymmetricMemory, int]:
-    """The handle of `input`'s allocation (rendezvous on first use) and its byte offset."""
-    alloc = _cpu_allocator._live.get(input.untyped_storage().data_ptr())
-    if alloc is None or alloc.handle is None or alloc.handle.group_name != group_name:
-        _, alloc = _allocation(input, where, arg="input")  # the checks, with their errors
-        rendezvous(input, group_name)
-    return alloc.handle, input.data_ptr() - alloc.base
+def _kernels(device_type: str) -> dict:
+    """The op kernels of one dispatch key: they use the allocator of `device_type` (SM-1).
+
+    The hot path of an all-reduce is a few lookups and one kernel call: the allocation by
+    the input's storage, its handle, the kernel codes by (reduce_op, dtype).
+    """
+
+    def symmetric_input(input, group_name, where) -> tuple[SymmetricMemory, int]:
+        """The handle of `input`'s allocation (rendezvous on first use), its byte offset."""
+        allocator = _allocators.get(device_type)
+        alloc = allocator.allocation_of(input) if allocator is not None else None
+        if alloc is None or alloc.handle is None or alloc.handle.group_name != group_name:
+            _, alloc = _allocation(input, where, arg="input")  # the checks, with their errors
+            rendezvous(input, group_name)
+        handle = alloc.handle
+        if handle._failure is not None:
+            handle._usable(where)
+        return handle, input.data_ptr() - alloc.base
+
+    def one_shot_into(input, codes, group_name, out, where):
+        handle, offset = symmetric_input(input, group_name, where)
+        timeout = _default_timeout_ms
+        status, peer = handle._one_shot(offset, input.numel(), codes, out, timeout)
+        if status:
+            handle._check(status, peer, where, OP_CHANNEL, timeout)
+        return out
+
+    def one_shot_all_reduce(input, reduce_op, group_name):
+        codes = _check_reduce_input(input, reduce_op, "one_shot_all_reduce")
+        out = torch.empty_like(input, memory_format=torch.contiguous_format)
+        return one_shot_into(input, codes, group_name, out, "one_shot_all_reduce")
+
+    def one_shot_all_reduce_out(input, reduce_op, group_name, *, out):
+        codes = _check_reduce_input(input, reduce_op, "one_shot_all_reduce_out")
+        _check_out(input, out)
+        if out.untyped_storage().data_ptr() == input.untyped_storage().data_ptr():
+            raise ValueError("out: one_shot_all_reduce_out must not write into the input's "
+                             "allocation, which peers are reading [SM-14]")
+        return one_shot_into(input, codes, group_name, out, "one_shot_all_reduce_out")
+
+    def two_shot_all_reduce_(input, reduce_op, group_name):
+        codes = _check_reduce_input(input, reduce_op, "two_shot_all_reduce_")
+        handle, offset = symmetric_input(input, group_name, "two_shot_all_reduce_")
+        timeout = _default_timeout_ms
+        status, peer = handle._two_shot(offset, input.numel(), codes, timeout)
+        if status:
+            handle._check(status, peer, "two_shot_all_reduce_", OP_CHANNEL, timeout)
+        return input
+
+    def barrier(input, group_name, channel=0, timeout_ms=0):
+        handle, _ = symmetric_input(input, group_name, "barrier")
+        handle.barrier(channel, timeout_ms)
+
+    return {"one_shot_all_reduce": one_shot_all_reduce,
+            "one_shot_all_reduce_out": one_shot_all_reduce_out,
+            "two_shot_all_reduce_": two_shot_all_reduce_, "barrier": barrier}
 
 
-def _one_shot_into(input, codes, group_name, out, where):
-    handle, offset = _symmetric_input(input, group_name, where)
-    status = _lib.rsm_one_shot_all_reduce(
-        handle._buffer_array, handle._pad_array, handle.rank, handle.world_size, _OP_CHANNEL,
-        offset, input.numel(), codes[1], codes[0], out.data_ptr(),
-        _default_timeout_ms * 1_000_000, handle._peer_ref)
-    if status:
-        handle._check(status, handle._peer.value, where, _OP_CHANNEL, _default_timeout_ms)
-    return out
+# The ops run on every device type with an allocator: the kernels of each dispatch key
+# find the allocator of its device type at run time.
+DISPATCH_KEYS = {"CPU": "cpu", "CUDA": "cuda"}
+NATIVE_OPS = ("one_shot_all_reduce", "one_shot_all_reduce_out", "two_shot_all_reduce_")
+# The CPU fast path in C++ (kernels/cpu/symm_mem_ops.cpp, SM-18) hands every call it does
+# not run itself to these: the Python kernels under an internal name.
+INTERNAL_SCHEMAS = {
+    **{f"_python_{name}": SCHEMAS[name] for name in NATIVE_OPS},
+    "_python_raise_status":
+        "(Tensor input, str group_name, str where, int status, int peer) -> ()",
+}
 
 
-@torch.library.impl(_oplib, "one_shot_all_reduce", "CPU")
-def _one_shot_all_reduce(input, reduce_op, group_name):
-    codes = _check_reduce_input(input, reduce_op, "one_shot_all_reduce")
-    out = torch.empty(input.shape, dtype=input.dtype)
-    return _one_shot_into(input, codes, group_name, out, "one_shot_all_reduce")
+def _load_native_ops() -> ctypes.CDLL | None:
+    """The C++ CPU kernels of NATIVE_OPS, or None: then the Python kernels serve CPU too.
+    REFIMPL_SYMM_MEM_NATIVE_OPS=0 keeps the Python kernels."""
+    if os.environ.get("REFIMPL_SYMM_MEM_NATIVE_OPS", "1") == "0":
+        return None
+    global _native_ops_path
+    try:
+        _native_ops_path = load_torch_op_library("symm_mem_ops")
+        native = ctypes.CDLL(str(_native_ops_path))
+    except Exception as exc:  # no compiler, or headers this torch cannot build with
+        warnings.warn(f"refimpl.symmetric_memory: the C++ CPU op kernels could not be built "
+                      f"({str(exc)[:300]}); the ops run their Python kernels [SM-18]",
+                      stacklevel=2)
+        return None
+    native.rsm_ops_init.argtypes = [_ptr, _ptr]
+    native.rsm_ops_set_timeout.argtypes = [_i64]
+    native.rsm_ops_register.argtypes = [ctypes.c_size_t, _ptr, _ptr, ctypes.c_char_p]
+    native.rsm_ops_forget.argtypes = [ctypes.c_size_t]
+    native.rsm_ops_enable.argtypes = [_i32]
+    native.rsm_ops_init(ctypes.cast(_lib.rsm_one_shot, _ptr), ctypes.cast(_lib.rsm_two_shot, _ptr))
+    native.rsm_ops_set_timeout(_default_timeout_ms * 1_000_000)
+    return native
 
 
-@torch.library.impl(_oplib, "one_shot_all_reduce_out", "CPU")
-def _one_shot_all_reduce_out(input, reduce_op, group_name, *, out):
-    codes = _check_reduce_input(input, reduce_op, "one_shot_all_reduce_out")
-    _check_out(input, out)
-    if out.untyped_storage().data_ptr() == input.untyped_storage().data_ptr():
-        raise ValueError("out: one_shot_all_reduce_out must not write into the input's "
-                         "allocation, which peers are reading [SM-14]")
-    return _one_shot_into(input, codes, group_name, out, "one_shot_all_reduce_out")
+for _name, _schema in INTERNAL_SCHEMAS.items():
+    _oplib.define(_name + _schema)
+_native_ops = _load_native_ops()
+for _key, _device_type in DISPATCH_KEYS.items():
+    for _name, _kernel in _kernels(_device_type).items():
+        if _key == "CPU" and _name in NATIVE_OPS:
+            _oplib.impl(f"_python_{_name}", _kernel, _key)
+            if _native_ops is not None:
+                continue  # the C++ kernel serves CPU
+        _oplib.impl(_name, _kernel, _key)
 
 
-@torch.library.impl(_oplib, "two_shot_all_reduce_", "CPU")
-def _two_shot_all_reduce_(input, reduce_op, group_name):
-    codes = _check_reduce_input(input, reduce_op, "two_shot_all_reduce_")
-    handle, offset = _symmetric_input(input, group_name, "two_shot_all_reduce_")
-    status = _lib.rsm_two_shot_all_reduce(
-        handle._buffer_array, handle._pad_array, handle.rank, handle.world_size, _OP_CHANNEL,
-        offset, input.numel(), codes[1], codes[0], _default_timeout_ms * 1_000_000,
-        handle._peer_ref)
-    if status:
-        handle._check(status, handle._peer.value, "two_shot_all_reduce_", _OP_CHANNEL,
-                      _default_timeout_ms)
-    return input
+def _raise_status(input, group_name, where, status, peer):
+    """What the Python kernels raise for a kernel status the C++ kernel got."""
+    handle = get_allocator(input.device.type).allocation_of(input).handle
+    handle._check(status, peer, where, OP_CHANNEL, _default_timeout_ms)
 
 
-@torch.library.impl(_oplib, "barrier", "CPU")
-def _barrier(input, group_name, channel=0, timeout_ms=0):
-    handle, _ = _symmetric_input(input, group_name, "barrier")
-    handle.barrier(channel, timeout_ms)
+_oplib.impl("_python_raise_status", _raise_status, "CPU")
+
+
+def kernel_build_info() -> dict:
+    """Which kernels serve the ops, and the source identities they were built from (SM-18)."""
+    source = _native.KERNEL_DIR / "symm_mem.c"
+    info = {"c_library": {"stamped": _native.stamped_hash(_lib),
+                          "source": _native.source_hash(source) if source.exists() else None},
+            "ops": "native" if _native_ops is not None else "python"}
+    if _native_ops is not None:
+        info["native_library"] = {"path": str(_native_ops_path),
+                                  "source": _native.torch_op_digest("symm_mem_ops")}
+    return info
 
 
 # Fake kernels: shapes without communication, after the same argument checks (SM-13).

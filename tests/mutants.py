@@ -95,7 +95,81 @@ BK: list[Mutant] = []
 # --------------------------------------------------------------------------------------
 # 6. Symmetric memory (SM), C kernels included
 # --------------------------------------------------------------------------------------
-SM: list[Mutant] = []
+SM = [
+    # C kernels
+    Mutant("one_shot_second_barrier_left_out", "SM-15", "kernels/cpu/symm_mem.c",
+           "  rsm_reduce(out, srcs, g->world, numel, dtype, op);\n"
+           "  return barrier_until(g, channel, deadline);",
+           "  rsm_reduce(out, srcs, g->world, numel, dtype, op);\n  return RSM_OK;",
+           "one-shot returns after its own reduction: a peer may still read the input"),
+    Mutant("barrier_puts_into_the_peers_own_slot", "SM-10", "kernels/cpu/symm_mem.c",
+           "put(slot_of(g->pads[peer], world, channel, rank)",
+           "put(slot_of(g->pads[peer], world, channel, peer)",
+           "the slot index of a put taken from the receiver instead of the sender"),
+    Mutant("reduction_in_reverse_rank_order", "SM-15", "kernels/cpu/symm_mem.c",
+           "for (int r = 0; r < g->world; r++) srcs[r] = (char *)g->bufs[r] + offset;",
+           "for (int r = 0; r < g->world; r++) srcs[r] = (char *)g->bufs[g->world - 1 - r] "
+           "+ offset;",
+           "ranks reduced last to first: other rounding, ranks may disagree with the spec"),
+    Mutant("two_shot_chunk_rounded_down", "SM-16", "kernels/cpu/symm_mem.c",
+           "int64_t chunk = (numel + g->world - 1) / g->world;",
+           "int64_t chunk = numel / g->world;",
+           "floor instead of ceil: the elements past world * chunk are never reduced"),
+    Mutant("timeout_reported_as_success", "SM-11", "kernels/cpu/symm_mem.c",
+           "return try_transition(slot, ready, ready_with_sleeper, next, order) ? 0 : 1;",
+           "return try_transition(slot, ready, ready_with_sleeper, next, order) ? 1 : 0;",
+           "the status of the last try after the deadline inverted"),
+    Mutant("avg_divides_by_one_rank_less", "SM-15", "kernels/cpu/symm_mem.c",
+           "acc[i] = acc[i] / (ACC_T)nsrc;", "acc[i] = acc[i] / (ACC_T)(nsrc - 1);",
+           "avg divides by the number of additions instead of the number of ranks"),
+    Mutant("max_drops_a_later_ranks_nan", "SM-15", "kernels/cpu/symm_mem.c",
+           "#define FMAX(a, b) (isnan(a) ? (a) : (isnan(b) ? (b) : ((b) > (a) ? (b) : (a))))",
+           "#define FMAX(a, b) (isnan(a) ? (a) : ((b) > (a) ? (b) : (a)))",
+           "NaN propagates only from the accumulator, not from a later rank's input"),
+    Mutant("call_check_skips_the_last_rank", "SM-20", "kernels/cpu/symm_mem.c",
+           "for (int r = 1; r < g->world; r++) {\n    const int64_t *d = g->descs[r];",
+           "for (int r = 1; r < g->world - 1; r++) {\n    const int64_t *d = g->descs[r];",
+           "off by one: the last rank's call is never compared"),
+    Mutant("barrier_waits_for_one_peer_less", "SM-10", "kernels/cpu/symm_mem.c",
+           "  for (int i = 1; i < world; i++) {\n    int peer = (rank + i) % world;\n"
+           "    if (take(",
+           "  for (int i = 1; i < world - 1; i++) {\n    int peer = (rank + i) % world;\n"
+           "    if (take(",
+           "the barrier's wait loop stops one peer short"),
+    # C++ op kernels
+    Mutant("native_avg_accepted_for_integers", "SM-14", "kernels/cpu/symm_mem_ops.cpp",
+           'if (op == "avg") return dtype <= 2 ? 1 : -1;', 'if (op == "avg") return 1;',
+           "the fast path forgets that avg needs a floating dtype"),
+    # Python
+    Mutant("buffer_view_one_element_past_the_end", "SM-8", "refimpl/symmetric_memory.py",
+           "        if end > limit:\n", "        if end > limit + element:\n",
+           "the bound compares the end with one element of slack"),
+    Mutant("one_channel_too_many", "SM-9", "refimpl/symmetric_memory.py",
+           "self.channels = SIGNAL_PAD_SIZE // (4 * world_size)",
+           "self.channels = SIGNAL_PAD_SIZE // (4 * world_size) + 1",
+           "the channel count rounded up: the last channel's slots lie past the pad"),
+    Mutant("world_size_of_64_refused", "SM-2", "refimpl/symmetric_memory.py",
+           "not 1 <= world_size <= MAX_WORLD_SIZE", "not 1 <= world_size < MAX_WORLD_SIZE",
+           "< for <= at the world size bound"),
+    Mutant("a_live_view_of_a_persistent_allocation_not_counted", "SM-4",
+           "refimpl/symmetric_memory.py",
+           "if _storage_users(alloc.storage) > 0:", "if _storage_users(alloc.storage) > 1:",
+           "the allocator's own reference counted as a user: one live holder goes unnoticed"),
+    Mutant("barrier_timeout_not_fail_stop", "SM-19", "refimpl/symmetric_memory.py",
+           'if what not in ("put_signal", "wait_signal"):',
+           'if what not in ("put_signal", "wait_signal", "barrier"):',
+           "a barrier that timed out leaves the handle usable, its stale signals with it"),
+    Mutant("largest_alloc_id_refused", "SM-4", "refimpl/symmetric_memory.py",
+           "not 0 <= alloc_id <= MAX_ALLOC_ID", "not 0 <= alloc_id < MAX_ALLOC_ID",
+           "< for <= at the alloc_id bound"),
+    Mutant("pad_offset_past_the_end_reported_as_sizes", "SM-8", "refimpl/symmetric_memory.py",
+           "not 0 <= storage_offset <= elements:", "not 0 <= storage_offset <= elements + 1:",
+           "the offset bound one element late: the error names sizes, not the offset"),
+    Mutant("empty_checks_size_after_strides", "SM-3", "refimpl/symmetric_memory.py",
+           "    size, _ = _check_shape(size, ())  # before the strides are derived from it\n",
+           "",
+           "the size check left to empty_strided_p2p, after the strides failed on it"),
+]
 
 # --------------------------------------------------------------------------------------
 # 9. End to end (E2E): refimpl/compile.py

@@ -58,6 +58,63 @@ def test_allocator_registry_per_device_type_SM_1():
         sm._allocators.pop("privateuseone")
 
 
+def test_ops_are_registered_for_cpu_and_cuda_SM_1_SM_13():
+    for name in sm.SCHEMAS:
+        for key in ("CPU", "CUDA"):
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(f"{sm.LIBRARY}::{name}", key)
+
+
+class _RecordingAllocator:
+    """Delegates to the CPU allocator and records which protocol methods were used."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+        self.device_type = inner.device_type
+
+    def empty_strided_p2p(self, *args):
+        self.calls.append("empty_strided_p2p")
+        return self.inner.empty_strided_p2p(*args)
+
+    def allocation_of(self, tensor):
+        self.calls.append("allocation_of")
+        return self.inner.allocation_of(tensor)
+
+    def rendezvous(self, *args):
+        self.calls.append("rendezvous")
+        handle = self.inner.rendezvous(*args)
+        for primitive in ("_one_shot", "_two_shot", "_barrier"):
+            kernel = getattr(handle, primitive)
+
+            def recorded(*a, _kernel=kernel, _name=primitive):
+                self.calls.append(_name)
+                return _kernel(*a)
+            setattr(handle, primitive, recorded)
+        return handle
+
+
+def _ops_through_the_registry():
+    group = _world()
+    recording = _RecordingAllocator(sm.get_allocator("cpu"))
+    sm.register_allocator("cpu", recording)
+    try:
+        t = sm.empty(4, dtype=torch.float32)
+        t.fill_(1 + dist.get_rank())
+        total = sm.ops.one_shot_all_reduce(t, "sum", group).tolist()
+        sm.ops.two_shot_all_reduce_(t, "sum", group)
+        sm.ops.barrier(t, group)
+    finally:
+        sm.register_allocator("cpu", recording.inner)
+    return total, t.tolist(), recording.calls
+
+
+def test_ops_and_handles_dispatch_through_the_allocator_of_the_device_type_SM_1():
+    for total, two, calls in run_on_ranks(_ops_through_the_registry, 2):
+        assert total == [3.0] * 4 and two == [3.0] * 4
+        assert calls[:2] == ["empty_strided_p2p", "allocation_of"]
+        assert calls.count("rendezvous") == 1
+        assert {"_one_shot", "_two_shot", "_barrier"} <= set(calls)
+
+
 def test_default_timeout_is_positive_and_settable_SM_11():
     with pytest.raises(ValueError, match=r"^timeout_ms: .*\[SM-11\]"):
         sm.set_default_timeout(0)
@@ -530,3 +587,50 @@ def test_group_info_from_any_store_defines_the_group_SM_2():
         assert group_rank == 2 - rank
         assert order == [2, 1, 0], "group rank r is the process that registered as r"
         assert total == [3] * 4 and enabled
+
+
+# --------------------------------------------------------------------------------------
+# The C++ CPU kernels (SM-18): the same bits as the Python kernels, results never aliased
+# --------------------------------------------------------------------------------------
+def _native_and_python_kernels_agree():
+    group = _world()
+    rank = dist.get_rank()
+    results = []
+    for dtype, op in CASES:
+        x = sm.empty(1001, dtype=dtype)
+        x.copy_(rank_data(rank, dtype, 1001, seed=5))
+        native = sm.ops.one_shot_all_reduce(x, op, group)
+        python = torch.ops.refimpl_symm_mem._python_one_shot_all_reduce(x, op, group)
+        out = torch.empty_like(x)
+        torch.ops.refimpl_symm_mem._python_one_shot_all_reduce_out(x, op, group, out=out)
+        results.append(torch.equal(native.view(torch.uint8), python.view(torch.uint8))
+                       and torch.equal(native.view(torch.uint8), out.view(torch.uint8)))
+    return sm.kernel_build_info()["ops"], results
+
+
+def test_native_kernels_give_the_bits_of_the_python_kernels_SM_18():
+    for ops, same in run_on_ranks(_native_and_python_kernels_agree, 2):
+        assert ops == "native", "the C++ kernels build here (g++ and torch's headers)"
+        assert same == [True] * len(CASES)
+
+
+def _reused_results_never_alias_a_live_one(numel):
+    group = _world()
+    x = sm.empty(numel, dtype=torch.float32)
+    x.fill_(1)
+    first = sm.ops.one_shot_all_reduce(x, "sum", group)
+    x.fill_(2)
+    second = sm.ops.one_shot_all_reduce(x, "sum", group)  # `first` is alive: a new one
+    kept = bool((first == 2).all()) and first.data_ptr() != second.data_ptr()
+    address = second.data_ptr()
+    del second
+    x.fill_(3)
+    third = sm.ops.one_shot_all_reduce(x, "sum", group)  # may reuse the dropped one
+    return kept, bool((first == 2).all()), bool((third == 6).all()), third.data_ptr() == address
+
+
+def test_one_shot_results_reuse_only_storage_nobody_holds_SM_18():
+    for kept, first_intact, third, reused in run_on_ranks(_reused_results_never_alias_a_live_one,
+                                                          2, 1 << 16):
+        assert kept and first_intact and third
+        assert reused, "a dropped result of 256 KiB is reused (no page faults)"

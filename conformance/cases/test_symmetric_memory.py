@@ -11,6 +11,9 @@ it reports them "not implemented".
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -18,10 +21,16 @@ import torch.distributed as dist
 from conformance.harness import backend_in_rank, run
 
 CONCEPT = "symmetric_memory"
+# Waits without a timeout argument (the ops) end after this where the backend lets a
+# caller choose (refimpl's `set_default_timeout`): a backend that loses a signal fails a
+# case in seconds, not at the harness's limit.
+CASE_TIMEOUT_MS = 15_000
 
 
 def _setup(spec: str, *attrs: str):
     sm = backend_in_rank(spec).require(CONCEPT, *attrs)
+    if hasattr(sm, "set_default_timeout"):
+        sm.set_default_timeout(CASE_TIMEOUT_MS)
     group = dist.group.WORLD.group_name
     sm.enable_symm_mem_for_group(group)
     if hasattr(sm, "device_for_rank"):
@@ -193,3 +202,608 @@ def test_a_wait_times_out_naming_the_peer(backend):
     peer, message = results[0]
     assert peer == 1 and "rank 1" in message
     assert results[1] is None
+
+
+
+# --------------------------------------------------------------------------------------
+# The rank-order oracle of SM-15 for every dtype and reduce op (independent of any backend)
+# --------------------------------------------------------------------------------------
+DTYPES = ["float32", "bfloat16", "float16", "int32", "int64"]
+OPS = ["sum", "avg", "max", "min"]
+KINDS = [(d, op) for d in DTYPES for op in OPS if op != "avg" or d.startswith(("f", "b"))]
+
+
+def _refusal(fn, *args, whole: bool = False, **kwargs) -> str | None:
+    """The argument a ValueError of `fn(*args)` names (its whole message if `whole`)."""
+    try:
+        fn(*args, **kwargs)
+    except ValueError as exc:
+        return str(exc) if whole else str(exc).split(":")[0]
+    return None
+
+
+def _rank_order(inputs: list[torch.Tensor], op: str) -> torch.Tensor:
+    """((x0 op x1) op x2) ...: 16-bit floats in float32 rounded once, avg = sum / ranks,
+    integer sums wrap, max/min propagate NaN."""
+    dtype = inputs[0].dtype
+    if not dtype.is_floating_point:  # exact in Python ints, then wrapped to the width
+        bits = 8 * dtype.itemsize
+        acc = [int(v) for v in inputs[0].tolist()]
+        for x in inputs[1:]:
+            for i, v in enumerate(x.tolist()):
+                acc[i] = acc[i] + v if op == "sum" else (max if op == "max" else min)(acc[i], v)
+        wrapped = [(v + 2 ** (bits - 1)) % 2 ** bits - 2 ** (bits - 1) for v in acc]
+        return torch.tensor(wrapped, dtype=dtype)
+    acc = inputs[0].float()
+    for x in inputs[1:]:
+        x = x.float()
+        acc = acc + x if op in ("sum", "avg") else (torch.maximum if op == "max"
+                                                    else torch.minimum)(acc, x)
+    if op == "avg":
+        acc = acc / len(inputs)
+    return acc.to(dtype)
+
+
+def _kind_input(rank: int, dtype_name: str, numel: int) -> torch.Tensor:
+    """Inputs where the rank order shows: large values that cancel, NaN on one rank, and
+    integers at the edge of their range (sums wrap)."""
+    dtype = getattr(torch, dtype_name)
+    g = torch.Generator().manual_seed(31 * rank + numel)
+    if dtype.is_floating_point:
+        x = torch.randn(numel, generator=g) * 3
+        pattern = [3e4, -3e4, 1.0, 0.5]  # (3e4 + -3e4) + 1 != 3e4 + (-3e4 + 1) in 16 bits
+        if numel > 3:
+            x[0] = pattern[rank % 4]
+        if numel > 5 and rank == 1:
+            x[5] = float("nan")
+        return x.to(dtype)
+    info = torch.iinfo(dtype)
+    x = torch.randint(-1000, 1000, (numel,), generator=g, dtype=torch.int64)
+    if numel > 2:
+        x[2] = info.max if rank % 2 == 0 else 7  # the sum wraps
+    if numel > 3:
+        x[3] = info.min + rank
+    return x.to(dtype)
+
+
+def _every_kind(spec: str, numels: list[int]):
+    sm, group, device = _setup(spec, "empty", "ops")
+    rank = dist.get_rank()
+    results = {}
+    for dtype_name in DTYPES:
+        dtype = getattr(torch, dtype_name)
+        buf = sm.empty(max(numels) + 8, dtype=dtype, device=device)
+        for (kind_dtype, op), numel in ((k, n) for k in KINDS for n in numels):
+            if kind_dtype != dtype_name:
+                continue
+            data = _kind_input(rank, dtype_name, numel)
+            x = buf[3:3 + numel]  # an input at an offset inside its allocation
+            x.copy_(data)
+            one = sm.ops.one_shot_all_reduce(x, op, group).cpu().clone()
+            out = torch.empty(numel, dtype=dtype, device=device)
+            sm.ops.one_shot_all_reduce_out(x, op, group, out=out)
+            unchanged = torch.equal(x.cpu().view(torch.uint8), data.view(torch.uint8))
+            sm.ops.two_shot_all_reduce_(x, op, group)
+            results[dtype_name, op, numel] = (one, out.cpu(), x.cpu().clone(), unchanged)
+    return results
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype.is_floating_point:  # NaN == NaN here; -0.0 vs 0.0 only for max/min (SM-15)
+        both_nan = a.isnan() & b.isnan()
+        return bool(((a == b) | both_nan).all()) and a.shape == b.shape
+    return torch.equal(a, b)
+
+
+@pytest.mark.spec("SM-14", "SM-15", "SM-16")
+def test_every_dtype_and_reduce_op_in_rank_order_on_every_rank(backend):
+    """World 3, numel 0 .. 7: fewer elements than ranks, not a multiple of the group size
+    (two-shot's last chunks short or empty), order-sensitive values, NaN, integer wrap."""
+    backend.require(CONCEPT, "empty", "ops")
+    world, numels = 3, [0, 1, 2, 4, 7]
+    results = run(backend, _every_kind, world, numels)
+    for (dtype_name, op), numel in ((k, n) for k in KINDS for n in numels):
+        want = _rank_order([_kind_input(r, dtype_name, numel) for r in range(world)], op)
+        for rank in range(world):
+            one, out, two, unchanged = results[rank][dtype_name, op, numel]
+            where = f"{dtype_name} {op} numel={numel} on rank {rank}"
+            assert _same_bits(one, want), f"one-shot {where}: {one} != {want}"
+            assert _same_bits(out, want), f"one-shot out= {where}"
+            assert _same_bits(two, want), f"two-shot {where}: {two} != {want}"
+            assert unchanged, f"one-shot changed its input, {where}"
+    # NaN reached every rank's max/min (rank 1 put it at index 5)
+    assert results[0]["float32", "max", 7][0][5].isnan()
+
+
+def _op_refusals(spec: str):
+    sm, group, device = _setup(spec, "empty", "ops")
+    f = sm.empty(6, dtype=torch.float32, device=device)
+    f.fill_(1.0)
+    i = sm.empty(6, dtype=torch.int32, device=device)
+    i.fill_(2)
+    sm.ops.one_shot_all_reduce(f, "sum", group)  # both rendezvoused: later calls are warm
+    sm.ops.one_shot_all_reduce(i, "sum", group)
+
+    plain = torch.ones(6, device=device)
+    answers = [
+        _refusal(sm.ops.one_shot_all_reduce, i, "avg", group),
+        _refusal(sm.ops.two_shot_all_reduce_, i, "avg", group),
+        _refusal(sm.ops.one_shot_all_reduce, f, "prod", group),
+        _refusal(sm.ops.one_shot_all_reduce, f.view(2, 3).t(), "sum", group),
+        _refusal(sm.ops.one_shot_all_reduce_out, f, "sum", group,
+                out=torch.empty(5, device=device)),
+        _refusal(sm.ops.one_shot_all_reduce_out, f, "sum", group,
+                out=torch.empty(6, dtype=torch.float64, device=device)),
+        _refusal(sm.ops.one_shot_all_reduce_out, f[:3], "sum", group, out=f[3:]),
+        _refusal(sm.ops.one_shot_all_reduce, plain, "sum", group),
+    ]
+    upper = sm.ops.one_shot_all_reduce(f, "SUM", group).cpu().tolist()  # case-insensitive
+    return answers, upper
+
+
+@pytest.mark.spec("SM-14")
+def test_op_arguments_are_refused_on_every_rank_before_any_wait(backend):
+    backend.require(CONCEPT, "empty", "ops")
+    for answers, upper in run(backend, _op_refusals, 2):
+        assert answers == ["reduce_op", "reduce_op", "reduce_op", "input", "out", "out", "out",
+                           "input"]
+        assert upper == [2.0] * 6
+
+
+def _mismatched_calls(spec: str):
+    sm, group, device = _setup(spec, "empty", "ops")
+    rank = dist.get_rank()
+    buf = sm.empty(16, dtype=torch.float32, device=device)
+    buf.fill_(rank + 1)
+
+    calls = [
+        # rank 2 passes fewer elements
+        lambda: sm.ops.one_shot_all_reduce(buf[: 8 if rank == 2 else 9], "sum", group),
+        # ranks 1 and 2 start at another offset: the lowest of them is named
+        lambda: sm.ops.one_shot_all_reduce(buf[(rank > 0):][:8], "sum", group),
+        # rank 1 reads the bytes as int32
+        lambda: sm.ops.two_shot_all_reduce_(buf.view(torch.int32)[:8] if rank == 1
+                                            else buf[:8], "max", group),
+        # rank 2 asks for another reduce op
+        lambda: sm.ops.two_shot_all_reduce_(buf[:8], "min" if rank == 2 else "max", group),
+        # rank 1 calls two-shot where the others call one-shot
+        lambda: (sm.ops.two_shot_all_reduce_(buf[:8], "sum", group) if rank == 1
+                 else sm.ops.one_shot_all_reduce(buf[:8], "sum", group)),
+    ]
+    messages = [_refusal(call, whole=True) for call in calls]
+    after = sm.ops.one_shot_all_reduce(buf[:4], "sum", group).cpu().tolist()  # still in step
+    return messages, after
+
+
+@pytest.mark.spec("SM-14", "SM-20")
+def test_a_call_that_differs_between_ranks_fails_on_every_rank_naming_the_rank(backend):
+    backend.require(CONCEPT, "empty", "ops")
+    world = 3
+    for rank, (messages, after) in enumerate(run(backend, _mismatched_calls, world)):
+        named = [m and m.split(";")[1].split()[1] for m in messages]
+        assert named == ["2", "1", "1", "2", "1"], (rank, messages)
+        assert all(m.startswith("input:") and "[SM-20]" in m for m in messages), messages
+        assert "8 elements" in messages[0] and "9 elements" in messages[0]
+        assert after == [6.0] * 4, "the ranks stay in step after a refused call"
+
+
+def _bounds(spec: str):
+    sm, group, device = _setup(spec, "empty", "rendezvous")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = sm.empty(6, dtype=torch.int16, device=device)  # 12 bytes
+    h = sm.rendezvous(t, group)
+
+    peer = (rank + 1) % world
+    fits = [
+        tuple(h.get_buffer(peer, (6,), torch.int16).shape),
+        tuple(h.get_buffer(peer, (3,), torch.int32).shape),
+        tuple(h.get_buffer(peer, (2,), torch.int16, storage_offset=4).shape),
+        tuple(h.get_buffer(peer, (0,), torch.int16, storage_offset=6).shape),
+        tuple(h.get_signal_pad(peer, (h.signal_pad_size // 8,), torch.int64).shape),
+        tuple(h.get_signal_pad(peer, storage_offset=10).shape),  # the rest of the pad
+        tuple(h.get_signal_pad(peer, storage_offset=h.signal_pad_size // 4).shape),
+    ]
+    over = [
+        _refusal(h.get_buffer, peer, (7,), torch.int16),
+        _refusal(h.get_buffer, peer, (1,), torch.int64, storage_offset=1),
+        _refusal(h.get_buffer, peer, (2,), torch.int16, storage_offset=5),
+        _refusal(h.get_signal_pad, peer, (h.signal_pad_size // 4 + 1,)),
+        _refusal(h.get_signal_pad, peer, (1,), torch.uint32, h.signal_pad_size // 4),
+        _refusal(h.get_signal_pad, peer, storage_offset=h.signal_pad_size // 4 + 1),
+        _refusal(h.get_buffer, world, (1,), torch.int16),
+        _refusal(h.get_buffer, -1, (1,), torch.int16),
+    ]
+    # writes through a peer's view land in that peer's buffer
+    h.barrier()
+    h.get_buffer(peer, (6,), torch.int16)[5] = 100 + rank
+    h.barrier()
+    return fits, over, int(t[5].item()), h.signal_pad_size
+
+
+@pytest.mark.spec("SM-8")
+def test_buffer_and_signal_pad_views_end_exactly_at_their_bounds(backend):
+    backend.require(CONCEPT, "empty", "rendezvous")
+    world = 3
+    for rank, (fits, over, written, pad) in enumerate(run(backend, _bounds, world)):
+        assert fits == [(6,), (3,), (2,), (0,), (pad // 8,), (pad // 4 - 10,), (0,)]
+        assert over == ["sizes/storage_offset"] * 5 + ["storage_offset", "rank", "rank"]
+        assert written == 100 + (rank - 1) % world
+
+
+def _channels(spec: str):
+    sm, group, device = _setup(spec, "empty", "rendezvous")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = sm.empty(world, dtype=torch.int32, device=device)
+    t.zero_()
+    h = sm.rendezvous(t, group)
+    count = h.signal_pad_size // (4 * world)
+    last = count - 1
+    right, left = (rank + 1) % world, (rank - 1) % world
+    h.get_buffer(right, (world,), torch.int32)[rank] = 70 + rank
+    h.put_signal(right, channel=last)
+    h.wait_signal(left, channel=last)
+    received = int(t[left].item())
+    h.barrier(channel=last)
+    refused = []
+    for call in (lambda: h.put_signal(right, channel=count),
+                 lambda: h.wait_signal(left, channel=count),
+                 lambda: h.barrier(channel=count),
+                 lambda: h.put_signal(world),
+                 lambda: h.wait_signal(-1)):
+        try:
+            call()
+            refused.append(None)
+        except ValueError as exc:
+            refused.append(str(exc).split(":")[0])
+    h.barrier()
+    pad = h.get_signal_pad(rank, (h.signal_pad_size // 4,), torch.int32)
+    return count, received, refused, int(pad.count_nonzero().item())
+
+
+@pytest.mark.spec("SM-9")
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_channel_up_to_the_last_works_and_one_more_is_refused(backend, world):
+    backend.require(CONCEPT, "empty", "rendezvous")
+    for rank, (count, received, refused, nonzero) in enumerate(run(backend, _channels, world)):
+        assert count == 4096 // (4 * world)  # refimpl's pad: 341 channels for 3 ranks
+        assert received == 70 + (rank - 1) % world
+        assert refused == ["channel", "channel", "channel", "dst_rank", "src_rank"]
+        assert nonzero == 0, "completed synchronisations leave the pad zero"
+
+
+def _held_back_barriers(spec: str):
+    """Each rank in turn is held back 0.3 s before it writes and enters the barrier: the
+    others may only return from theirs once it entered, so they see its write."""
+    sm, group, device = _setup(spec, "empty", "rendezvous", "ops")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = sm.empty(1, dtype=torch.int64, device=device)
+    t.fill_(-1)
+    h = sm.rendezvous(t, group)
+    h.barrier()
+    seen = []
+    for round_ in range(2 * world):
+        held = round_ % world
+        if rank == held:
+            time.sleep(0.3)
+            t.fill_(1000 * round_ + rank)
+        if round_ < world:
+            h.barrier(channel=1)  # SM-10
+        else:
+            sm.ops.barrier(t, group, 2)  # the op, SM-17
+        seen.append(int(h.get_buffer(held, (1,), torch.int64).item()))
+        h.barrier(channel=3)  # nobody writes the next round before everyone has read
+    return seen
+
+
+@pytest.mark.spec("SM-10", "SM-17")
+def test_barriers_wait_for_a_peer_that_is_held_back(backend):
+    backend.require(CONCEPT, "empty", "rendezvous", "ops")
+    world = 3
+    want = [1000 * r + r % world for r in range(2 * world)]
+    assert run(backend, _held_back_barriers, world) == [want] * world
+
+
+def _held_back_signals(spec: str):
+    sm, group, device = _setup(spec, "empty", "rendezvous")
+    rank = dist.get_rank()
+    t = sm.empty(2, dtype=torch.int64, device=device)
+    t.zero_()
+    h = sm.rendezvous(t, group)
+    h.barrier()
+    if rank == 1:
+        time.sleep(0.3)  # held back: rank 0 is blocked in wait_signal meanwhile
+        h.get_buffer(0, (2,), torch.int64)[0] = 11
+        h.put_signal(0, channel=4)
+        time.sleep(0.3)  # held back again: rank 0's second put must wait for this rank
+        before = int(t[1].item())
+        h.wait_signal(0, channel=5)  # consumes the first put: releases rank 0's second
+        h.wait_signal(0, channel=5)
+        h.barrier()
+        return before, int(t[1].item())
+    h.wait_signal(1, channel=4)
+    got = int(t[0].item())
+    h.put_signal(1, channel=5)
+    h.put_signal(1, channel=5)  # must wait until rank 1 consumed the first
+    h.get_buffer(1, (2,), torch.int64)[1] = 22
+    h.barrier()
+    return got
+
+
+@pytest.mark.spec("SM-9")
+def test_signals_order_writes_and_a_put_waits_for_the_previous_to_be_consumed(backend):
+    backend.require(CONCEPT, "empty", "rendezvous")
+    got, (before, after) = run(backend, _held_back_signals, 2)
+    assert got == 11, "a write before put_signal is seen after the matching wait_signal"
+    assert before == 0, "the second put_signal returned before its slot was consumed"
+    assert after == 22
+
+
+def _read_before_return(spec: str, numel: int):
+    """SM-15's second barrier: rank 1 writes its result into fresh pages (slow), rank 0 into
+    warm ones and overwrites its input the moment its call returns; rank 1 must still
+    have read rank 0's input, not the overwrite."""
+    sm, group, device = _setup(spec, "empty", "ops")
+    rank = dist.get_rank()
+    t = sm.empty(numel, dtype=torch.float32, device=device)
+    results = []
+    warm = torch.zeros(numel, device=device)
+    for round_ in range(2):
+        t.fill_(rank + 1 + round_)
+        out = warm if rank == 0 else torch.empty(numel, device=device)
+        sm.ops.one_shot_all_reduce_out(t, "sum", group, out=out)
+        if rank == 0:
+            t[numel // 2:].fill_(float("nan"))  # the part a slow peer reads last
+            t.fill_(float("nan"))
+        results.append(bool((out == 3 + 2 * round_).all()))
+        dist.barrier()
+    return results
+
+
+@pytest.mark.spec("SM-15")
+def test_one_shot_returns_only_after_every_peer_read_its_input(backend):
+    backend.require(CONCEPT, "empty", "ops")
+    assert run(backend, _read_before_return, 2, 8 << 20) == [[True, True]] * 2
+
+
+def _fail_stop(spec: str):
+    sm, group, device = _setup(spec, "empty", "rendezvous", "SymmMemTimeout", "ops")
+    rank = dist.get_rank()
+    t = sm.empty(4, dtype=torch.float32, device=device)
+    t.fill_(1)
+    h = sm.rendezvous(t, group)
+    h.barrier()
+    if rank == 1:
+        dist.barrier()  # held back until rank 0's barrier timed out
+        h.barrier(channel=1, timeout_ms=10_000)  # rank 0 did enter it: this one passes
+        try:
+            h.barrier(channel=1, timeout_ms=300)  # rank 0 is fail-stop: never comes
+            return "returned"
+        except sm.SymmMemTimeout as exc:
+            return exc.peer
+    try:
+        h.barrier(channel=1, timeout_ms=300)
+        first = None
+    except sm.SymmMemTimeout as exc:
+        first = (exc.peer, str(exc))
+    later = []
+    for call in (lambda: h.barrier(channel=2, timeout_ms=10_000),
+                 lambda: h.put_signal(1, channel=3),
+                 lambda: h.wait_signal(1, channel=3, timeout_ms=10_000),
+                 lambda: sm.ops.barrier(t, group),
+                 lambda: sm.ops.one_shot_all_reduce(t, "sum", group),
+                 lambda: sm.ops.two_shot_all_reduce_(t, "sum", group)):
+        try:
+            call()
+            later.append(None)
+        except sm.SymmMemTimeout as exc:
+            later.append((exc.peer, first is not None and first[1] in str(exc)))
+    dist.barrier()  # releases rank 1
+    return first[0] if first else None, "[SM-11]" in (first or ("", ""))[1], later
+
+
+@pytest.mark.spec("SM-11", "SM-19")
+def test_a_barrier_that_timed_out_makes_the_handle_fail_stop(backend):
+    backend.require(CONCEPT, "empty", "rendezvous", "SymmMemTimeout", "ops")
+    zero, one = run(backend, _fail_stop, 2)
+    peer, rule, later = zero
+    assert (peer, rule) == (1, True), "the barrier names the rank it waited for"
+    assert later == [(1, True)] * 6, "every later synchronisation names the earlier timeout"
+    assert one == 0, "rank 1's next barrier with the fail-stopped rank 0 times out naming it"
+
+
+def _wait_timeouts_leave_the_handle_usable(spec: str):
+    sm, group, device = _setup(spec, "empty", "rendezvous", "SymmMemTimeout", "ops")
+    rank = dist.get_rank()
+    t = sm.empty(4, dtype=torch.float32, device=device)
+    t.fill_(rank + 1)
+    h = sm.rendezvous(t, group)
+    h.barrier()
+    outcomes = []
+    if rank == 0:
+        for call in (lambda: h.wait_signal(1, channel=6, timeout_ms=200),
+                     lambda: (h.put_signal(1, channel=7), h.put_signal(1, channel=7,
+                                                                         timeout_ms=200))):
+            try:
+                call()
+                outcomes.append(None)
+            except sm.SymmMemTimeout as exc:
+                outcomes.append(exc.peer)
+    dist.barrier()
+    if rank == 1:
+        h.wait_signal(0, channel=7)  # the one put that went through
+    total = sm.ops.one_shot_all_reduce(t, "sum", group).cpu().tolist()
+    h.barrier()
+    pad = h.get_signal_pad(rank, (h.signal_pad_size // 4,), torch.int32)
+    return outcomes, total, int(pad.count_nonzero().item())
+
+
+@pytest.mark.spec("SM-11", "SM-19")
+def test_signal_timeouts_name_the_peer_and_leave_the_handle_usable(backend):
+    backend.require(CONCEPT, "empty", "rendezvous", "SymmMemTimeout", "ops")
+    zero, one = run(backend, _wait_timeouts_leave_the_handle_usable, 2)
+    assert zero == ([1, 1], [3.0] * 4, 0)
+    assert one == ([], [3.0] * 4, 0)
+
+
+def _persistent_boundaries(spec: str, alloc_id: int):
+    sm, group, device = _setup(spec, "empty_strided_p2p")
+
+    def refused(fn, *args, **kwargs):
+        try:
+            fn(*args, **kwargs)
+        except (RuntimeError, ValueError) as exc:
+            return type(exc).__name__, str(alloc_id) in str(exc)
+        return None
+
+    new = sm.empty_strided_p2p
+    first = new((16,), (1,), torch.float32, device, group, alloc_id=alloc_id)
+    first.fill_(5)
+    answers = [refused(new, (16,), (1,), torch.float32, device, group, alloc_id=alloc_id)]
+    view = first[8:]
+    del first
+    answers.append(refused(new, (16,), (1,), torch.float32, device, group, alloc_id=alloc_id))
+    address = view.data_ptr() - 32
+    del view
+    answers += [refused(new, (15,), (1,), torch.float32, device, group, alloc_id=alloc_id),
+                refused(new, (17,), (1,), torch.float32, device, group, alloc_id=alloc_id),
+                refused(new, (16,), (1,), torch.float32, device, group + "-other",
+                        alloc_id=alloc_id)]
+    again = new((2, 8), (8, 1), torch.float32, device, group, alloc_id=alloc_id)
+    same = (again.data_ptr() == address, again.flatten().tolist() == [5.0] * 16)
+    del again
+    ends = []
+    for edge in (0, 2**64 - 1):
+        ends.append(new((1,), (1,), torch.int8, device, group, alloc_id=edge).numel())
+    for outside in (-1, 2**64):
+        try:
+            new((1,), (1,), torch.int8, device, group, alloc_id=outside)
+            ends.append(None)
+        except ValueError as exc:
+            ends.append(str(exc).split(":")[0])
+    return answers, same, ends
+
+
+@pytest.mark.spec("SM-4")
+def test_persistent_allocation_boundaries_and_its_three_refusals(backend):
+    backend.require(CONCEPT, "empty_strided_p2p")
+    results = run(backend, _persistent_boundaries, 2, 0xC0FFEE)
+    for answers, same, ends in results:
+        assert answers == [("RuntimeError", True), ("RuntimeError", True), ("ValueError", True),
+                           ("ValueError", True), ("ValueError", True)]
+        assert same == (True, True), "the same memory, contents kept"
+        assert ends == [1, 1, "alloc_id", "alloc_id"]
+
+
+def _handle_lookup_and_segments(spec: str):
+    sm, group, device = _setup(spec, "empty", "rendezvous", "get_symmetric_memory",
+                               "leaked_segments")
+    t = sm.empty(8, dtype=torch.float32, device=device)
+    try:
+        sm.get_symmetric_memory(t)
+        before = None
+    except RuntimeError:
+        before = "RuntimeError"
+    h = sm.rendezvous(t, group)
+    same = sm.get_symmetric_memory(t[2:]) is h
+    mine = [n for n in sm.leaked_segments() if f"-{os.getpid()}-" in n]
+    return before, same, mine
+
+
+@pytest.mark.spec("SM-6", "SM-12")
+def test_the_handle_is_found_through_any_view_and_no_segment_outlives_rendezvous(backend):
+    backend.require(CONCEPT, "empty", "rendezvous", "get_symmetric_memory", "leaked_segments")
+    assert run(backend, _handle_lookup_and_segments, 3) == [("RuntimeError", True, [])] * 3
+
+
+# --------------------------------------------------------------------------------------
+# Local rules: no ranks needed
+# --------------------------------------------------------------------------------------
+@pytest.mark.spec("SM-1")
+def test_a_device_type_without_an_allocator_is_refused_naming_device(backend):
+    sm = backend.require(CONCEPT, "get_allocator", "empty")
+    assert sm.get_allocator("cpu") is not None
+    for call in (lambda: sm.get_allocator("meta"), lambda: sm.empty(4, device="meta")):
+        with pytest.raises(ValueError, match=r"^device: .*'meta'"):
+            call()
+
+
+@pytest.mark.spec("SM-2")
+def test_group_info_bounds(backend):
+    sm = backend.require(CONCEPT, "set_group_info", "is_symm_mem_enabled_for_group")
+    store = dist.HashStore()
+    name = f"bounds-{time.monotonic_ns()}"
+    sm.set_group_info(name + "-64", 63, 64, store)
+    sm.set_group_info(name + "-1", 0, 1, store)
+    assert sm.is_symm_mem_enabled_for_group(name + "-64")
+    for rank, world, arg in ((0, 65, "world_size"), (0, 0, "world_size"), (3, 3, "rank"),
+                             (-1, 3, "rank")):
+        with pytest.raises(ValueError, match=rf"^{arg}: "):
+            sm.set_group_info(f"{name}-{rank}-{world}", rank, world, store)
+    with pytest.raises(ValueError, match=r"already set"):
+        sm.set_group_info(name + "-1", 0, 1, store)
+    with pytest.raises(TypeError, match=r"^store: "):
+        sm.set_group_info(name + "-store", 0, 1, "not a store")
+    assert not sm.is_symm_mem_enabled_for_group(f"{name}-0-65")
+
+
+@pytest.mark.spec("SM-3")
+def test_allocation_arguments_are_refused_naming_them(backend):
+    sm = backend.require(CONCEPT, "empty", "empty_strided_p2p")
+    device = torch.device(getattr(sm, "DEVICE", "cpu"))
+    t = sm.empty(2, 3, dtype=torch.float16, device=device)
+    assert (tuple(t.shape), t.dtype, t.is_contiguous()) == ((2, 3), torch.float16, True)
+    s = sm.empty_strided_p2p((3, 2), (1, 3), torch.float32, device)
+    assert s.stride() == (1, 3) and s.untyped_storage().nbytes() == 24
+    assert sm.empty(0, 4, device=device).numel() == 0
+    for call, arg in ((lambda: sm.empty(-1, 2, device=device), "size"),
+                      (lambda: sm.empty(3, -2, device=device), "size"),
+                      (lambda: sm.empty_strided_p2p((2,), (1, 1), torch.float32, device),
+                       "stride"),
+                      (lambda: sm.empty(2**62, dtype=torch.float32, device=device), "size")):
+        with pytest.raises(ValueError, match=rf"^{arg}: .*\[SM-3\]"):
+            call()
+    with pytest.raises(TypeError, match=r"^dtype: "):
+        sm.empty_strided_p2p((1,), (1,), "float32", device)
+
+
+@pytest.mark.spec("SM-13")
+def test_op_schemas_and_fake_kernels(backend):
+    sm = backend.require(CONCEPT, "ops")
+    ns = sm.ops
+    schemas = {name: str(getattr(ns, name).default._schema).split("::", 1)[1]
+               for name in ("one_shot_all_reduce", "one_shot_all_reduce_out",
+                            "two_shot_all_reduce_", "barrier")}
+    assert schemas == {
+        "one_shot_all_reduce": "one_shot_all_reduce(Tensor input, str reduce_op, "
+                               "str group_name) -> Tensor",
+        "one_shot_all_reduce_out": "one_shot_all_reduce_out(Tensor input, str reduce_op, "
+                                   "str group_name, *, Tensor(a!) out) -> Tensor(a!)",
+        "two_shot_all_reduce_": "two_shot_all_reduce_(Tensor(a!) input, str reduce_op, "
+                                "str group_name) -> Tensor(a!)",
+        "barrier": "barrier(Tensor(a!) input, str group_name, int channel=0, "
+                   "int timeout_ms=0) -> ()",
+    }
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def program(x):
+        y = ns.one_shot_all_reduce(x, "sum", "no-such-group")  # fake: nothing communicates
+        return ns.two_shot_all_reduce_(y, "avg", "no-such-group") + 1
+
+    gm = make_fx(program, tracing_mode="fake")(torch.ones(3, 5))
+    out = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+    assert tuple(out.meta["val"].shape) == (3, 5)
+    for bad in (lambda x: ns.one_shot_all_reduce(x, "prod", "g"),
+                lambda x: ns.two_shot_all_reduce_(x.int(), "avg", "g"),
+                lambda x: ns.one_shot_all_reduce_out(x, "sum", "g", out=x[:2])):
+        with pytest.raises(ValueError):
+            make_fx(bad, tracing_mode="fake")(torch.ones(3))
+
+
+@pytest.mark.spec("SM-18")
+def test_the_kernels_in_use_are_built_from_this_source(backend):
+    sm = backend.require(CONCEPT, "kernel_build_info")
+    info = sm.kernel_build_info()
+    assert info["c_library"]["stamped"] == info["c_library"]["source"]
+    assert info["ops"] in ("native", "python")
+    if info["ops"] == "native":
+        assert info["native_library"]["source"] in info["native_library"]["path"]

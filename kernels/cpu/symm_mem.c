@@ -15,9 +15,16 @@
  *     every rank computes bitwise the same result; 16-bit floats accumulate in float32
  *     and round once.
  *
- * Every wait has a deadline (SM-11). Waits back off (spin, then sched_yield, then sleep
- * on a futex until the other side changes the slot) because ranks may outnumber cores.
- * A wait that times out reports the peer it waited for through `*peer_out`.
+ * Every wait has a deadline (SM-11). Waits back off (spin, then poll between
+ * sched_yield calls, then sleep on a futex until the other side changes the slot)
+ * because ranks may outnumber cores. A wait that times out reports the peer it waited
+ * for through `*peer_out` (the `peer` field of a group).
+ *
+ *   - op descriptors (SM-14): before its first barrier an all-reduce writes what it was
+ *     called with (numel, byte offset, dtype, reduce op, algorithm) into this rank's
+ *     descriptor; after that barrier every rank compares every rank's with rank 0's, so
+ *     a call that differs between ranks fails on every rank, naming the same rank,
+ *     without any synchronisation beyond the barrier the op needs anyway.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -34,7 +41,8 @@
 /* The build stamps the hash of this file in, so a loader can tell a stale library. */
 const char *rsm_source_hash(void) { return REFIMPL_SOURCE_HASH; }
 
-enum { RSM_OK = 0, RSM_PUT_TIMEOUT = 1, RSM_WAIT_TIMEOUT = 2, RSM_BAD_ARGUMENT = 3 };
+enum { RSM_OK = 0, RSM_PUT_TIMEOUT = 1, RSM_WAIT_TIMEOUT = 2, RSM_BAD_ARGUMENT = 3,
+       RSM_MISMATCH = 4 };
 enum { DT_FLOAT32 = 0, DT_BFLOAT16 = 1, DT_FLOAT16 = 2, DT_INT32 = 3, DT_INT64 = 4 };
 enum { OP_SUM = 0, OP_AVG = 1, OP_MAX = 2, OP_MIN = 3 };
 
@@ -65,12 +73,14 @@ static inline void cpu_relax(void) {
 enum { EMPTY = 0, FULL = 1, EMPTY_CONSUMER_ASLEEP = 2, FULL_PRODUCER_ASLEEP = 3 };
 
 /* Waiting goes through three phases, measured from its start: spin (a peer on another
- * core usually arrives within microseconds), then yield the core (a peer waiting for it
- * on this core runs at once), then sleep until woken. Ranks run Python between their
- * synchronisations, so their skew is tens of microseconds; sleeping sooner than that
- * would add a wake-up to nearly every wait. */
+ * core usually arrives within microseconds), then poll between sched_yield calls (with
+ * nothing else runnable on this core the yield returns at once and this is still a
+ * spin; when ranks outnumber cores it hands the core to whoever needs it, often the
+ * peer waited for), then sleep on the slot until woken. Ranks run Python between their
+ * synchronisations, so their skew is often tens of microseconds: sleeping that early
+ * would add a wake-up (tens of microseconds more) to many waits. */
 #define SPIN_NS 2000LL
-#define YIELD_NS 60000LL
+#define YIELD_NS 1000000LL
 #define MAX_SLEEP_NS 50000000LL
 
 #ifdef __linux__
@@ -117,9 +127,9 @@ static int try_transition(_Atomic uint32_t *slot, uint32_t ready, uint32_t ready
  * sleep until woken or the deadline. 0 on success, 1 on timeout. */
 static int transition(_Atomic uint32_t *slot, uint32_t ready, uint32_t ready_with_sleeper,
                       uint32_t next, uint32_t busy, uint32_t busy_asleep, memory_order order,
-                      int64_t deadline_ns) {
+                      int64_t spin_ns, int64_t deadline_ns) {
   int64_t start = 0;
-  int spinning = 1;
+  int spinning = spin_ns > 0;
   for (uint32_t step = 0;; step++) {
     if (try_transition(slot, ready, ready_with_sleeper, next, order)) return 0;
     if (spinning && step % 32 != 31) { /* while spinning, read the clock now and then */
@@ -133,7 +143,7 @@ static int transition(_Atomic uint32_t *slot, uint32_t ready, uint32_t ready_wit
       cas(slot, busy_asleep, busy, memory_order_relaxed); /* withdraw our mark */
       return try_transition(slot, ready, ready_with_sleeper, next, order) ? 0 : 1;
     }
-    if (now - start < SPIN_NS) {
+    if (now - start < spin_ns) {
       cpu_relax();
       continue;
     }
@@ -148,15 +158,15 @@ static int transition(_Atomic uint32_t *slot, uint32_t ready, uint32_t ready_wit
 }
 
 /* Producer: EMPTY -> FULL (release), waiting while the previous signal is unconsumed. */
-static int put(_Atomic uint32_t *slot, int64_t deadline_ns) {
+static int put(_Atomic uint32_t *slot, int64_t spin_ns, int64_t deadline_ns) {
   return transition(slot, EMPTY, EMPTY_CONSUMER_ASLEEP, FULL, FULL, FULL_PRODUCER_ASLEEP,
-                    memory_order_release, deadline_ns);
+                    memory_order_release, spin_ns, deadline_ns);
 }
 
 /* Consumer: FULL -> EMPTY (acquire), waiting while no signal has arrived. */
-static int take(_Atomic uint32_t *slot, int64_t deadline_ns) {
+static int take(_Atomic uint32_t *slot, int64_t spin_ns, int64_t deadline_ns) {
   return transition(slot, FULL, FULL_PRODUCER_ASLEEP, EMPTY, EMPTY, EMPTY_CONSUMER_ASLEEP,
-                    memory_order_acquire, deadline_ns);
+                    memory_order_acquire, spin_ns, deadline_ns);
 }
 
 static _Atomic uint32_t *slot_of(uint32_t *pad, int world, int channel, int peer) {
@@ -165,40 +175,70 @@ static _Atomic uint32_t *slot_of(uint32_t *pad, int world, int channel, int peer
 
 /* put_signal: set slot [channel][rank] of dst's pad 0 -> 1 (release). */
 int rsm_put_signal(uint32_t *dst_pad, int rank, int world, int channel, int64_t timeout_ns) {
-  return put(slot_of(dst_pad, world, channel, rank), now_ns() + timeout_ns) ? RSM_PUT_TIMEOUT
+  return put(slot_of(dst_pad, world, channel, rank), SPIN_NS, now_ns() + timeout_ns)
+             ? RSM_PUT_TIMEOUT
                                                                             : RSM_OK;
 }
 
 /* wait_signal: set slot [channel][src] of my own pad 1 -> 0 (acquire). */
 int rsm_wait_signal(uint32_t *my_pad, int src, int world, int channel, int64_t timeout_ns) {
-  return take(slot_of(my_pad, world, channel, src), now_ns() + timeout_ns) ? RSM_WAIT_TIMEOUT
+  return take(slot_of(my_pad, world, channel, src), SPIN_NS, now_ns() + timeout_ns)
+             ? RSM_WAIT_TIMEOUT
                                                                          : RSM_OK;
 }
 
-static int barrier_until(uint32_t **pads, int rank, int world, int channel,
-                         int64_t deadline_ns, int32_t *peer_out) {
+#define MAX_WORLD 64
+
+/* One rank's view of a rendezvoused allocation: built once per handle by Python. */
+typedef struct {
+  int32_t rank, world;
+  int32_t peer; /* out: the peer a wait timed out on, or the first rank whose call differs */
+  int32_t unused;
+  void *bufs[MAX_WORLD];
+  uint32_t *pads[MAX_WORLD];
+  int64_t *descs[MAX_WORLD]; /* each rank's descriptor: the op call, then its last CPU */
+  int64_t mismatch[2][3];    /* out: rank 0's call and the differing rank's (SM-20) */
+} rsm_group;
+
+enum { DESC_CPU = 4 }; /* descs[r][DESC_CPU]: the CPU rank r last waited on */
+
+/* Spinning only helps while the peer runs on another core: when it last waited on this
+ * one, go straight to yielding (a heuristic: the scheduler may have moved either). */
+static int64_t spin_for(const rsm_group *g, int peer, int64_t my_cpu) {
+  int64_t peer_cpu = __atomic_load_n(&g->descs[peer][DESC_CPU], __ATOMIC_RELAXED);
+  return peer_cpu == my_cpu ? 0 : SPIN_NS;
+}
+
+static int64_t publish_cpu(const rsm_group *g) {
+#ifdef __linux__
+  int64_t cpu = sched_getcpu();
+#else
+  int64_t cpu = -1;
+#endif
+  __atomic_store_n(&g->descs[g->rank][DESC_CPU], cpu, __ATOMIC_RELAXED);
+  return cpu;
+}
+
+/* SM-10: signal every peer on `channel`, then wait for every peer's signal. */
+static int barrier_until(rsm_group *g, int channel, int64_t deadline_ns) {
+  int rank = g->rank, world = g->world;
+  int64_t cpu = publish_cpu(g);
   /* Visit peers starting after `rank` so that ranks do not all hit rank 0 first. */
   for (int i = 1; i < world; i++) {
     int peer = (rank + i) % world;
-    if (put(slot_of(pads[peer], world, channel, rank), deadline_ns)) {
-      *peer_out = peer;
+    if (put(slot_of(g->pads[peer], world, channel, rank), spin_for(g, peer, cpu), deadline_ns)) {
+      g->peer = peer;
       return RSM_PUT_TIMEOUT;
     }
   }
   for (int i = 1; i < world; i++) {
     int peer = (rank + i) % world;
-    if (take(slot_of(pads[rank], world, channel, peer), deadline_ns)) {
-      *peer_out = peer;
+    if (take(slot_of(g->pads[rank], world, channel, peer), spin_for(g, peer, cpu), deadline_ns)) {
+      g->peer = peer;
       return RSM_WAIT_TIMEOUT;
     }
   }
   return RSM_OK;
-}
-
-/* barrier: every rank signals every peer, then waits for every peer, on `channel`. */
-int rsm_barrier(uint32_t **pads, int rank, int world, int channel, int64_t timeout_ns,
-                int32_t *peer_out) {
-  return barrier_until(pads, rank, world, channel, now_ns() + timeout_ns, peer_out);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -251,6 +291,14 @@ static inline uint16_t float_to_f16(float f) {
 
 #define BLOCK 256
 
+/* The reductions are compiled for AVX2 too and chosen by the CPU at load time (wider
+ * vectors, same elementwise operations in the same order: the same bits, SM-15). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define VECTOR_CLONES
+#endif
+
 /* max/min that propagate NaN, like torch.maximum / torch.minimum. */
 #define FMAX(a, b) (isnan(a) ? (a) : (isnan(b) ? (b) : ((b) > (a) ? (b) : (a))))
 #define FMIN(a, b) (isnan(a) ? (a) : (isnan(b) ? (b) : ((b) < (a) ? (b) : (a))))
@@ -260,7 +308,7 @@ static inline uint16_t float_to_f16(float f) {
 /* Accumulate a block in ACC_T from sources of STORE_T, then store it. The block is
  * stored only after every source was read, so `out` may be one of the sources. */
 #define DEFINE_REDUCE(NAME, STORE_T, ACC_T, LOAD, STORE, ADD, MAX, MIN)                    \
-  static void NAME(void *out_v, void *const *srcs, int nsrc, int64_t numel, int op) {      \
+  VECTOR_CLONES static void NAME(void *out_v, void *const *srcs, int nsrc, int64_t numel, int op) {      \
     STORE_T *out = (STORE_T *)out_v;                                                       \
     ACC_T acc[BLOCK];                                                                      \
     for (int64_t base = 0; base < numel; base += BLOCK) {                                  \
@@ -320,52 +368,101 @@ int rsm_reduce(void *out, void *const *srcs, int nsrc, int64_t numel, int dtype,
 /* All-reduce kernels                                                                  */
 /* ---------------------------------------------------------------------------------- */
 
-#define MAX_WORLD 64
+
+enum { ALGO_ONE_SHOT = 1, ALGO_TWO_SHOT = 2 };
+
+static void write_descriptor(const rsm_group *g, int64_t offset, int64_t numel, int64_t kind) {
+  int64_t *d = g->descs[g->rank];
+  d[0] = numel;
+  d[1] = offset;
+  d[2] = kind;
+}
+
+/* After a barrier: the lowest rank whose call differs from rank 0's, or -1. */
+static int first_differing_rank(const rsm_group *g) {
+  const int64_t *d0 = g->descs[0];
+  for (int r = 1; r < g->world; r++) {
+    const int64_t *d = g->descs[r];
+    if (d[0] != d0[0] || d[1] != d0[1] || d[2] != d0[2]) return r;
+  }
+  return -1;
+}
+
+static int check_arguments(const rsm_group *g, int dtype, int op) {
+  if (g->world < 1 || g->world > MAX_WORLD || dtype < 0 || dtype > DT_INT64) return 0;
+  if (op < OP_SUM || op > OP_MIN) return 0;
+  return !(op == OP_AVG && (dtype == DT_INT32 || dtype == DT_INT64));
+}
+
+/* The first barrier of an all-reduce, then the cross-rank check of the descriptors. */
+static int enter(rsm_group *g, int channel, int64_t offset, int64_t numel, int64_t kind,
+                 int64_t deadline) {
+  write_descriptor(g, offset, numel, kind);
+  int status = barrier_until(g, channel, deadline);
+  if (status) return status;
+  int differing = first_differing_rank(g);
+  if (differing < 0) return RSM_OK;
+  for (int i = 0; i < 3; i++) { /* for the error message: peers move on after the barrier */
+    g->mismatch[0][i] = g->descs[0][i];
+    g->mismatch[1][i] = g->descs[differing][i];
+  }
+  /* No rank may write its next call's descriptor before every rank has read these. */
+  status = barrier_until(g, channel, deadline);
+  if (status) return status;
+  g->peer = differing;
+  return RSM_MISMATCH;
+}
 
 /* One-shot (SM-15): after a barrier every rank reads every rank's input, at the same
  * byte offset of each buffer, and reduces them in rank order into `out`; a second
  * barrier keeps the inputs unchanged until every peer has read them. */
-int rsm_one_shot_all_reduce(void **bufs, uint32_t **pads, int rank, int world, int channel,
-                            int64_t offset, int64_t numel, int dtype, int op, void *out,
-                            int64_t timeout_ns, int32_t *peer_out) {
-  if (world < 1 || world > MAX_WORLD || dtype < 0 || dtype > DT_INT64) return RSM_BAD_ARGUMENT;
+int rsm_one_shot(rsm_group *g, int channel, int64_t offset, int64_t numel, int dtype, int op,
+                 void *out, int64_t timeout_ns) {
+  if (!check_arguments(g, dtype, op)) return RSM_BAD_ARGUMENT;
   int64_t deadline = now_ns() + timeout_ns;
+  int status = enter(g, channel, offset, numel, ALGO_ONE_SHOT << 16 | op << 8 | dtype, deadline);
+  if (status) return status;
   void *srcs[MAX_WORLD];
-  for (int r = 0; r < world; r++) srcs[r] = (char *)bufs[r] + offset;
-  int status = barrier_until(pads, rank, world, channel, deadline, peer_out);
-  if (status) return status;
-  status = rsm_reduce(out, srcs, world, numel, dtype, op);
-  if (status) return status;
-  return barrier_until(pads, rank, world, channel, deadline, peer_out);
+  for (int r = 0; r < g->world; r++) srcs[r] = (char *)g->bufs[r] + offset;
+  rsm_reduce(out, srcs, g->world, numel, dtype, op);
+  return barrier_until(g, channel, deadline);
+}
+
+/* Elements [*begin, *end) of chunk `r` of `numel` split in chunks of `chunk`. */
+static void chunk_bounds(int64_t chunk, int r, int64_t numel, int64_t *begin, int64_t *end) {
+  *begin = chunk * r < numel ? chunk * r : numel;
+  *end = *begin + chunk < numel ? *begin + chunk : numel;
 }
 
 /* Two-shot (SM-16), in place: rank r reduces chunk r of every rank's buffer into its own
  * buffer (reduce-scatter), then copies every other chunk from the rank that reduced it
  * (all-gather). Barriers separate the phases and keep the buffers unchanged until
  * every peer is done reading them. */
-int rsm_two_shot_all_reduce(void **bufs, uint32_t **pads, int rank, int world, int channel,
-                            int64_t offset, int64_t numel, int dtype, int op,
-                            int64_t timeout_ns, int32_t *peer_out) {
-  if (world < 1 || world > MAX_WORLD || dtype < 0 || dtype > DT_INT64) return RSM_BAD_ARGUMENT;
+int rsm_two_shot(rsm_group *g, int channel, int64_t offset, int64_t numel, int dtype, int op,
+                 int64_t timeout_ns) {
+  if (!check_arguments(g, dtype, op)) return RSM_BAD_ARGUMENT;
   int64_t deadline = now_ns() + timeout_ns;
+  int status = enter(g, channel, offset, numel, ALGO_TWO_SHOT << 16 | op << 8 | dtype, deadline);
+  if (status) return status;
   int64_t esize = ELEMENT_SIZE[dtype];
-  int64_t chunk = (numel + world - 1) / world;
+  int64_t chunk = (numel + g->world - 1) / g->world;
+  int64_t begin, end;
+  chunk_bounds(chunk, g->rank, numel, &begin, &end);
   void *srcs[MAX_WORLD];
-  int status = barrier_until(pads, rank, world, channel, deadline, peer_out);
+  for (int r = 0; r < g->world; r++) srcs[r] = (char *)g->bufs[r] + offset + begin * esize;
+  rsm_reduce(srcs[g->rank], srcs, g->world, end - begin, dtype, op);
+  status = barrier_until(g, channel, deadline);
   if (status) return status;
-  int64_t begin = chunk * rank < numel ? chunk * rank : numel;
-  int64_t end = begin + chunk < numel ? begin + chunk : numel;
-  for (int r = 0; r < world; r++) srcs[r] = (char *)bufs[r] + offset + begin * esize;
-  status = rsm_reduce(srcs[rank], srcs, world, end - begin, dtype, op);
-  if (status) return status;
-  status = barrier_until(pads, rank, world, channel, deadline, peer_out);
-  if (status) return status;
-  for (int r = 0; r < world; r++) {
-    int64_t b = chunk * r < numel ? chunk * r : numel;
-    int64_t e = b + chunk < numel ? b + chunk : numel;
-    if (r == rank || e <= b) continue;
-    memcpy((char *)bufs[rank] + offset + b * esize, (char *)bufs[r] + offset + b * esize,
-           (size_t)((e - b) * esize));
+  for (int r = 0; r < g->world; r++) {
+    chunk_bounds(chunk, r, numel, &begin, &end);
+    if (r == g->rank || end <= begin) continue;
+    memcpy((char *)g->bufs[g->rank] + offset + begin * esize,
+           (char *)g->bufs[r] + offset + begin * esize, (size_t)((end - begin) * esize));
   }
-  return barrier_until(pads, rank, world, channel, deadline, peer_out);
+  return barrier_until(g, channel, deadline);
+}
+
+/* barrier (SM-10) on a group's pads. */
+int rsm_group_barrier(rsm_group *g, int channel, int64_t timeout_ns) {
+  return barrier_until(g, channel, now_ns() + timeout_ns);
 }
