@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 __all__ = ["load_kernel_library", "source_hash", "compile_library", "CFLAGS",
-           "load_cuda_library", "compile_cuda_library", "NVCC_FLAGS", "nvcc_path"]
+           "load_cuda_library", "compile_cuda_library", "NVCC_FLAGS", "nvcc_flags", "nvcc_path"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KERNEL_DIR = REPO_ROOT / "kernels" / "cpu"
@@ -74,13 +74,20 @@ def nvcc_path() -> str | None:
     return None
 
 
+def nvcc_flags() -> list[str]:
+    """NVCC_FLAGS, then $REFIMPL_NVCC_EXTRA_FLAGS (say "-Xcompiler -Wno-error" where another
+    host compiler warns); all of them are part of the library's hash."""
+    return [*NVCC_FLAGS, *os.environ.get("REFIMPL_NVCC_EXTRA_FLAGS", "").split()]
+
+
 def compile_cuda_library(source: Path, target: Path) -> Path:
     """nvcc-compile `source` (a kernels/cuda/*.cu) into the shared library `target` atomically."""
     nvcc = nvcc_path()
     if nvcc is None:
         raise RuntimeError(f"compiling {source} needs nvcc: none on PATH, in $NVCC or $CUDA_HOME")
-    define = f'-DREFIMPL_SOURCE_HASH="{source_hash(source, NVCC_FLAGS)}"'
-    return _build(source, target, lambda tmp: [nvcc, *NVCC_FLAGS, define, "-o", tmp, str(source)])
+    flags = nvcc_flags()
+    define = f'-DREFIMPL_SOURCE_HASH="{source_hash(source, flags)}"'
+    return _build(source, target, lambda tmp: [nvcc, *flags, define, "-o", tmp, str(source)])
 
 
 def _build(source: Path, target: Path, command) -> Path:
@@ -158,12 +165,12 @@ def load_kernel_library(name: str) -> ctypes.CDLL:
 def load_cuda_library(name: str) -> ctypes.CDLL:
     """Load the library nvcc builds from `kernels/cuda/<name>.cu` (building it if needed).
 
-    Only the checkout's source is used, under the hash of the source and NVCC_FLAGS, in
+    Only the checkout's source is used, under the hash of the source and nvcc_flags(), in
     the places a C library is built; loading it needs no GPU, calling into it does.
     """
     key = f"cuda:{name}"
     if key not in _loaded:
         source = CUDA_KERNEL_DIR / f"{name}.cu"
-        digest = source_hash(source, NVCC_FLAGS)
+        digest = source_hash(source, nvcc_flags())
         _loaded[key] = _compiled_library(source, f"{name}_cuda", digest, compile_cuda_library)
     return _loaded[key]

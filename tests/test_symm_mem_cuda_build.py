@@ -54,7 +54,7 @@ def _library():
 
 def test_kernels_compile_for_hopper_with_warnings_as_errors_and_carry_their_hash_SM_21():
     lib = _library()  # compiles with NVCC_FLAGS unless this source was compiled before
-    digest = _native.source_hash(SOURCE, _native.NVCC_FLAGS)
+    digest = _native.source_hash(SOURCE, _native.nvcc_flags())
     assert lib.rsmc_source_hash().decode() == digest
     built = [d / f"libsymm_mem_cuda-{digest}.so" for d in _native._cache_dirs()]
     assert any(path.exists() for path in built)

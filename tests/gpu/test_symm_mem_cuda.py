@@ -138,7 +138,7 @@ def test_library_is_built_from_this_source_and_sees_the_gpu_SM_19_SM_21():
 
     lib = _cuda_library()
     source = _native.CUDA_KERNEL_DIR / "symm_mem.cu"
-    assert lib.rsmc_source_hash().decode() == _native.source_hash(source, _native.NVCC_FLAGS)
+    assert lib.rsmc_source_hash().decode() == _native.source_hash(source, _native.nvcc_flags())
     count = ctypes.c_int()
     assert lib.rsmc_device_count(ctypes.byref(count)) == 0
     assert count.value == torch.cuda.device_count() >= 1
