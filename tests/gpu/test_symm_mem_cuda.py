@@ -195,6 +195,50 @@ def test_persistent_allocation_reuses_device_memory_SM_4_SM_19():
         sm.empty_strided_p2p((16,), (1,), torch.float32, "cuda", "h", alloc_id=alloc_id)
 
 
+def _group_of_one() -> str:
+    name = f"solo-{random.getrandbits(32)}"
+    sm.set_group_info(name, 0, 1, dist.HashStore())
+    return name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_a_group_of_one_runs_every_kernel_in_this_process_SM_15_SM_16_SM_20(dtype):
+    """The smallest end-to-end run: no peer, no IPC; each kernel and the status path."""
+    group = _group_of_one()
+    data = _rank_data(0, dtype, 4099, seed=5)
+    t = sm.empty(4099, dtype=dtype, device=DEVICE_TYPE)
+    t.copy_(data)
+    h = sm.rendezvous(t, group)
+    h.barrier(timeout_ms=5_000)
+    h.put_signal(0, channel=1, timeout_ms=5_000)  # to itself
+    h.wait_signal(0, channel=1, timeout_ms=5_000)
+    kind, message, peer, seconds = _error(h.wait_signal, 0, channel=2, timeout_ms=200)
+    assert (kind, peer) == ("SymmMemTimeout", 0) and "[SM-11]" in message
+    assert 0.18 <= seconds < 5
+    for op in ("sum", "max"):
+        assert torch.equal(_bits(OPS.one_shot_all_reduce(t, op, group)), _bits(data))
+    OPS.two_shot_all_reduce_(t, "min", group)
+    assert torch.equal(_bits(t), _bits(data))
+    assert h.get_signal_pad(0).view(torch.int32).count_nonzero().item() == 0
+
+
+@pytest.mark.skipif(not CUDA or torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_calls_on_another_device_leave_torchs_current_device_alone_SM_19():
+    group = _group_of_one()
+    torch.cuda.set_device(0)
+    t = sm.empty(64, dtype=torch.float32, device="cuda:1")
+    t.fill_(3)
+    total = OPS.one_shot_all_reduce(t, "sum", group)
+    assert total.device == torch.device("cuda", 1) and total.unique().tolist() == [3.0]
+    assert torch.cuda.current_device() == 0
+    torch.cuda.set_device(1)
+    u = sm.empty(64, dtype=torch.float32, device="cuda:0")
+    u.fill_(4)
+    assert OPS.one_shot_all_reduce(u, "sum", group).unique().tolist() == [4.0]
+    assert torch.cuda.current_device() == 1
+    torch.cuda.set_device(0)
+
+
 # --------------------------------------------------------------------------------------
 # Rendezvous, the handle, IPC mappings (SM-5 .. SM-8, SM-19)
 # --------------------------------------------------------------------------------------
