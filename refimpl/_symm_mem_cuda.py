@@ -324,7 +324,7 @@ class CudaSymmetricMemory(sm.SymmetricMemory):
     def _one_shot(self, offset, numel, codes, out, timeout_ms):
         if out.device != self.device:
             raise ValueError(f"out: must be on the input's device {self.device}, got "
-                             f"{out.device} [SM-14]")
+                             f"{out.device} [SM-20]")
         status = library().rsmc_one_shot_all_reduce(
             self._usable(), self._stream(), sm.OP_CHANNEL, offset, numel, codes[1], codes[0],
             out.data_ptr(), timeout_ms * 1_000_000, self._report)
