@@ -1,5 +1,8 @@
 """Build and load refimpl's C kernels (`kernels/cpu/*.c`) as plain shared libraries.
 
+The CUDA kernels (`kernels/cuda/*.cu`, `load_cuda_library`) are built the same way by
+nvcc, on first use only: never by `pip install`, and never where no GPU uses them.
+
 The kernels are plain C11 (no torch headers), loaded with ctypes. A library is found in
 this order:
 
@@ -30,12 +33,14 @@ import fcntl
 import glob
 import hashlib
 import os
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
 __all__ = ["load_kernel_library", "load_torch_op_library", "torch_op_digest", "source_hash",
-           "compile_library", "stamped_hash", "CFLAGS", "CXXFLAGS"]
+           "compile_library", "stamped_hash", "CFLAGS", "CXXFLAGS", "load_cuda_library",
+           "compile_cuda_library", "NVCC_FLAGS", "nvcc_flags", "nvcc_path"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KERNEL_DIR = REPO_ROOT / "kernels" / "cpu"
@@ -44,25 +49,65 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 # in rank order, and -ffp-contract=off forbids fused multiply-adds, so results stay
 # bitwise those of the scalar loop (SM-15).
 CFLAGS = ["-std=c11", "-O3", "-fPIC", "-shared", "-ffp-contract=off", "-Wall", "-Wextra"]
+CUDA_KERNEL_DIR = REPO_ROOT / "kernels" / "cuda"
+# Hopper machine code plus PTX that newer GPUs compile at load. No fused multiply-add, no
+# flush to zero, IEEE division: the reductions give the CPU kernels' bits. Every warning of
+# nvcc, of the host compiler and of ptxas (register spills, local memory) is an error.
+NVCC_FLAGS = ["-std=c++17", "-O3", "-shared", "-Xcompiler", "-fPIC",
+              "-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_90,code=compute_90",
+              "-fmad=false", "-ftz=false", "-prec-div=true", "-prec-sqrt=true",
+              "-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra,-Werror",
+              "-Xptxas", "--warn-on-spills,--warn-on-local-memory-usage,--warning-as-error"]
 _loaded: dict[str, ctypes.CDLL] = {}
 
 
-def source_hash(source: Path) -> str:
+def source_hash(source: Path, flags: list[str] = CFLAGS) -> str:
     """Hash of a kernel's source and its compile flags: the library's identity."""
     digest = hashlib.sha256(source.read_bytes())
-    digest.update(" ".join(CFLAGS).encode())
+    digest.update(" ".join(flags).encode())
     return digest.hexdigest()[:16]
 
 
 def compile_library(source: Path, target: Path) -> Path:
     """Compile `source` into the shared library `target` atomically (temp file + rename)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
     compiler = os.environ.get("CC", "gcc")
+    return _build(source, target, lambda tmp: [
+        compiler, *CFLAGS, f'-DREFIMPL_SOURCE_HASH="{source_hash(source)}"', "-o", tmp,
+        str(source), "-lm"])
+
+
+def nvcc_path() -> str | None:
+    """The nvcc to use: $NVCC, else the one on PATH, else $CUDA_HOME's; None if there is none."""
+    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    for candidate in (os.environ.get("NVCC"), shutil.which("nvcc"), f"{cuda_home}/bin/nvcc"):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def nvcc_flags() -> list[str]:
+    """NVCC_FLAGS, then $REFIMPL_NVCC_EXTRA_FLAGS (say "-Xcompiler -Wno-error" where another
+    host compiler warns); all of them are part of the library's hash."""
+    return [*NVCC_FLAGS, *os.environ.get("REFIMPL_NVCC_EXTRA_FLAGS", "").split()]
+
+
+def compile_cuda_library(source: Path, target: Path) -> Path:
+    """nvcc-compile `source` (a kernels/cuda/*.cu) into the shared library `target` atomically."""
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise RuntimeError(f"compiling {source} needs nvcc: none on PATH, in $NVCC or $CUDA_HOME")
+    flags = nvcc_flags()
+    define = f'-DREFIMPL_SOURCE_HASH="{source_hash(source, flags)}"'
+    return _build(source, target, lambda tmp: [nvcc, *flags, define, "-o", tmp, str(source)])
+
+
+def _build(source: Path, target: Path, command) -> Path:
+    """Run `command(temporary path)`, then rename its output to `target`."""
+    target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
-        cmd = [compiler, *CFLAGS, f'-DREFIMPL_SOURCE_HASH="{source_hash(source)}"',
-               "-o", tmp, str(source), "-lm"]
+        cmd = command(tmp)
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"compiling {source} failed ({' '.join(cmd)}):\n{result.stderr}")
@@ -96,13 +141,14 @@ def _installed_library(name: str, wanted_hash: str | None) -> ctypes.CDLL | None
     return None
 
 
-def _compiled_library(source: Path, name: str, digest: str) -> ctypes.CDLL:
+def _compiled_library(source: Path, name: str, digest: str,
+                      compile=compile_library) -> ctypes.CDLL:
     errors = []
     for directory in _cache_dirs():
         target = directory / f"lib{name}-{digest}.so"
         if not target.exists():
             try:
-                compile_library(source, target)
+                compile(source, target)
             except OSError as exc:  # read-only checkout: try the next place
                 errors.append(f"{directory}: {exc}")
                 continue
@@ -206,3 +252,17 @@ def load_torch_op_library(name: str) -> Path:
         torch.ops.load_library(str(target))
         return target
     raise RuntimeError(f"cannot build op library {name!r}: " + "; ".join(errors))
+
+
+def load_cuda_library(name: str) -> ctypes.CDLL:
+    """Load the library nvcc builds from `kernels/cuda/<name>.cu` (building it if needed).
+
+    Only the checkout's source is used, under the hash of the source and nvcc_flags(), in
+    the places a C library is built; loading it needs no GPU, calling into it does.
+    """
+    key = f"cuda:{name}"
+    if key not in _loaded:
+        source = CUDA_KERNEL_DIR / f"{name}.cu"
+        digest = source_hash(source, nvcc_flags())
+        _loaded[key] = _compiled_library(source, f"{name}_cuda", digest, compile_cuda_library)
+    return _loaded[key]

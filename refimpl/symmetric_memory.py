@@ -589,6 +589,20 @@ def _storage_elements(size: tuple[int, ...], stride: tuple[int, ...]) -> int:
     return 1 + sum((s - 1) * st for s, st in zip(size, stride, strict=True))
 
 
+def _check_persistent(alloc: SymmetricAllocation, alive: bool, nbytes: int, group_name,
+                      alloc_id: int) -> None:
+    """SM-4, for every allocator: may `alloc` be handed out again for this request?"""
+    if alive:
+        raise RuntimeError(f"alloc_id: cannot allocate alloc_id {alloc_id} while the "
+                           f"previous allocation with this id is still alive [SM-4]")
+    if alloc.nbytes != nbytes:
+        raise ValueError(f"alloc_id: alloc_id {alloc_id} was allocated with {alloc.nbytes} "
+                         f"bytes; this request needs {nbytes} [SM-4]")
+    if alloc.group_name != group_name:
+        raise ValueError(f"alloc_id: alloc_id {alloc_id} belongs to group "
+                         f"{alloc.group_name!r}, not {group_name!r} [SM-4]")
+
+
 class CpuAllocator:
     """Symmetric allocations in /dev/shm, exchanged through the group's store."""
 
@@ -629,15 +643,8 @@ class CpuAllocator:
             alloc.storage = torch.frombuffer(view, dtype=torch.uint8).untyped_storage()
             self._persistent[alloc_id] = self._live[alloc.base] = alloc
             return alloc.storage
-        if _storage_users(alloc.storage) > 0:
-            raise RuntimeError(f"alloc_id: cannot allocate alloc_id {alloc_id} while the "
-                               f"previous allocation with this id is still alive [SM-4]")
-        if alloc.nbytes != nbytes:
-            raise ValueError(f"alloc_id: alloc_id {alloc_id} was allocated with {alloc.nbytes} "
-                             f"bytes; this request needs {nbytes} [SM-4]")
-        if alloc.group_name != group_name:
-            raise ValueError(f"alloc_id: alloc_id {alloc_id} belongs to group "
-                             f"{alloc.group_name!r}, not {group_name!r} [SM-4]")
+        alive = _storage_users(alloc.storage) > 0
+        _check_persistent(alloc, alive, nbytes, group_name, alloc_id)
         return alloc.storage
 
     def _release(self, alloc: _CpuAllocation) -> None:
@@ -1025,3 +1032,15 @@ def _(input, reduce_op, group_name):
 @torch.library.register_fake(f"{LIBRARY}::barrier", lib=_oplib)
 def _(input, group_name, channel=0, timeout_ms=0):
     return None
+
+
+def _register_cuda_backend() -> None:
+    """The CUDA allocator (refimpl/_symm_mem_cuda.py) serves "cuda" wherever torch sees a
+    GPU; a CPU-only machine imports nothing of it (SM-21)."""
+    if torch.cuda.is_available():
+        from refimpl._symm_mem_cuda import register
+
+        register()
+
+
+_register_cuda_backend()
