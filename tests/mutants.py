@@ -153,7 +153,7 @@ SM = [
            "< for <= at the world size bound"),
     Mutant("a_live_view_of_a_persistent_allocation_not_counted", "SM-4",
            "refimpl/symmetric_memory.py",
-           "if _storage_users(alloc.storage) > 0:", "if _storage_users(alloc.storage) > 1:",
+           "alive = _storage_users(alloc.storage) > 0", "alive = _storage_users(alloc.storage) > 1",
            "the allocator's own reference counted as a user: one live holder goes unnoticed"),
     Mutant("barrier_timeout_not_fail_stop", "SM-19", "refimpl/symmetric_memory.py",
            'if what not in ("put_signal", "wait_signal"):',
