@@ -27,7 +27,7 @@ OUTCOMES = ["passed", "failed", "xfailed", "xpassed", "not_implemented", "skippe
 SECTIONS = {
     "FC": "1. Functional collectives", "CL": "2. Comm lowering", "BK": "3. Bucketing",
     "RO": "4. Scheduler reorder", "MEM": "5. Memory", "SM": "6. Symmetric memory",
-    "CF": "7. Conformance",
+    "CF": "7. Conformance", "SIM": "8. Simulator",
 }
 UNEXPECTED = {"failed", "xpassed"}
 
