@@ -30,7 +30,13 @@ import torch
 import torch.fx
 from torch.utils.flop_counter import flop_registry
 
-from refimpl.memory import MemoryModel, collective_name, is_collective, is_wait
+from refimpl.memory import (
+    UNANNOTATED_RENAMES,
+    MemoryModel,
+    collective_name,
+    is_collective,
+    is_wait,
+)
 
 __all__ = [
     "LinkCost", "HardwareProfile", "H100_NVLINK_8", "CostModel", "Simulator", "simulate",
@@ -262,6 +268,9 @@ ALLOCATING_OPS = ("empty", "empty_like", "empty_strided", "new_empty", "new_empt
 
 
 def _is_view(target) -> bool:
+    """Every result a non-writing alias, or a view whose schema does not say so (SIM-4)."""
+    if (target.namespace, target._schema.name.split("::", 1)[1]) in UNANNOTATED_RENAMES:
+        return True
     schema = target._schema
     return bool(schema.returns) and all(
         r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
