@@ -411,3 +411,58 @@ def timeline_text(gm: torch.fx.GraphModule, timeline) -> str:
                  f"exposed {timeline.exposed_comm_us:.1f} us, overlap {timeline.overlap:.3f}, "
                  f"peak {timeline.peak_bytes} B")
     return "\n".join(line.rstrip() for line in lines)
+
+
+def verify_with_backend(spec: str, names: list[str]) -> list[str]:
+    """On a rank: the backend's lifecycle verifier passes on each program's plan and
+    refuses each doctored copy of it (WRONG), naming the buffer it broke."""
+    from conformance.harness import backend_in_rank
+
+    memory = backend_in_rank(spec).require("memory", "plan_memory", "verify_memory_lifecycle")
+    rank, problems = dist.get_rank(), []
+    for name in names:
+        gm = traced(name, rank=rank)
+        plan = memory.plan_memory(gm)
+        measured = memory.verify_memory_lifecycle(gm, *inputs_for(name, rank), plan=plan)
+        if measured != plan.peak_bytes:
+            problems.append(f"{name}: measured peak {measured}, planned {plan.peak_bytes}")
+        # A buffer freed by compute: its death is synchronous, unlike one a process
+        # group's worker thread lets go of just after a wait (MEM-12's grace).
+        freed = [b for b in plan.buffers if b.free_node is not None
+                 and "wait" not in str(b.free_node.target)]
+        if not freed:
+            continue
+        for what, doctor in WRONG.items():
+            wrong = memory.plan_memory(gm)
+            target = next(b for b in wrong.buffers if b.alloc_node is freed[0].alloc_node)
+            broken = doctor(wrong, target)
+            try:
+                memory.verify_memory_lifecycle(gm, *inputs_for(name, rank), plan=wrong)
+                problems.append(f"{name}: a plan with {what} ({broken.alloc_node.name!r}) "
+                                f"passed")
+            except Exception as exc:  # the backend's own error class
+                if repr(broken.alloc_node.name) not in str(exc):
+                    problems.append(f"{name}: the error does not name buffer "
+                                    f"{broken.alloc_node.name!r}: {exc}")
+    return problems
+
+
+# Doctored plans: each breaks one buffer of the plan and returns it.
+def _free_later(plan, freed):
+    freed.free_node = plan.order[plan.order.index(freed.free_node) + 1]
+    return freed
+
+
+def _one_byte_more(plan, freed):
+    freed.nbytes += 1
+    return freed
+
+
+def _output_freed(plan, freed):
+    output = next(b for b in plan.buffers if b.kind == "output")
+    output.free_node = plan.order[-2]  # its storage lives on: the free never happens
+    return output
+
+
+WRONG = {"a free one node late": _free_later, "a buffer one byte larger": _one_byte_more,
+         "an output freed": _output_freed}

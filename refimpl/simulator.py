@@ -34,6 +34,7 @@ from refimpl.memory import (
     UNANNOTATED_RENAMES,
     MemoryModel,
     collective_name,
+    collector_paused,
     is_collective,
     is_wait,
 )
@@ -267,13 +268,17 @@ SHAPE_FLOPS = {
 ALLOCATING_OPS = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided")
 
 
+_VIEWS: dict = {}
+
+
 def _is_view(target) -> bool:
     """Every result a non-writing alias, or a view whose schema does not say so (SIM-4)."""
-    if (target.namespace, target._schema.name.split("::", 1)[1]) in UNANNOTATED_RENAMES:
-        return True
-    schema = target._schema
-    return bool(schema.returns) and all(
-        r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+    if target not in _VIEWS:
+        schema = target._schema
+        _VIEWS[target] = (target.namespace, schema.name.split("::", 1)[1]) in \
+            UNANNOTATED_RENAMES or (bool(schema.returns) and all(
+                r.alias_info is not None and not r.alias_info.is_write for r in schema.returns))
+    return _VIEWS[target]
 
 
 class CostModel:
@@ -473,11 +478,16 @@ class Simulator:
         if not isinstance(self.cost_model, CostModel):
             raise TypeError(f"cost_model: expected a CostModel, got "
                             f"{type(self.cost_model).__name__} [SIM-1]")
-        self.duration = self.cost_model.durations(gm)
+        with collector_paused():
+            self.duration = self.cost_model.durations(gm)
         self.stream = {n: "comm:" + group_name_of(n) for n in self.memory.nodes
                        if is_collective(n) or blocking_name(n) is not None}
 
     def run(self, order=None) -> Timeline:
+        with collector_paused():
+            return self._run(order)
+
+    def _run(self, order) -> Timeline:
         full = self.memory.full_order(order)
         compute = 0.0  # when the compute stream is free
         stream_free: dict[str, float] = {}
@@ -545,8 +555,8 @@ def _measure_compute() -> dict:
     torch.set_num_threads(1)
     a, b = torch.randn(384, 384), torch.randn(384, 384)
     mm_us = _median_us(lambda: torch.mm(a, b), 30)
-    big = torch.randn(8 * 1024 * 1024)  # 32 MiB
-    copy_us = _median_us(lambda: big.clone(), 10)
+    big, into = torch.randn(8 * 1024 * 1024), torch.empty(8 * 1024 * 1024)  # 32 MiB
+    copy_us = _median_us(lambda: into.copy_(big), 10)  # no page faults: memory is mapped
     tiny = torch.ones(1)
     overhead_us = _median_us(lambda: torch.add(tiny, tiny), 2000)
     return {"flops_per_us": 2 * 384**3 / mm_us,

@@ -312,3 +312,13 @@ def test_plan_matches_a_real_run(backend):
     results = harness.run(backend, mp.measure_programs, 2, sorted(mp.PROGRAMS))
     for rank, mismatches in enumerate(results):
         assert not mismatches, f"rank {rank}:\n" + "\n".join(mismatches)
+
+
+@pytest.mark.spec("MEM-12")
+def test_lifecycle_verifier(backend):
+    """The backend's verifier passes on every plan and refuses one with a free one node
+    late or a buffer one byte larger, naming the buffer."""
+    backend.require("memory", "plan_memory", "verify_memory_lifecycle")
+    results = harness.run(backend, mp.verify_with_backend, 2, sorted(mp.PROGRAMS))
+    for rank, problems in enumerate(results):
+        assert not problems, f"rank {rank}:\n" + "\n".join(problems)

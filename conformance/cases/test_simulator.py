@@ -49,12 +49,13 @@ def nodes_of(gm, fragment):
 # Costs
 # --------------------------------------------------------------------------------------
 ALPHA = {2: 10.0, 4: 7.0}
+FLOPS, BANDWIDTH = 100.0, 1000.0  # FLOP/us, bytes/us: small matmuls are compute-bound
 BETA = {2: 100.0, 4: 50.0}
 
 
 def _profile(ns, **overrides):
-    fields = dict(name="round numbers", flops_per_us={"default": 1000.0, "bfloat16": 4000.0},
-                  memory_bytes_per_us=100.0,
+    fields = dict(name="round numbers", flops_per_us={"default": FLOPS, "bfloat16": 4000.0},
+                  memory_bytes_per_us=BANDWIDTH,
                   links={n: ns.LinkCost(ALPHA[n], BETA[n]) for n in (2, 4)},
                   op_overhead_us=1.0)
     fields.update(overrides)
@@ -116,21 +117,22 @@ def test_compute_is_a_roofline(backend, world4):
            if _dtype(e.node) != torch.bfloat16}
     aten = torch.ops.aten
     mm_bytes = (8 * 16 + 16 * 4 + 8 * 4) * 4
-    assert got[aten.mm.default] == pytest.approx(1 + max(2 * 8 * 16 * 4 / 1000, mm_bytes / 100))
-    assert got[aten.add.Tensor] == pytest.approx(1 + 2 * 8 * 4 * 4 / 100)
+    assert got[aten.mm.default] == pytest.approx(
+        1 + max(2 * 8 * 16 * 4 / FLOPS, mm_bytes / BANDWIDTH))       # compute-bound
+    assert got[aten.add.Tensor] == pytest.approx(1 + 2 * 8 * 4 * 4 / BANDWIDTH)
     assert got[aten.view.default] == 0.0
     assert got[aten.empty.memory_format] == 0.0
     conv_flops = 2 * 1 * 3 * 3 * 3 * 2 * 3 * 3  # 2 N Cout Hout Wout Cin kh kw
     conv_bytes = (1 * 2 * 5 * 5 + 3 * 2 * 3 * 3 + 1 * 3 * 3 * 3) * 4
     assert got[aten.convolution.default] == pytest.approx(
-        1 + max(conv_flops / 1000, conv_bytes / 100))
+        1 + max(conv_flops / FLOPS, conv_bytes / BANDWIDTH))
     bf_node = [n for n in nodes_of(gm, "aten.mm") if n.meta["val"].dtype == torch.bfloat16][0]
     bf = [e for e in tl.events if e.node is bf_node][0]
-    assert bf.end_us - bf.start_us == pytest.approx(
-        1 + max(2 * 8 * 8 * 8 / 4000, 3 * 8 * 8 * 2 / 100))
+    assert bf.end_us - bf.start_us == pytest.approx(                 # memory-bound
+        1 + max(2 * 8 * 8 * 8 / 4000, 3 * 8 * 8 * 2 / BANDWIDTH))
     addmm_bytes = (8 * 4 + 8 * 16 + 16 * 4 + 8 * 4) * 4
     assert got[aten.addmm.default] == pytest.approx(
-        1 + max(2 * 8 * 16 * 4 / 1000, addmm_bytes / 100))
+        1 + max(2 * 8 * 16 * 4 / FLOPS, addmm_bytes / BANDWIDTH))
 
 
 def _dtype(node):
