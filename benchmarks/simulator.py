@@ -51,10 +51,48 @@ def backward(ops, act, *grads_out):
     return outs
 
 
+# An accelerator's kernel, as the CPU sees it: the host waits while the device computes.
+# `kernel(dep, shape, us)` sleeps `us` microseconds and returns a new tensor of `shape`;
+# the simulator is given the same duration (pinned), so these programs test the schedule
+# model (streams, issue, waits) apart from the compute model and from CPU contention.
+_bench = torch.library.Library("refimpl_bench", "DEF")
+_bench.define("kernel(Tensor dep, int[] shape, float us) -> Tensor")
+
+
+def _kernel(dep, shape, us):
+    time.sleep(us / 1e6)
+    return dep.new_empty(shape)
+
+
+_bench.impl("kernel", _kernel, "CPU")
+torch.library.register_fake("refimpl_bench::kernel", lib=_bench)(
+    lambda dep, shape, us: dep.new_empty(shape))
+KERNEL_US = 700.0
+
+
+def forward_accel(ops, act, *shards):
+    for shard in shards:
+        w = ops.wait_tensor(ops.all_gather_into_tensor(shard, 2, "0"))
+        act = torch.ops.refimpl_bench.kernel(w, list(ACT), KERNEL_US)
+    return act
+
+
+def backward_accel(ops, act, *grads_out):
+    outs = []
+    for g in grads_out:
+        grad_w = torch.ops.refimpl_bench.kernel(g, [256, 256], KERNEL_US)
+        outs.append(ops.wait_tensor(ops.reduce_scatter_tensor(grad_w, "sum", 2, "0")))
+    return outs
+
+
+PROGRAMS = {"forward": forward, "backward": backward, "forward, accelerator-like compute":
+            forward_accel, "backward, accelerator-like compute": backward_accel}
+
+
 def inputs(program: str, rank: int) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(rank)
     act = torch.randn(ACT, generator=gen) * 0.1
-    if program == "forward":
+    if program.startswith("forward"):
         return [act] + [torch.randn(SHARD, generator=gen) * 0.05 for _ in range(LAYERS)]
     return [act] + [torch.randn(ACT, generator=gen) * 0.05 for _ in range(LAYERS)]
 
@@ -64,7 +102,7 @@ def trace(program: str, rank: int) -> torch.fx.GraphModule:
 
     import refimpl.functional_collectives  # noqa: F401
 
-    fn = forward if program == "forward" else backward
+    fn = PROGRAMS[program]
     ops = torch.ops.refimpl_c10d
     return make_fx(lambda *xs: fn(ops, *xs), tracing_mode="fake")(*inputs(program, rank))
 
@@ -131,7 +169,12 @@ def backward_orders(gm):
             "compute first, comm together": issue_late}
 
 
-ORDERS = {"forward": forward_orders, "backward": backward_orders}
+def orders_of(program: str, gm):
+    return (forward_orders if program.startswith("forward") else backward_orders)(gm)
+
+
+def pinned_kernels(gm) -> dict[str, float]:
+    return {n.name: n.args[2] for n in gm.graph.nodes if "refimpl_bench" in str(n.target)}
 
 
 def reordered(gm, order) -> torch.fx.GraphModule:
@@ -152,23 +195,47 @@ def reordered(gm, order) -> torch.fx.GraphModule:
 # Measured on ranks
 # --------------------------------------------------------------------------------------
 def measure_orders(program: str, repeat: int) -> dict[str, float]:
-    """On a rank: median ms per step of every order (a barrier before each step)."""
+    """On a rank: median ms per step of every order. The orders take turns, round after
+    round, so that a slow spell of the machine lands on all of them; a barrier starts
+    every step on both ranks together."""
     rank = dist.get_rank()
     gm = trace(program, rank)
     xs = inputs(program, rank)
-    times = {}
-    for name, order in ORDERS[program](gm).items():
-        run = reordered(gm, order)
-        for _ in range(3):
-            run(*xs)
-        samples = []
-        for _ in range(repeat):
+    runs = {name: reordered(gm, order) for name, order in orders_of(program, gm).items()}
+    samples = {name: [] for name in runs}
+    for round_ in range(repeat + 3):
+        for name, run in runs.items():
             dist.barrier()
             start = time.perf_counter()
             run(*xs)
-            samples.append((time.perf_counter() - start) * 1e3)
-        times[name] = statistics.median(samples)
-    return times
+            if round_ >= 3:  # warm-up rounds
+                samples[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(times) for name, times in samples.items()}
+
+
+def measure_collectives(repeat: int) -> dict[str, float]:
+    """On a rank: median us of each collective of the programs, alone (barrier first)."""
+    import refimpl.functional_collectives as fc
+
+    ops = fc.ops
+    shard, grad = torch.randn(SHARD), torch.randn(256, 256)
+    cases = {
+        "all_gather of a 128 KiB shard": lambda: ops.wait_tensor(
+            ops.all_gather_into_tensor(shard, 2, "0")),
+        "reduce_scatter of a 256 KiB gradient": lambda: ops.wait_tensor(
+            ops.reduce_scatter_tensor(grad, "sum", 2, "0")),
+    }
+    result = {}
+    for name, fn in cases.items():
+        times = []
+        for i in range(repeat + 3):
+            dist.barrier()
+            start = time.perf_counter()
+            fn()
+            if i >= 3:
+                times.append((time.perf_counter() - start) * 1e6)
+        result[name] = statistics.median(times)
+    return result
 
 
 # --------------------------------------------------------------------------------------
@@ -196,7 +263,7 @@ def kendall_tau(xs, ys) -> float:
 
 def validation(repeat: int, profile_out: str | None) -> None:
     from refimpl.multiprocess import run_on_ranks
-    from refimpl.simulator import CostModel, calibrate, simulate
+    from refimpl.simulator import CostModel, calibrate, ring_us, simulate
 
     profile = calibrate((2,), repeat=20)
     if profile_out:
@@ -207,15 +274,21 @@ def validation(repeat: int, profile_out: str | None) -> None:
           f"{profile.memory_bytes_per_us * 1e-3:.2f} GB/s memory, op overhead "
           f"{profile.op_overhead_us:.1f} us, gloo (2 ranks) alpha {link.alpha_us:.0f} us, "
           f"beta {link.beta_bytes_per_us * 1e-3:.2f} GB/s")
-    cost = CostModel(profile)
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
-    measured_all, simulated_all = [], []
-    for program in ORDERS:
+    alone = run_on_ranks(measure_collectives, 2, 4 * repeat)
+    model = {"all_gather of a 128 KiB shard": ring_us(link, 2, 2 * 128 * 1024),
+             "reduce_scatter of a 256 KiB gradient": ring_us(link, 2, 256 * 1024)}
+    print("\n| collective, alone on 2 ranks | measured us | model us |\n|---|---:|---:|")
+    for name, us in model.items():
+        print(f"| {name} | {max(r[name] for r in alone):.0f} | {us:.0f} |")
+    taus = {}
+    for program in PROGRAMS:
         per_rank = run_on_ranks(measure_orders, 2, program, repeat, timeout=1200)
         gm = trace(program, 0)
-        orders = ORDERS[program](gm)
+        cost = CostModel(profile, pinned=pinned_kernels(gm))
+        orders = orders_of(program, gm)
         print(f"\n## {program}: {LAYERS} layers, 2 gloo ranks\n")
         print("| order | measured ms | simulated ms | error | simulated exposed comm ms "
               "| simulated peak MiB |")
@@ -229,11 +302,11 @@ def validation(repeat: int, profile_out: str | None) -> None:
             simulated.append(sim)
             print(f"| {name} | {real:.2f} | {sim:.2f} | {100 * (sim - real) / real:+.0f}% | "
                   f"{tl.exposed_comm_us / 1e3:.2f} | {tl.peak_bytes / 2**20:.2f} |")
-        print(f"\nKendall tau (measured vs simulated ranking): "
-              f"{kendall_tau(measured, simulated):+.2f}")
-        measured_all += measured
-        simulated_all += simulated
-    print(f"\nKendall tau over both programs: {kendall_tau(measured_all, simulated_all):+.2f}")
+        taus[program] = kendall_tau(measured, simulated)
+        print(f"\nKendall tau (measured vs simulated ranking): {taus[program]:+.2f}")
+    print("\n| program | Kendall tau |\n|---|---:|")
+    for program, tau in taus.items():
+        print(f"| {program} | {tau:+.2f} |")
     dist.destroy_process_group()
 
 
@@ -328,7 +401,7 @@ def pictures(out_dir: str) -> None:
         tl.to_chrome_trace(out / f"{stem}.json")
         print(f"{name}: step {tl.step_time_us:.0f} us, exposed comm {tl.exposed_comm_us:.0f} "
               f"us, overlap {tl.overlap:.0%}, peak {tl.peak_bytes / 2**20:.0f} MiB")
-    print(plan_memory(gm, orders["prefetch 1"]).table())
+    print(plan_memory(gm, orders["prefetch 1"]).table(unit=2**20))
     dist.destroy_process_group()
 
 

@@ -15,6 +15,7 @@ node, which the case sums itself, and the high-water mark (MEM-1, MEM-9).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import weakref
@@ -28,6 +29,25 @@ from conformance.oracle import rank_input
 
 G = "0"  # WORLD: 2 ranks
 aten = torch.ops.aten
+
+
+@contextlib.contextmanager
+def fake_world(world_size: int):
+    """A fake process group of `world_size` in this process, for tracing (no
+    communication), unless one exists already; then it must be of that size."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    elif dist.get_world_size() != world_size:
+        raise RuntimeError(f"a process group of {dist.get_world_size()} ranks exists; this "
+                           f"needs {world_size}")
+    try:
+        yield
+    finally:
+        if created:
+            dist.destroy_process_group()
 
 
 def _wait(ops, t):

@@ -219,19 +219,24 @@ class MemoryPlan:
         """The buffers `node`'s tensors live in, in pytree order of its value."""
         return [self.buffers[b.index] for b in self.model.node_buffers.get(node, ())]
 
-    def table(self) -> str:
-        """One line per node that allocates or frees: `+bytes name`, `-bytes name`, live."""
+    def table(self, unit: int = 1) -> str:
+        """One line per node that allocates or frees: `+size name`, `-size name`, then the
+        live size; sizes in bytes divided by `unit` (2**20: MiB)."""
+        def size(nbytes):
+            return f"{nbytes / unit:g}" if unit != 1 else str(nbytes)
+
         by_node: dict[torch.fx.Node, list[str]] = {}
         for e in self.events:
             sign = "+" if e.kind == "alloc" else "-"
-            by_node.setdefault(e.node, []).append(f"{sign}{e.buffer.nbytes} {e.buffer.name}")
+            by_node.setdefault(e.node, []).append(f"{sign}{size(e.buffer.nbytes)} "
+                                                  f"{e.buffer.name}")
         lines = []
         for node, live in zip(self.order, self.live_bytes, strict=True):
             if node in by_node:
-                lines.append(f"{node.name:24s} {' '.join(by_node[node]):40s} live {live}")
+                lines.append(f"{node.name:24s} {' '.join(by_node[node]):44s} live {size(live)}")
         peak_at = self.peak_node.name if self.peak_node is not None else "-"
-        lines.append(f"peak {self.peak_bytes} at {peak_at}")
-        return "\n".join(lines)
+        lines.append(f"peak {size(self.peak_bytes)} at {peak_at}")
+        return "\n".join(line.rstrip() for line in lines)
 
 
 def _nbytes(value) -> int:

@@ -428,7 +428,7 @@ def _svg(tl: Timeline, width: int) -> str:
            f'font-family="monospace" font-size="11">',
            f'<text x="4" y="14">step {tl.step_time_us:.1f} us, comm {tl.comm_time_us:.1f} us, '
            f'exposed {tl.exposed_comm_us:.1f} us, overlap {tl.overlap:.0%}, peak '
-           f'{tl.peak_bytes} B</text>']
+           f'{_human_bytes(tl.peak_bytes)}</text>']
     y_of = {s: top + i * (row + gap) for i, s in enumerate(streams)}
     for s, y in y_of.items():
         out.append(f'<text x="4" y="{y + row * 0.65:.1f}">{_escape(s)[:16]}</text>')
@@ -458,8 +458,20 @@ def _svg(tl: Timeline, width: int) -> str:
     out.append(f'<text x="{left}" y="{base + 16}">0 us</text>')
     out.append(f'<text x="{width - 10}" y="{base + 16}" text-anchor="end">'
                f'{tl.step_time_us:.1f} us</text>')
+    x = left + 60
+    for kind, color in [*colors.items(), ("live bytes", "#59a14f")]:
+        out.append(f'<rect x="{x}" y="{base + 7}" width="10" height="10" fill="{color}"/>')
+        out.append(f'<text x="{x + 14}" y="{base + 16}">{kind}</text>')
+        x += 14 + 7 * len(kind) + 16
     out.append("</svg>")
     return "\n".join(out) + "\n"
+
+
+def _human_bytes(nbytes: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= size:
+            return f"{nbytes / size:.1f} {unit}"
+    return f"{nbytes} B"
 
 
 def _escape(text: str) -> str:
@@ -565,18 +577,24 @@ def _measure_compute() -> dict:
 
 
 def _gloo_times(sizes: list[int], repeat: int) -> list[float]:
-    """On a rank: median all_gather + wait time per input size (bytes), in us."""
+    """On a rank: median all_gather + wait time per input size (bytes), in us, each op
+    started together on every rank (a barrier before it), as a step of a program is."""
+    import time
+
     import refimpl.functional_collectives as fc
 
     ops, n = fc.ops, torch.distributed.get_world_size()
     times = []
     for nbytes in sizes:
         x = torch.ones(nbytes // 4)
-
-        def once(x=x):
+        samples = []
+        for i in range(repeat + 2):
+            torch.distributed.barrier()
+            start = time.perf_counter()
             ops.wait_tensor(ops.all_gather_into_tensor(x, n, "0"))
-
-        times.append(_median_us(once, repeat))
+            if i >= 2:  # two warm-up rounds
+                samples.append((time.perf_counter() - start) * 1e6)
+        times.append(sorted(samples)[len(samples) // 2])
     return times
 
 
@@ -609,8 +627,8 @@ def calibrate(world_sizes=(2,), repeat: int = 20) -> HardwareProfile:
         flops_per_us={"default": compute["flops_per_us"]},
         memory_bytes_per_us=compute["memory_bytes_per_us"], links=links,
         op_overhead_us=compute["op_overhead_us"],
-        source="python -m refimpl.simulator calibrate: float32 384x384 mm, 32 MiB clone, "
-               "1-element add, gloo all_gather of 4 KiB..2 MiB per rank (median of "
+        source="python -m refimpl.simulator calibrate: float32 384x384 mm, 32 MiB copy_, "
+               "1-element add, gloo all_gather of 4 KiB..2 MiB per rank after a barrier (median of "
                f"{repeat}, slowest rank)")
 
 

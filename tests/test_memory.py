@@ -13,7 +13,6 @@ from __future__ import annotations
 import memory_rank
 import pytest
 import torch
-import torch.distributed as dist
 
 from conformance import memory_programs as mp
 from refimpl.memory import MemoryModel, plan_memory
@@ -22,16 +21,8 @@ from refimpl.multiprocess import run_on_ranks
 
 @pytest.fixture(scope="module")
 def fake_world():
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
-    elif dist.get_world_size() != 2:
-        pytest.fail(f"these tests need a world of 2, found {dist.get_world_size()}")
-    yield
-    if created:
-        dist.destroy_process_group()
+    with mp.fake_world(2):
+        yield
 
 
 def test_verifier_passes_on_every_conformance_program():

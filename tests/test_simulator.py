@@ -27,16 +27,8 @@ from refimpl.simulator import (
 
 @pytest.fixture(scope="module")
 def world4():
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
-    elif dist.get_world_size() != 4:
-        pytest.fail(f"these tests need a world of 4, found {dist.get_world_size()}")
-    yield dist.new_group([0, 1]).group_name
-    if created:
-        dist.destroy_process_group()
+    with mp.fake_world(4):
+        yield dist.new_group([0, 1]).group_name
 
 
 def test_fit_recovers_alpha_and_beta():

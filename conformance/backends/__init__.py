@@ -21,7 +21,11 @@ Concepts and what their namespace exposes (upstream's names; see conformance/REA
   lower(gm, config). `fn(*inputs)` uses the backend's own functional collectives;
   `options` is a dict: auto_select, one_shot_all_reduce_threshold_bytes,
   reorder_for_compute_comm_overlap, enable_symm_mem_for (group names).
-- "reorder", "memory": reorder(gm, ...), estimate_peak_memory(gm).
+- "memory": plan_memory(gm, order=None) -> a plan with events, buffers, peak_bytes, order;
+  optionally verify_memory_lifecycle(gm, *args, plan=...) (inside a rank).
+- "simulator": simulate(gm, cost_model=None, order=None) -> a timeline; CostModel,
+  HardwareProfile, LinkCost, H100_NVLINK_8.
+- "reorder": reorder(gm, ...), not specified yet.
 - "symmetric_memory": the symmetric-memory API with upstream's names.
 """
 

@@ -17,7 +17,6 @@ ones at the same nodes.
 from __future__ import annotations
 
 import pytest
-import torch.distributed as dist
 from expecttest import assert_expected_inline
 
 from conformance import harness
@@ -26,17 +25,9 @@ from conformance import memory_programs as mp
 
 @pytest.fixture
 def fake_world():
-    """A fake process group of 2 in this process for tracing, unless one exists already."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
-    elif dist.get_world_size() != 2:
-        pytest.fail(f"memory cases need a world of 2, found {dist.get_world_size()}")
-    yield
-    if created:
-        dist.destroy_process_group()
+    """A fake process group of 2 in this process for tracing."""
+    with mp.fake_world(2):
+        yield
 
 
 def plan_text(backend, gm, order=None) -> str:

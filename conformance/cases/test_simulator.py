@@ -25,16 +25,8 @@ from conformance import memory_programs as mp
 @pytest.fixture
 def world4():
     """A fake world of 4 and the name of its subgroup [0, 1]."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
-    elif dist.get_world_size() != 4:
-        pytest.fail(f"simulator cases need a world of 4, found {dist.get_world_size()}")
-    yield dist.new_group([0, 1]).group_name
-    if created:
-        dist.destroy_process_group()
+    with mp.fake_world(4):
+        yield dist.new_group([0, 1]).group_name
 
 
 def sim(backend):
@@ -313,12 +305,7 @@ def test_timeline_peak_is_the_memory_plan_of_the_same_order(backend, world4):
 @pytest.mark.spec("SIM-5", "SIM-7")
 def test_blocking_one_shot_all_reduce(backend):
     """A one-shot all-reduce has no wait: the compute stream waits for it."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
-    try:
+    with mp.fake_world(2):
         ns = sim(backend)
         gm = mp.lowered_one_shot()
         pins = {n.name: 10.0 for n in gm.graph.nodes if n.op == "call_function"}
@@ -329,9 +316,6 @@ def test_blocking_one_shot_all_reduce(backend):
 %3 symm_mem.one_shot_all_reduce    comm ranks[0,1]        20.0   30.0
 %4 aten.add.Tensor                 compute                30.0   40.0
 step 40.0 us, comm 10.0 us, exposed 10.0 us, overlap 0.000, peak 64 B""")
-    finally:
-        if created:
-            dist.destroy_process_group()
 
 
 @pytest.mark.spec("SIM-5", "MEM-11")
