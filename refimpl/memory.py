@@ -55,10 +55,12 @@ class MemoryLifecycleError(AssertionError):
 # (The one place in this module that knows op names; refimpl/_fx.py is to share it.)
 # --------------------------------------------------------------------------------------
 COLLECTIVE_NAMESPACES = ("refimpl_c10d", "_c10d_functional")
-# Waits whose op returns its argument although the schema does not say so: upstream's.
-# refimpl's `wait_tensor` returns a copy (FC-5); its `wait_tensor_` says `Tensor(a!)`.
-UNANNOTATED_ALIASING_WAITS = {("_c10d_functional", "wait_tensor")}
+# refimpl's `wait_tensor` returns a copy (FC-5); its `wait_tensor_` says `Tensor(a!)`;
+# upstream's `wait_tensor` returns its argument although its schema says `-> Tensor`.
 WAIT_OPS = ("wait_tensor", "wait_tensor_")
+# Renames a schema does not state: upstream's wait, and `_unsafe_view`, a view that
+# exists to look like a fresh tensor (MEM-2, MEM-4).
+UNANNOTATED_RENAMES = {("_c10d_functional", "wait_tensor"), ("aten", "_unsafe_view")}
 # Which tensors of a collective its communication reads or writes until it is waited
 # (MEM-5). Out-of-place all_reduce and broadcast copy their input when issued (FC-2,
 # CL-2): only the copy, their result, is in flight. Every other collective, and any
@@ -98,11 +100,6 @@ def is_collective(node: torch.fx.Node) -> bool:
     return name is not None and name not in WAIT_OPS
 
 
-# Renames a schema does not state: upstream's wait returns its input (its schema says
-# `-> Tensor`), and `_unsafe_view` is a view (it exists to look like a fresh tensor).
-UNANNOTATED_RENAMES = {("_c10d_functional", "wait_tensor"), ("aten", "_unsafe_view")}
-
-
 def _qualified(target) -> tuple[str, str]:
     return target.namespace, target._schema.name.split("::", 1)[1]
 
@@ -126,7 +123,7 @@ def _return_alias_sets(schema) -> list[set[str]]:
     return sets
 
 
-def aliasing_of(target) -> list[tuple[int, int | str | None]]:
+def aliasing_of(target) -> list[int | str | None]:
     """Per schema return: the index (or kwarg name) of the argument it renames, or None.
 
     From the schema's alias annotations (`Tensor(a)` views, `Tensor(a!)` in-place and
@@ -159,12 +156,10 @@ def _tensor_args(arg) -> list[torch.fx.Node]:
 def _collective_members(node: torch.fx.Node) -> list[tuple[list[torch.fx.Node], int]]:
     """Per member of a collective: (its tensor arguments, index of its result)."""
     first = node.args[0] if node.args else None
-    args = [a for a in _tensor_args(first)] if isinstance(first, (list, tuple)) else \
-        _tensor_args(first)
-    kwargs_out = _tensor_args(node.kwargs.get("out"))
+    args = _tensor_args(first)
     if isinstance(first, (list, tuple)):  # coalesced: member i is input i and result i
         return [([a], i) for i, a in enumerate(args)]
-    return [(args + kwargs_out, 0)]
+    return [(args + _tensor_args(node.kwargs.get("out")), 0)]
 
 
 # --------------------------------------------------------------------------------------

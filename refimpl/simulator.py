@@ -188,7 +188,6 @@ def ring_us(link: LinkCost, n: int, nbytes: int) -> float:
     return (n - 1) * link.alpha_us + (n - 1) / n * nbytes / link.beta_bytes_per_us
 
 
-# Collective op name -> (bytes it moves from the node, duration from (link, n, bytes)).
 def _output_bytes(node):
     return _tensor_bytes(node.meta.get("val"))
 
@@ -206,6 +205,8 @@ _TWICE_RING = lambda link, n, b: 2 * ring_us(link, n, b)  # reduce_scatter + all
 _PIPELINE = lambda link, n, b: (n - 1) * link.alpha_us + b / link.beta_bytes_per_us
 _ONE_SHOT = lambda link, n, b: link.alpha_us + (n - 1) * b / link.beta_bytes_per_us
 
+# Collective op name -> (the bytes it moves, from the node; its duration from (link, n,
+# bytes)) (SIM-2). An op not listed costs a ring of its larger side.
 COLLECTIVE_COSTS = {
     "all_gather_into_tensor": (_output_bytes, _RING),
     "all_gather_into_tensor_out": (_output_bytes, _RING),
