@@ -32,7 +32,6 @@ _CONFIG_KEYS = {
     "one_shot_all_reduce_threshold_bytes": "_collective.one_shot_all_reduce_threshold_bytes",
     "reorder_for_compute_comm_overlap": "reorder_for_compute_comm_overlap",
 }
-_NAMESPACES = {"_c10d_functional": "_c10d_functional", "symm_mem": "symm_mem"}
 _CALL = re.compile(r"^(?:(\w+) = )?torch\.ops\.(_c10d_functional|symm_mem)\.(\w+)\.(\w+)\((.*)\)$")
 _EMPTY = re.compile(r"^(\w+) = empty_strided_\w+\(\(([^)]*)\), \([^)]*\), torch\.(\w+)\)")
 _ASSERT = re.compile(r"^assert_size_stride\((\w+), \(([^)]*)\),")
