@@ -11,9 +11,9 @@ group with symmetric memory becomes a one-shot all-reduce whose input producer w
 straight into a comm buffer; comm buffers carry an `alloc_id` that is the same on every
 rank and in every call, distinct between buffers and graphs, and they never take part in
 ordinary buffer reuse (CL-10..CL-14). The lowered graph computes the same values as the
-original (CL-15).
+original (CL-15). Bad configs and collectives on unknown groups are refused (CL-16).
 
-Implements SPEC.md section "Comm lowering": CL-1 .. CL-15.
+Implements SPEC.md section "Comm lowering": CL-1 .. CL-16.
 """
 
 from __future__ import annotations
@@ -57,6 +57,25 @@ class CommLoweringConfig:
     reorder_for_compute_comm_overlap: bool = False
     force_one_shot_all_reduce: bool = False
     alloc_id_namespace: str = ""
+
+    def __post_init__(self):
+        """Refuse a field of the wrong type or range when the config is made (CL-16)."""
+        for name in ("auto_select", "reorder_for_compute_comm_overlap",
+                     "force_one_shot_all_reduce"):
+            _require_type(name, getattr(self, name), bool)
+        _require_type("alloc_id_namespace", self.alloc_id_namespace, str)
+        threshold = self.one_shot_all_reduce_threshold_bytes
+        _require_type("one_shot_all_reduce_threshold_bytes", threshold, int)
+        if threshold < 0:
+            raise ValueError(f"one_shot_all_reduce_threshold_bytes: expected a byte count "
+                             f">= 0, got {threshold} [CL-16]")
+
+
+def _require_type(name: str, value, expected: type) -> None:
+    # bool is an int to isinstance; a flag passed as a threshold (or 1 as a flag) is a slip.
+    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+        raise TypeError(f"{name}: expected {expected.__name__}, got {type(value).__name__} "
+                        f"{value!r} [CL-16]")
 
 
 class CommBufferError(ValueError):
@@ -432,8 +451,24 @@ class _Lowering:
         self.keep_outputs_out_of_comm_buffers()
 
 
+def _check_group(node: torch.fx.Node) -> None:
+    """A collective's group must be a process group of this process (CL-16)."""
+    from refimpl.functional_collectives import group_ranks
+
+    args = _fx.arguments(node, "CL-16")
+    if "group_name" not in args:
+        return  # a wait
+    try:
+        group_ranks(args["group_name"])
+    except (ValueError, TypeError):
+        raise ValueError(f"gm: node {node.name!r} ({node.target}): group_name "
+                         f"{args['group_name']!r} names no process group of this process "
+                         f"[CL-16]") from None
+
+
 def _check_traced(gm: torch.fx.GraphModule) -> None:
-    """Collectives must be op overloads whose tensor arguments carry fake values (CL-1)."""
+    """Collectives must be op overloads whose tensor arguments carry fake values (CL-1),
+    on groups this process knows (CL-16)."""
     for node in gm.graph.nodes:
         target = node.target
         if (isinstance(target, torch._ops.OpOverloadPacket)
@@ -444,6 +479,7 @@ def _check_traced(gm: torch.fx.GraphModule) -> None:
         if _fx.collective_name(node) is not None:
             _val(node)
             torch.fx.node.map_arg(node.args, _val)
+            _check_group(node)
 
 
 def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
