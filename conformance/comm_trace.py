@@ -16,7 +16,8 @@ Where a buffer first appears as a collective's input, `=origin` says where it ca
 - `input`: a graph input (the caller's memory);
 - `computed`: written by a compute op of the program, the collective reading the
   producer's own output (CL-3, CL-11);
-- `copy(bN)`: a plain copy of buffer `bN` (CL-2, CL-4, CL-6, CL-8 clones);
+- `copy(bN)`: a plain copy of buffer `bN`, or of a view into it (CL-2, CL-4, CL-6,
+  CL-8 clones; a backend that copies straight from a strided input has no view to show);
 - `view(bN)`: a view into buffer `bN` (BK-8's copy-in slot of the gathered buffer).
 A buffer that an in-place or `out=` op writes is that op's argument's buffer. A buffer
 first seen as a collective's output has no origin: the collective made it.
@@ -160,24 +161,33 @@ def _written_argument(node: torch.fx.Node) -> torch.fx.Node | None:
     return None
 
 
+def _viewed(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The buffer `node` is a view of (a view op, getitem of a split), if it is one."""
+    if node.op != "call_function" or is_comm_op(node.target):
+        return None
+    if node.target is operator.getitem:
+        return node.args[0]
+    schema = getattr(node.target, "_schema", None)
+    returns_alias = (schema is not None and schema.returns
+                     and schema.returns[0].alias_info is not None)
+    if returns_alias and isinstance(node.args[0], torch.fx.Node):
+        return node.args[0]
+    return None
+
+
 def _graph_origin(node: torch.fx.Node) -> Origin:
     """Where an FX value's buffer came from (see the module docstring)."""
     while not is_comm_op(node.target) and (written := _written_argument(node)) is not None:
         node = written  # an in-place or out= result: the buffer it wrote
     if node.op == "placeholder":
         return ("input", None)
-    if node.op != "call_function":
-        return ("computed", None)
-    if node.target is torch.ops.aten.clone.default:
-        return ("copy", node.args[0])
-    if node.target is operator.getitem:
-        return ("view", node.args[0])
-    schema = getattr(node.target, "_schema", None)
-    returns_view = (schema is not None and schema.returns
-                    and schema.returns[0].alias_info is not None)
-    if returns_view and isinstance(node.args[0], torch.fx.Node):
-        return ("view", node.args[0])
-    return ("computed", None)
+    if node.op == "call_function" and node.target is torch.ops.aten.clone.default:
+        source = node.args[0]
+        while (base := _viewed(source)) is not None:
+            source = base
+        return ("copy", source)
+    base = _viewed(node)
+    return ("view", base) if base is not None else ("computed", None)
 
 
 class _GraphBuffers(BufferLabels):

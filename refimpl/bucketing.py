@@ -608,6 +608,7 @@ def _rewrite(gm: torch.fx.GraphModule, kind: Kind, buckets: list[Bucket],
     graph = gm.graph
     order = _stable_order(list(graph.nodes), kind, buckets, opts)
     block_index = _first_free_block_index(graph, kind.name)
+    absorbed: dict[int, int] = {}  # block of an earlier pass -> the block that merged it
     dead: list[torch.fx.Node] = []
     replacement: dict[torch.fx.Node, torch.fx.Node] = {}  # old wait -> member's new output
     cursor = None
@@ -623,6 +624,8 @@ def _rewrite(gm: torch.fx.GraphModule, kind: Kind, buckets: list[Bucket],
         with graph.inserting_before(cursor.next):
             outs = _MERGERS[kind.name](builder, unit, opts)
         for member, inp, out in zip(unit.members, unit.inputs, outs, strict=True):
+            if BLOCK_META in member.meta:
+                absorbed[member.meta[BLOCK_META][1]] = builder.block[1]
             wait = next(iter(member.users))
             replacement[wait] = out
             dead += [wait, member]
@@ -632,6 +635,7 @@ def _rewrite(gm: torch.fx.GraphModule, kind: Kind, buckets: list[Bucket],
     _replace_uses(replacement)
     for node in dead:
         graph.erase_node(node)
+    _retag(graph, kind.name, absorbed)
     graph.lint()
     if recompile:
         gm.recompile()
@@ -642,6 +646,16 @@ def _first_free_block_index(graph: torch.fx.Graph, kind: str) -> int:
     used = [n.meta[BLOCK_META][1] for n in graph.nodes
             if n.meta.get(BLOCK_META, ("", 0))[0] == kind]
     return max(used) + 1 if used else 0
+
+
+def _retag(graph: torch.fx.Graph, kind: str, absorbed: dict[int, int]) -> None:
+    """The rest of a block whose collective a new bucket merged joins the new block."""
+    if not absorbed:
+        return
+    for node in graph.nodes:
+        tag = node.meta.get(BLOCK_META)
+        if tag is not None and tag[0] in (kind, f"{kind}_wait") and tag[1] in absorbed:
+            node.meta[BLOCK_META] = (tag[0], absorbed[tag[1]])
 
 
 def _replace_uses(replacement: dict[torch.fx.Node, torch.fx.Node]) -> None:

@@ -50,6 +50,8 @@ _KERNEL_CALL = re.compile(r"^(\w+)\(([\w, ]*)\)$")
 _KERNEL_PARAM = re.compile(r"(?:const )?[\w:<>]+\* (\w+)")
 _TMP_DEF = re.compile(r"auto (tmp\d+) = (.*);")
 _STORE = re.compile(r"(tmp\d+)\.store\((\w+)|(\w+)\[.*\] = (tmp\d+);")
+# A transposed copy goes through a local array: transpose_mxn<...>(in_ptrI + ..., n, tmpK, m)
+_TRANSPOSE = re.compile(r"transpose_mxn<.*>\((in_ptr\d+)[^,]*, [^,]*, (tmp\d+),")
 
 
 def _inductor_patches(options: dict) -> dict:
@@ -103,12 +105,17 @@ def _kernel_parameters(body: list[str]) -> list[tuple[str, str | None]]:
     signature = " ".join(body[:body.index("{")] if "{" in body else body[:1])
     params = _KERNEL_PARAM.findall(signature)
     loaded: dict[str, str | None] = {}      # tmp -> the in_ptr it is a plain load of
+    arrays: dict[str, str] = {}              # local array -> the in_ptr copied into it
     copied: dict[str, set] = {p: set() for p in params}
     for line in body:
+        if m := _TRANSPOSE.search(line):
+            arrays[m.group(2)] = m.group(1)
         if m := _TMP_DEF.search(line):
-            sources = set(re.findall(r"in_ptr\d+", m.group(2)))
-            plain = len(sources) == 1 and not re.search(r"tmp\d+", m.group(2))
-            loaded[m.group(1)] = sources.pop() if plain else None
+            # A plain load reads one in_ptr (or one array holding a copy of it), nothing else.
+            pointers = set(re.findall(r"in_ptr\d+", m.group(2)))
+            pointers |= {arrays.get(t, t) for t in re.findall(r"tmp\d+", m.group(2))}
+            plain = len(pointers) == 1 and next(iter(pointers)).startswith("in_ptr")
+            loaded[m.group(1)] = pointers.pop() if plain else None
         for m in _STORE.finditer(line):
             tmp, ptr = (m.group(1), m.group(2)) if m.group(1) else (m.group(4), m.group(3))
             if ptr in copied:
