@@ -202,6 +202,29 @@ def cross_key_cycle(fc, dtype, other=((0, 1),)):
     return step, xs
 
 
+def three_key_chain(fc, dtype):
+    """X reaches Z only through the merge of Y, and a second member of X depends on Z (BK-4).
+
+    x1 (X); y1, y2 <- x1 (Y: merged, it waits for x1); z1 <- y1, z2 (Z: merged, it waits
+    for Y); x3 <- z2 only. Merging x3 with x1 would close the cycle X -> Y -> Z -> X,
+    which no single node's inputs show: the pass must know that X reaches Z.
+    """
+    x_group, y_group, z_group = dist.group.WORLD, group_of(((0, 1),)), group_of(((1, 0),))
+    me = dist.get_rank()
+    xs = [rank_input(me, (2,), dtype, salt=120 + i) for i in range(3)]
+
+    def step(a, b, c):
+        x1 = fc.all_gather_tensor(a, 0, x_group)
+        y1 = fc.all_gather_tensor(b, 0, y_group)
+        y2 = fc.all_gather_tensor(x1[:2] + 1, 0, y_group)
+        z1 = fc.all_gather_tensor(y1[:2] * 2, 0, z_group)
+        z2 = fc.all_gather_tensor(c, 0, z_group)
+        x3 = fc.all_gather_tensor(z2[:2] - 1, 0, x_group)
+        return x1, y2, z1, x3
+
+    return step, xs
+
+
 def with_out_variant(fc, dtype, group=WORLD):
     """Two all_gathers around an `all_gather_into_tensor_out`, which is no candidate (BK-1)."""
     pg = group_of(group)
@@ -219,7 +242,7 @@ def with_out_variant(fc, dtype, group=WORLD):
 
 PROGRAMS = {f.__name__: f for f in (fsdp_all_gather, fsdp_reduce_scatter, interleaved, chain,
                                     mixed_dtypes, other_dims, all_reduces, keyed,
-                                    cross_key_cycle, with_out_variant)}
+                                    cross_key_cycle, three_key_chain, with_out_variant)}
 
 
 # --------------------------------------------------------------------------------------
@@ -305,7 +328,8 @@ def trace_bucket_run(fc, bucketing, program: str, pass_name: str, cap_mb, dtype,
     asked: list[int] = []
     getattr(bucketing, pass_name)(bucketed, cap_fn(cap_mb, asked), **(options or {}))
     before = original(*[t.clone() for t in inputs])
-    after = bucketed(*[t.clone() for t in inputs])
+    recorder = _SlotRecorder(bucketed)
+    after = recorder.run(*[t.clone() for t in inputs])
     return {
         "mismatch": compare(before, after),
         "collectives": (collective_count(original), collective_count(bucketed)),
@@ -314,7 +338,24 @@ def trace_bucket_run(fc, bucketing, program: str, pass_name: str, cap_mb, dtype,
         "comm_trace": format_comm_trace(comm_trace_of_graph(bucketed)),
         "asked": asked,
         "blocks": block_runs(bucketed),
+        "slots": recorder.slots,
     }
+
+
+class _SlotRecorder(torch.fx.Interpreter):
+    """Runs a graph and records where each `all_gather_into_tensor_out` reads its input
+    within `out`: (offset in elements, elements), this rank's slot (BK-8)."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        super().__init__(gm)
+        self.slots: list[tuple[int, int]] = []
+
+    def call_function(self, target, args, kwargs):
+        if op_name(target).endswith(".all_gather_into_tensor_out"):
+            inp, out = args[0], kwargs["out"]
+            offset = (inp.data_ptr() - out.data_ptr()) // max(inp.element_size(), 1)
+            self.slots.append((offset, inp.numel()))
+        return super().call_function(target, args, kwargs)
 
 
 # --------------------------------------------------------------------------------------
@@ -365,8 +406,10 @@ BAD_GRAPHS = {
     # argument the error must name)
     "unknown_reduce_op": ("reduce_scatter_tensor", (4,), (2,), ("sum", 2, W),
                           ("median", 2, W), "reduce_op"),
-    "group_size_mismatch": ("all_gather_into_tensor", (4,), (12,), (2, W), (3, W),
-                            "group_size"),
+    "group_size_too_large": ("all_gather_into_tensor", (4,), (12,), (2, W), (3, W),
+                             "group_size"),
+    "group_size_too_small": ("all_gather_into_tensor", (4,), (4,), (2, W), (1, W),
+                             "group_size"),
     "missing_argument": ("all_gather_into_tensor", (4,), (8,), (2, W), (2,), "group_name"),
     "unknown_group": ("all_reduce", (4,), (4,), ("sum", W), ("sum", "no-such-group"),
                       "group_name"),

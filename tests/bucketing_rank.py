@@ -120,6 +120,21 @@ def errors() -> dict:
 
 
 
+def keyword_arguments() -> dict:
+    """BK-16: a candidate whose group arguments are given by keyword is read by name."""
+    fn, inputs = bp.PROGRAMS["fsdp_all_gather"](fc, torch.float32)
+    original = bp.trace(fn, inputs)
+    gm = bp.trace(fn, inputs)
+    for node in gm.graph.nodes:
+        if "all_gather_into_tensor" in str(node.target):
+            node.kwargs = {"group_size": node.args[1], "group_name": node.args[2]}
+            node.args = node.args[:1]
+    gm.recompile()
+    bk.bucket_all_gather(gm, lambda i: 25)
+    return {"mismatch": bp.compare(original(*inputs), gm(*inputs)),
+            "collectives": bp.collective_count(gm)}
+
+
 def block_tags_after_two_passes() -> dict:
     """BK-17: blocks of one pass, then of a second pass over the first's merged gathers."""
     fn, inputs = bp.PROGRAMS["fsdp_all_gather"](fc, torch.float32, rows=(1, 1, 1, 1))

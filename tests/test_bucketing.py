@@ -237,3 +237,8 @@ def test_bk17_blocks_number_on_across_passes_and_cover_all_reduce():
         "all_gather 2", "all_gather_wait 2", "- 4", "all_gather_wait 2", "- 4"]
     assert [run.split(":")[0] for run in result["all_reduce"]] == [
         "- 3", "all_reduce 0", "all_reduce_wait 0", "- 3"]
+
+
+def test_bk16_arguments_given_by_keyword_are_read_by_name():
+    for result in run_on_ranks(bucketing_rank.keyword_arguments, 2):
+        assert result == {"mismatch": "", "collectives": 1}

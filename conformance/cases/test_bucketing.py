@@ -35,9 +35,9 @@ MiB = 2**20
 
 
 def run_case(backend, world_size, program, pass_name, cap_mb=25, dtype=torch.float32,
-             options=None, program_args=None, groups_alike=True) -> dict:
-    """Rank 0's result; every rank's values checked, and with `groups_alike` (every rank's
-    group of the same size) every rank's merges too."""
+             options=None, program_args=None, groups_alike=True, every_rank=False):
+    """Rank 0's result (every rank's with `every_rank`); every rank's values checked, and
+    with `groups_alike` (every rank's group of the same size) every rank's merges too."""
     backend.require("functional_collectives")
     backend.require("bucketing", pass_name)
     results = harness.run(backend, conformance_case, world_size, program, pass_name, cap_mb,
@@ -49,7 +49,7 @@ def run_case(backend, world_size, program, pass_name, cap_mb=25, dtype=torch.flo
         traces = {re.sub(r"ranks\[[\d,]*\]", "G", r["comm_trace"]) for r in results}
         assert len(traces) == 1, f"ranks merged differently [BK-6]: {traces}"
         assert len({r["collectives"] for r in results}) == 1, "ranks merged differently"
-    return results[0]
+    return results if every_rank else results[0]
 
 
 def byte_caps(*caps_bytes):
@@ -325,6 +325,14 @@ all_gather_into_tensor out-of-place ranks[0,1] in=b4:f32[2]=computed out=b5:f32[
 wait b5""")  # noqa: E501
 
 
+@pytest.mark.spec("BK-4")
+def test_a_cycle_through_two_other_buckets_is_not_closed(backend):
+    # x1; {y1, y2 <- x1}; {z1 <- y1, z2}; x3 <- z2: x3 must not join x1 (X reaches Z
+    # through Y's merge), so 6 collectives become 4.
+    result = run_case(backend, 2, "three_key_chain", AG)
+    assert result["collectives"] == (6, 4)
+
+
 @pytest.mark.spec("BK-1")
 def test_out_variant_collectives_are_no_candidates(backend):
     result = run_case(backend, 2, "with_out_variant", AG)
@@ -342,9 +350,17 @@ def test_a_cast_with_another_reader_is_kept(backend):
 @pytest.mark.parametrize("pass_name", [AG, RS])
 def test_group_index_is_the_position_among_sorted_ranks(backend, pass_name):
     program = "fsdp_all_gather" if pass_name == AG else "fsdp_reduce_scatter"
-    result = run_case(backend, 4, program, pass_name, program_args={"group": ROWS_3_1},
-                      groups_alike=False)
-    assert result["collectives"][1] == 1
+    results = run_case(backend, 4, program, pass_name, program_args={"group": ROWS_3_1},
+                       groups_alike=False, every_rank=True)
+    for rank, result in enumerate(results):
+        assert result["collectives"][1] == 1
+        if pass_name == AG:
+            # The copy-in goes to this rank's slot of the gathered buffer (use_out_variant).
+            group = next(sorted(row) for row in ROWS_3_1 if rank in row)
+            ((offset, size),) = result["slots"]
+            assert offset == group.index(rank) * size, (
+                f"rank {rank}: copy-in at element {offset}, its slot is "
+                f"{group.index(rank)} * {size} [BK-8]")
 
 
 @pytest.mark.spec("BK-12")
