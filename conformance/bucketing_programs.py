@@ -48,11 +48,12 @@ def group_of(spec):
 # Programs. Each returns (function to trace, inputs for this rank).
 # --------------------------------------------------------------------------------------
 def fsdp_all_gather(fc, dtype, rows=(3, 5, 1, 4, 2, 6), cast=False, group=WORLD,
-                    cast_read_again=False):
+                    cast_read_again=False, independent=False):
     """Params of uneven dim 0 gathered one by one, each used by compute after its wait.
 
     `cast`: each shard is cast to `dtype` first (FSDP's mixed precision); with
-    `cast_read_again` the first cast is also returned, so it has a second reader.
+    `cast_read_again` the first cast is also returned, so it has a second reader; with
+    `independent`, compute that reads no gathered value follows each gather.
     """
     pg = group_of(group)
     me = dist.get_rank()
@@ -67,6 +68,8 @@ def fsdp_all_gather(fc, dtype, rows=(3, 5, 1, 4, 2, 6), cast=False, group=WORLD,
             outs.append(full * 2 + 1)
             if cast_read_again and i == 0:
                 outs.append(x)
+            if independent:
+                outs.append(shard * 5)
         return outs
 
     return step, shards

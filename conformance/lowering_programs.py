@@ -268,12 +268,12 @@ def alloc_ids(gm) -> list[int]:
 
 
 def alloc_ids_on_rank(spec: str, lowerings) -> list[list[int]]:
-    """On one rank: the alloc_ids of each `(program, options)` lowering, in order."""
+    """On one rank: the alloc_ids of each `(program, options, input shape)` lowering."""
     from conformance.harness import backend_in_rank
 
     backend = backend_in_rank(spec)
     ns = backend.require("lowering", "lowered_graph")
     fc = backend.require("functional_collectives")
-    inputs = inputs_for(dist.get_rank(), [(4,)])
-    return [alloc_ids(ns.lowered_graph(functools.partial(PROGRAMS[name], fc), inputs, options))
-            for name, options in lowerings]
+    return [alloc_ids(ns.lowered_graph(functools.partial(PROGRAMS[name], fc),
+                                       inputs_for(dist.get_rank(), [shape]), options))
+            for name, options, shape in lowerings]

@@ -102,6 +102,40 @@ def test_all_gather_fsdp_params_canonical_graph(backend):
 return [%24, %26, %28]""")
 
 
+@pytest.mark.spec("BK-7")
+def test_nodes_that_read_no_member_keep_their_place(backend):
+    # Each gather is followed by its user (moves after the merged wait) and by compute on
+    # its shard alone (stays where it was, before the merged collective).
+    result = run_case(backend, 2, "fsdp_all_gather", AG,
+                      program_args={"rows": (1, 2), "independent": True})
+    assert_expected_inline(result["canonical"], """\
+%0 = input : f32[1, 3]
+%1 = input : f32[2, 3]
+%2 = aten.mul.Tensor(%0, 5) : f32[1, 3]
+%3 = aten.empty.memory_format([18], dtype=f32, device=device(cpu), pin_memory=False) : f32[18]
+%4 = aten.slice.Tensor(%3, 0, 0, 9) : f32[9]
+%5 = aten.view(%0, [-1]) : f32[3]
+%6 = aten.view(%1, [-1]) : f32[6]
+%7 = aten.cat([%5, %6]) : f32[9]
+%8 = aten.copy_(%4, %7) : f32[9]
+%9 = funcol.all_gather_into_tensor_out(%8, 2, ranks[0,1], out=%3) : f32[18]
+%10 = funcol.wait_tensor(%9) : f32[18]
+%11 = aten.view(%10, [2, -1]) : f32[2, 9]
+%12 = aten.split_with_sizes(%11, [3, 6], 1) : (f32[2, 3], f32[2, 6])
+%13 = getitem(%12, 0) : f32[2, 3]
+%14 = getitem(%12, 1) : f32[2, 6]
+%15 = aten.clone(%13, memory_format=torch.contiguous_format) : f32[2, 3]
+%16 = aten._unsafe_view(%15, [2, 3]) : f32[2, 3]
+%17 = aten.clone(%14, memory_format=torch.contiguous_format) : f32[2, 6]
+%18 = aten._unsafe_view(%17, [4, 3]) : f32[4, 3]
+%19 = aten.mul.Tensor(%16, 2) : f32[2, 3]
+%20 = aten.add.Tensor(%19, 1) : f32[2, 3]
+%21 = aten.mul.Tensor(%18, 2) : f32[4, 3]
+%22 = aten.add.Tensor(%21, 1) : f32[4, 3]
+%23 = aten.mul.Tensor(%1, 5) : f32[2, 3]
+return [%20, %2, %22, %23]""")
+
+
 @pytest.mark.spec("BK-9")
 def test_all_gather_casts_batched(backend):
     result = run_case(backend, 2, "fsdp_all_gather", AG, dtype=torch.bfloat16,

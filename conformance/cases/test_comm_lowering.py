@@ -11,6 +11,7 @@ Each case lowers one program (conformance/lowering_programs.py) and checks
 from __future__ import annotations
 
 import functools
+import re
 
 import pytest
 import torch
@@ -348,27 +349,32 @@ one_shot_all_reduce out-of-place ranks[0,1] sum in=b0:f32[4]=computed out=b1:f32
     check_numerics(backend, "ar_small_intermediate", [(4,)], options)
 
 
-# Each condition of CL-10 failing alone: (program, options).
+# Each condition of CL-10 failing alone: (program, options, the reduced buffer's origin:
+# in place on the intermediate by CL-3, or a copy by CL-2).
 NOT_ONE_SHOT = {
-    "auto_select_off": ("ar_small_intermediate", {**ONE_SHOT, "auto_select": False}),
+    "auto_select_off": ("ar_small_intermediate", {**ONE_SHOT, "auto_select": False},
+                        "computed"),
     "one_byte_over_threshold": ("ar_small_intermediate",  # the input has 16 bytes
-                                {**ONE_SHOT, "one_shot_all_reduce_threshold_bytes": 15}),
-    "avg": ("ar_small_avg", ONE_SHOT),
-    "max": ("ar_small_max", ONE_SHOT),
-    "float64": ("ar_small_f64", ONE_SHOT),
-    "no_symm_mem_on_group": ("ar_small_other_group", ONE_SHOT),
-    "graph_input": ("ar_small_graph_input", ONE_SHOT),
-    "view": ("ar_small_view", ONE_SHOT),
+                                {**ONE_SHOT, "one_shot_all_reduce_threshold_bytes": 15},
+                                "computed"),
+    "avg": ("ar_small_avg", ONE_SHOT, "computed"),
+    "max": ("ar_small_max", ONE_SHOT, "computed"),
+    "float64": ("ar_small_f64", ONE_SHOT, "computed"),
+    "no_symm_mem_on_group": ("ar_small_other_group", ONE_SHOT, "computed"),
+    "graph_input": ("ar_small_graph_input", ONE_SHOT, "copy(b1=input)"),
+    "view": ("ar_small_view", ONE_SHOT, "copy(b1=computed)"),
 }
 
 
-@pytest.mark.spec("CL-10", "CL-11", "CL-2", "CL-15")
+@pytest.mark.spec("CL-10", "CL-11", "CL-2", "CL-3", "CL-15")
 @pytest.mark.parametrize("why", list(NOT_ONE_SHOT))
 def test_one_shot_not_chosen(backend, fake_world, why):
-    name, options = NOT_ONE_SHOT[why]
+    name, options, origin = NOT_ONE_SHOT[why]
     trace = comm_trace(backend, name, [(4,)], options)
     assert "one_shot" not in trace
-    assert trace.splitlines()[0].startswith("all_reduce_ in-place ranks["), trace
+    first = trace.splitlines()[0]
+    assert re.fullmatch(rf"all_reduce_ in-place ranks\[0,1\] \w+ in=b0:f\d\d\[[\d, ]+\]="
+                        rf"{re.escape(origin)}", first), trace
     assert trace.splitlines()[1] == "wait b0"
     check_numerics(backend, name, [(4,)], options)
 
@@ -481,17 +487,19 @@ wait b2""")
 @pytest.mark.spec("CL-12")
 def test_alloc_ids_are_equal_on_every_rank_and_distinct_where_they_must_be(backend):
     backend.require("lowering", "lowered_graph")
-    lowerings = [("ar_two_small", ONE_SHOT), ("ar_two_small", ONE_SHOT),
-                 ("ar_two_small", {**ONE_SHOT, "alloc_id_namespace": "layer1"}),
-                 ("ar_small_intermediate", ONE_SHOT), ("ar_inplace_small", ONE_SHOT)]
+    lowerings = [("ar_two_small", ONE_SHOT, (4,)), ("ar_two_small", ONE_SHOT, (4,)),
+                 ("ar_two_small", {**ONE_SHOT, "alloc_id_namespace": "layer1"}, (4,)),
+                 ("ar_small_intermediate", ONE_SHOT, (4,)), ("ar_inplace_small", ONE_SHOT, (4,)),
+                 ("ar_two_small", ONE_SHOT, (6,))]
     ranks = harness.run(backend, alloc_ids_on_rank, 2, lowerings)
     assert ranks[0] == ranks[1], f"alloc_ids differ between ranks: {ranks}"
-    two, again, namespaced, one, other_graph = ranks[0]
+    two, again, namespaced, one, other_graph, other_shape = ranks[0]
     assert len(two) == 2 and len(set(two)) == 2, f"buffers of one graph share an id: {two}"
     assert again == two, "lowering the same graph again changed its alloc_ids"
     assert not set(namespaced) & set(two), "alloc_id_namespace did not change the ids"
     assert len(one) == 1 and len(other_graph) == 1
     assert not set(one) & set(two) and one != other_graph, "two graphs share an alloc_id"
+    assert not set(other_shape) & set(two), "graphs that differ in a shape share an alloc_id"
     assert all(isinstance(i, int) and 0 <= i < 2**63 for ids in ranks[0] for i in ids)
 
 
@@ -502,7 +510,7 @@ def test_alloc_ids_depend_on_the_graph_not_the_process(backend, fake_world):
     ids = alloc_ids(ns.lowered_graph(functools.partial(PROGRAMS["ar_two_small"], fc),
                                      inputs_for(0, [(4,)]), ONE_SHOT))
     # The same graph lowered on gloo ranks (the case above) and here: the same ids.
-    ranks = harness.run(backend, alloc_ids_on_rank, 2, [("ar_two_small", ONE_SHOT)])
+    ranks = harness.run(backend, alloc_ids_on_rank, 2, [("ar_two_small", ONE_SHOT, (4,))])
     assert ranks[0][0] == ids
 
 
