@@ -447,6 +447,49 @@ def bad_graph(spec: str, name: str) -> tuple[str, str, str]:
     return "no error", "", bad.name
 
 
+BAD_ARGUMENTS = {
+    # name: (pass, the error, the argument it must name)
+    "not_a_graph_module": ("bucket_all_gather", "TypeError", "gm"),
+    "cap_not_callable": ("bucket_all_gather", "TypeError", "bucket_cap_mb_by_bucket_idx"),
+    "cap_zero": ("bucket_all_gather", "ValueError", "bucket_cap_mb_by_bucket_idx"),
+    "cap_nan": ("bucket_reduce_scatter", "ValueError", "bucket_cap_mb_by_bucket_idx"),
+    "mixed_dtypes_reduce_scatter": ("bucket_reduce_scatter", "ValueError", "mixed_dtypes"),
+    "mixed_dtypes_all_reduce": ("bucket_all_reduce", "ValueError", "mixed_dtypes"),
+}
+
+
+def bad_arguments(spec: str) -> dict:
+    """On a rank: {name: (exception type, message)} of each call of BAD_ARGUMENTS."""
+    from conformance.harness import NotImplementedConcept, backend_in_rank
+
+    backend = backend_in_rank(spec)
+    fc = backend.require("functional_collectives")
+    bucketing = backend.require("bucketing")
+    calls = {
+        "not_a_graph_module": lambda gm: (torch.nn.Linear(2, 2), cap_fn(25)),
+        "cap_not_callable": lambda gm: (gm, 25),
+        "cap_zero": lambda gm: (gm, cap_fn(0)),
+        "cap_nan": lambda gm: (gm, cap_fn(float("nan"))),
+        "mixed_dtypes_reduce_scatter": lambda gm: (gm, cap_fn(25)),
+        "mixed_dtypes_all_reduce": lambda gm: (gm, cap_fn(25)),
+    }
+    outcomes = {}
+    for name, (pass_name, _, _) in BAD_ARGUMENTS.items():
+        program = "fsdp_reduce_scatter" if "reduce" in pass_name else "fsdp_all_gather"
+        if pass_name == "bucket_all_reduce":
+            program = "all_reduces"
+        fn, inputs = PROGRAMS[program](fc, torch.float32)
+        options = {"mixed_dtypes": True} if name.startswith("mixed") else {}
+        try:
+            getattr(bucketing, pass_name)(*calls[name](trace(fn, inputs)), **options)
+            outcomes[name] = ("no error", "")
+        except NotImplementedConcept as exc:
+            outcomes[name] = ("not implemented", str(exc))
+        except Exception as exc:  # the case judges the type and the message
+            outcomes[name] = (type(exc).__name__, str(exc))
+    return outcomes
+
+
 def log_records(spec: str) -> list:
     """On a rank: (logger, level, message) of everything logged while two passes run (BK-15)."""
     import logging

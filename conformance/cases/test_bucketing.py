@@ -19,7 +19,9 @@ from expecttest import assert_expected_inline
 
 from conformance import harness, oracle
 from conformance.bucketing_programs import (
+    BAD_ARGUMENTS,
     BAD_GRAPHS,
+    bad_arguments,
     bad_graph,
     conformance_case,
     log_records,
@@ -176,7 +178,7 @@ def test_all_gather_casts_batched_canonical_graph(backend):
 return [%19, %21]""")
 
 
-@pytest.mark.spec("BK-8")
+@pytest.mark.spec("BK-8", "BK-6")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_all_gather_noncontiguous_subgroups(backend, dtype):
     result = run_case(backend, 4, "fsdp_all_gather", AG, dtype=dtype,
@@ -294,7 +296,7 @@ all_gather_into_tensor out-of-place ranks[0,1] in=b4:f32[2]=computed out=b5:f32[
 wait b5""")
 
 
-@pytest.mark.spec("BK-2")
+@pytest.mark.spec("BK-2", "BK-6")
 @pytest.mark.parametrize("pass_name", [AG, RS])
 def test_two_groups_interleaved(backend, pass_name):
     result = run_case(backend, 4, "interleaved", pass_name)
@@ -504,6 +506,27 @@ def test_bad_candidates_are_refused_naming_the_node(backend, name):
         assert exc_type == "ValueError", f"rank {rank}: {exc_type} {message}"
         for word in ("gm", node, argument):
             assert word in message, f"rank {rank}: {message!r} does not name {word!r}"
+
+
+@functools.cache
+def _bad_argument_outcomes(spec: str) -> tuple:
+    from conformance.backends import get_backend
+
+    return tuple(harness.run(get_backend(spec), bad_arguments, 2))
+
+
+@pytest.mark.spec("BK-1", "BK-3", "BK-12")
+@pytest.mark.parametrize("name", list(BAD_ARGUMENTS))
+def test_bad_arguments_are_refused_naming_them(backend, name):
+    backend.require("functional_collectives")
+    backend.require("bucketing")
+    _, error, argument = BAD_ARGUMENTS[name]
+    for rank, outcomes in enumerate(_bad_argument_outcomes(backend.spec)):
+        exc_type, message = outcomes[name]
+        if exc_type == "not implemented":
+            raise harness.NotImplementedConcept(message)
+        assert exc_type == error, f"rank {rank}: {exc_type} {message}"
+        assert argument in message, f"rank {rank}: {message!r} does not name {argument!r}"
 
 
 @pytest.mark.spec("BK-15")

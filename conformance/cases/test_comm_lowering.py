@@ -567,6 +567,55 @@ def test_clone_is_marked_no_fuse_only_under_overlap_reordering(backend, fake_wor
     assert clone.meta.get("no_fuse", False) is reorder
 
 
+# ---- What lower MUST refuse --------------------------------------------------------------
+def _traced(backend, program, *inputs):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(program, tracing_mode="fake")(*inputs)
+
+
+def _refusals(backend):
+    """name: (a call of lower, the error, a word its message must hold)."""
+    ns = backend.require("lowering", "lower", "Config")
+    fc = backend.require("functional_collectives")
+    x = torch.ones(3, 2)
+    untyped = torch.fx.symbolic_trace(lambda t: fc.ops.all_reduce(t, "sum", "0"))
+    no_wait = _traced(backend, lambda t: fc.ops.all_reduce_(t.t(), "sum", "0"), x)
+    coalesced = _traced(backend, lambda t: fc.ops.all_reduce_coalesced_([t, t.t()], "sum", "0"),
+                        torch.ones(2, 2))
+    program = functools.partial(PROGRAMS["ar_small_graph_input"], fc)
+    graph_input = _traced(backend, program, torch.ones(4))
+    forced = {**ONE_SHOT, "force_one_shot_all_reduce": True}
+    return {
+        "not_a_graph_module": (lambda: ns.lower(torch.nn.Linear(2, 2), ns.Config()),
+                               TypeError, "gm"),
+        "config_of_another_type": (lambda: ns.lower(graph_input, {"auto_select": True}),
+                                   TypeError, "config"),
+        "no_fake_values": (lambda: ns.lower(untyped, ns.Config()), ValueError, "meta['val']"),
+        "in_place_on_a_view_without_wait": (lambda: ns.lower(no_wait, ns.Config()),
+                                            ValueError, "wait"),
+        "coalesced_in_place_on_a_view": (lambda: ns.lower(coalesced, ns.Config()),
+                                         ValueError, "contiguous"),
+        "forced_one_shot_of_a_graph_input": (
+            lambda: ns.lowered_graph(program, [torch.ones(4)], forced), ValueError,
+            "graph input"),
+    }
+
+
+REFUSALS = ["not_a_graph_module", "config_of_another_type", "no_fake_values",
+            "in_place_on_a_view_without_wait", "coalesced_in_place_on_a_view",
+            "forced_one_shot_of_a_graph_input"]
+
+
+@pytest.mark.spec("CL-1", "CL-4", "CL-5", "CL-10")
+@pytest.mark.parametrize("name", REFUSALS)
+def test_lower_refuses_what_it_cannot_lower(backend, fake_world, name):
+    call, error, word = _refusals(backend)[name]
+    with pytest.raises(error) as info:
+        call()
+    assert word in str(info.value), f"{name}: {info.value} does not say {word!r}"
+
+
 # ---- CL-16: bad input -------------------------------------------------------------------
 @pytest.mark.spec("CL-16")
 def test_a_negative_one_shot_threshold_is_refused(backend, fake_world):
