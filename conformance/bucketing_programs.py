@@ -5,8 +5,10 @@ upstream's), so every backend traces the same user code with its own API. On a r
 `trace_bucket_run` traces the program with make_fx (fake tensors: no communication),
 applies the backend's bucketing pass to a second trace, runs both graphs on real inputs
 over the rank's gloo group and reports whether every output matches bit for bit, with
-the canonical text and comm trace of the bucketed graph. Inputs are small integers, so
-sums over ranks are exact in every dtype and any mismatch is a real error.
+the canonical text and comm trace of the bucketed graph, the cap indices the pass asked
+for and the FSDP blocks it tagged. Inputs are small integers, so sums over ranks are
+exact in every dtype and any mismatch is a real error. Graphs no program can trace (a
+padded reduce_scatter, bad arguments) are built by hand with the backend's own ops.
 
 Shared by tests/test_bucketing.py and conformance/cases/test_bucketing.py.
 """
@@ -17,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from conformance.canonical import canonical_graph
+from conformance.canonical import canonical_graph, op_name
 from conformance.comm_trace import comm_trace_of_graph, format_comm_trace, is_comm_op
 from conformance.oracle import rank_input
 
@@ -45,8 +47,14 @@ def group_of(spec):
 # --------------------------------------------------------------------------------------
 # Programs. Each returns (function to trace, inputs for this rank).
 # --------------------------------------------------------------------------------------
-def fsdp_all_gather(fc, dtype, rows=(3, 5, 1, 4, 2, 6), cast=False, group=WORLD):
-    """Params of uneven dim 0 gathered one by one, each used by compute after its wait."""
+def fsdp_all_gather(fc, dtype, rows=(3, 5, 1, 4, 2, 6), cast=False, group=WORLD,
+                    cast_read_again=False, independent=False):
+    """Params of uneven dim 0 gathered one by one, each used by compute after its wait.
+
+    `cast`: each shard is cast to `dtype` first (FSDP's mixed precision); with
+    `cast_read_again` the first cast is also returned, so it has a second reader; with
+    `independent`, compute that reads no gathered value follows each gather.
+    """
     pg = group_of(group)
     me = dist.get_rank()
     shards = [rank_input(me, (r, 3), torch.float32 if cast else dtype, salt=i)
@@ -54,10 +62,14 @@ def fsdp_all_gather(fc, dtype, rows=(3, 5, 1, 4, 2, 6), cast=False, group=WORLD)
 
     def step(*shards):
         outs = []
-        for shard in shards:
+        for i, shard in enumerate(shards):
             x = shard.to(dtype) if cast else shard
             full = fc.all_gather_tensor(x, 0, pg)
             outs.append(full * 2 + 1)
+            if cast_read_again and i == 0:
+                outs.append(x)
+            if independent:
+                outs.append(shard * 5)
         return outs
 
     return step, shards
@@ -151,8 +163,89 @@ def all_reduces(fc, dtype, reduce_op="sum", group=WORLD):
     return step, xs
 
 
+def keyed(fc, dtype, kind="all_gather", members=((WORLD, torch.float32, "sum"),) * 2):
+    """One collective of `kind` per member `(group, dtype, reduce op)`, in this order, each
+    result returned after its wait: which members share a key decides the buckets (BK-2)."""
+    me = dist.get_rank()
+    calls = [(group_of(g), dt, op) for g, dt, op in members]
+    xs = [rank_input(me, (2 * pg.size(), 2), dt, salt=100 + i)
+          for i, (pg, dt, _) in enumerate(calls)]
+
+    def step(*xs):
+        outs = []
+        for x, (pg, _, op) in zip(xs, calls, strict=True):
+            if kind == "all_gather":
+                outs.append(fc.all_gather_tensor(x, 0, pg))
+            elif kind == "reduce_scatter":
+                outs.append(fc.reduce_scatter_tensor(x, op, 0, pg))
+            else:
+                outs.append(fc.all_reduce(x, op, pg))
+        return outs
+
+    return step, xs
+
+
+def cross_key_cycle(fc, dtype, other=((0, 1),)):
+    """Two keys whose members feed each other: merging both would make a cycle (BK-4).
+
+    Order: a1 (world), b1 (group `other`, the same ranks), b2 <- a1, a2 <- b1. Merging
+    {a1, a2} needs b1 first; merging {b1, b2} needs a1 first; only one merge can be done.
+    """
+    world, second = dist.group.WORLD, group_of(other)
+    me = dist.get_rank()
+    xs = [rank_input(me, (2,), dtype, salt=70 + i) for i in range(2)]
+
+    def step(x, y):
+        a1 = fc.all_gather_tensor(x, 0, world)
+        b1 = fc.all_gather_tensor(y, 0, second)
+        b2 = fc.all_gather_tensor(a1[:2] * 2, 0, second)
+        a2 = fc.all_gather_tensor(b1[:2] + 1, 0, world)
+        return a1, b1, b2, a2
+
+    return step, xs
+
+
+def three_key_chain(fc, dtype):
+    """X reaches Z only through the merge of Y, and a second member of X depends on Z (BK-4).
+
+    x1 (X); y1, y2 <- x1 (Y: merged, it waits for x1); z1 <- y1, z2 (Z: merged, it waits
+    for Y); x3 <- z2 only. Merging x3 with x1 would close the cycle X -> Y -> Z -> X,
+    which no single node's inputs show: the pass must know that X reaches Z.
+    """
+    x_group, y_group, z_group = dist.group.WORLD, group_of(((0, 1),)), group_of(((1, 0),))
+    me = dist.get_rank()
+    xs = [rank_input(me, (2,), dtype, salt=120 + i) for i in range(3)]
+
+    def step(a, b, c):
+        x1 = fc.all_gather_tensor(a, 0, x_group)
+        y1 = fc.all_gather_tensor(b, 0, y_group)
+        y2 = fc.all_gather_tensor(x1[:2] + 1, 0, y_group)
+        z1 = fc.all_gather_tensor(y1[:2] * 2, 0, z_group)
+        z2 = fc.all_gather_tensor(c, 0, z_group)
+        x3 = fc.all_gather_tensor(z2[:2] - 1, 0, x_group)
+        return x1, y2, z1, x3
+
+    return step, xs
+
+
+def with_out_variant(fc, dtype, group=WORLD):
+    """Two all_gathers around an `all_gather_into_tensor_out`, which is no candidate (BK-1)."""
+    pg = group_of(group)
+    me, n = dist.get_rank(), pg.size()
+    xs = [rank_input(me, (2, 2), dtype, salt=110 + i) for i in range(3)]
+
+    def step(a, b, c):
+        first = fc.all_gather_tensor(a, 0, pg)
+        out = b.new_empty((2 * n, 2))
+        fc.ops.wait_tensor(fc.ops.all_gather_into_tensor_out(b, n, pg.group_name, out=out))
+        return first, out * 1, fc.all_gather_tensor(c, 0, pg)
+
+    return step, xs
+
+
 PROGRAMS = {f.__name__: f for f in (fsdp_all_gather, fsdp_reduce_scatter, interleaved, chain,
-                                    mixed_dtypes, other_dims, all_reduces)}
+                                    mixed_dtypes, other_dims, all_reduces, keyed,
+                                    cross_key_cycle, three_key_chain, with_out_variant)}
 
 
 # --------------------------------------------------------------------------------------
@@ -185,13 +278,36 @@ def compare(before, after) -> str:
     return ""
 
 
-def cap_fn(cap_mb):
-    """A cap callback from a number (every bucket) or a tuple (bucket i, the last repeats)."""
+def cap_fn(cap_mb, asked: list | None = None):
+    """A cap callback from a number (every bucket) or a tuple (bucket i, the last repeats);
+    each index asked for is appended to `asked`."""
     if callable(cap_mb):
         return cap_mb
-    if isinstance(cap_mb, tuple):
-        return lambda i: cap_mb[min(i, len(cap_mb) - 1)]
-    return lambda i: cap_mb
+
+    def cap(i):
+        if asked is not None:
+            asked.append(i)
+        if isinstance(cap_mb, tuple):
+            return cap_mb[min(i, len(cap_mb) - 1)]
+        return cap_mb
+
+    return cap
+
+
+def block_runs(gm: torch.fx.GraphModule) -> list[str]:
+    """Consecutive nodes by their `refimpl_block` tag (BK-17): `kind index: op op ...`,
+    untagged nodes as `- count`."""
+    runs: list[tuple[object, list[str]]] = []
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        tag = node.meta.get("refimpl_block")
+        if not runs or runs[-1][0] != tag:
+            runs.append((tag, []))
+        name = op_name(node.target).split(".") if node.op == "call_function" else [node.op]
+        runs[-1][1].append(name[min(1, len(name) - 1)])  # aten.empty.memory_format: empty
+    return [f"{tag[0]} {tag[1]}: {' '.join(ops)}" if tag else f"- {len(ops)}"
+            for tag, ops in runs]
 
 
 def conformance_case(spec: str, program: str, pass_name: str, cap_mb, dtype,
@@ -212,13 +328,193 @@ def trace_bucket_run(fc, bucketing, program: str, pass_name: str, cap_mb, dtype,
     fn, inputs = PROGRAMS[program](fc, dtype, **(program_args or {}))
     original = trace(fn, inputs)
     bucketed = trace(fn, inputs)
-    caps = cap_fn(cap_mb)
-    getattr(bucketing, pass_name)(bucketed, caps, **(options or {}))
-    before = original(*inputs)
-    after = bucketed(*inputs)
+    asked: list[int] = []
+    getattr(bucketing, pass_name)(bucketed, cap_fn(cap_mb, asked), **(options or {}))
+    before = original(*[t.clone() for t in inputs])
+    recorder = _SlotRecorder(bucketed)
+    after = recorder.run(*[t.clone() for t in inputs])
     return {
         "mismatch": compare(before, after),
         "collectives": (collective_count(original), collective_count(bucketed)),
         "canonical": canonical_graph(bucketed),
+        "unchanged": canonical_graph(bucketed) == canonical_graph(original),
         "comm_trace": format_comm_trace(comm_trace_of_graph(bucketed)),
+        "asked": asked,
+        "blocks": block_runs(bucketed),
+        "slots": recorder.slots,
     }
+
+
+class _SlotRecorder(torch.fx.Interpreter):
+    """Runs a graph and records where each `all_gather_into_tensor_out` reads its input
+    within `out`: (offset in elements, elements), this rank's slot (BK-8)."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        super().__init__(gm)
+        self.slots: list[tuple[int, int]] = []
+
+    def call_function(self, target, args, kwargs):
+        if op_name(target).endswith(".all_gather_into_tensor_out"):
+            inp, out = args[0], kwargs["out"]
+            offset = (inp.data_ptr() - out.data_ptr()) // max(inp.element_size(), 1)
+            self.slots.append((offset, inp.numel()))
+        return super().call_function(target, args, kwargs)
+
+
+# --------------------------------------------------------------------------------------
+# Hand-built graphs: what no traced program holds
+# --------------------------------------------------------------------------------------
+def _graph_of_calls(fc, calls, mode) -> torch.fx.GraphModule:
+    """A graph of `(op name, input shape, output shape, args after the input)` calls on
+    placeholders, each followed by its wait, returning every wait."""
+    graph = torch.fx.Graph()
+    outs = []
+    for i, (name, in_shape, out_shape, rest) in enumerate(calls):
+        x = graph.placeholder(f"x{i}")
+        x.meta["val"] = mode.from_tensor(torch.empty(in_shape))
+        node = graph.call_function(getattr(fc.ops, name).default, (x, *rest))
+        node.meta["val"] = mode.from_tensor(torch.empty(out_shape))
+        wait = graph.call_function(fc.ops.wait_tensor.default, (node,))
+        wait.meta["val"] = node.meta["val"]
+        outs.append(wait)
+    graph.output(outs)
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def padded_reduce_scatter(spec: str, shapes) -> dict:
+    """On a rank: reduce_scatters whose dim 0 does not divide by the group size, bucketed.
+
+    No traced program holds one (the op refuses it, FC-20), so the graph is built by hand
+    with FSDP's meaning: rank i receives chunk i of torch.chunk(sum, group size) (BK-10).
+    """
+    from torch._subclasses import FakeTensorMode
+
+    from conformance.harness import backend_in_rank
+
+    backend = backend_in_rank(spec)
+    fc = backend.require("functional_collectives")
+    bucketing = backend.require("bucketing", "bucket_reduce_scatter")
+    n, me, name = dist.get_world_size(), dist.get_rank(), dist.group.WORLD.group_name
+    calls = [("reduce_scatter_tensor", shape, (-(-shape[0] // n), *shape[1:]), ("sum", n, name))
+             for shape in shapes]
+    gm = _graph_of_calls(fc, calls, FakeTensorMode())
+    bucketing.bucket_reduce_scatter(gm, cap_fn(25))
+    inputs = [rank_input(me, s, torch.float32, salt=80 + i) for i, s in enumerate(shapes)]
+    return {"got": [t.clone() for t in gm(*inputs)], "collectives": collective_count(gm)}
+
+
+W = "WORLD"  # stands for the default group's name, known only on the rank
+BAD_GRAPHS = {
+    # name: (op, input shape, output shape, good args, bad args (after the input), the
+    # argument the error must name)
+    "unknown_reduce_op": ("reduce_scatter_tensor", (4,), (2,), ("sum", 2, W),
+                          ("median", 2, W), "reduce_op"),
+    "group_size_too_large": ("all_gather_into_tensor", (4,), (12,), (2, W), (3, W),
+                             "group_size"),
+    "group_size_too_small": ("all_gather_into_tensor", (4,), (4,), (2, W), (1, W),
+                             "group_size"),
+    "missing_argument": ("all_gather_into_tensor", (4,), (8,), (2, W), (2,), "group_name"),
+    "unknown_group": ("all_reduce", (4,), (4,), ("sum", W), ("sum", "no-such-group"),
+                      "group_name"),
+    "no_fake_value": ("all_gather_into_tensor", (4,), (8,), (2, W), (2, W), "meta['val']"),
+}
+_PASS_OF = {"all_gather_into_tensor": "bucket_all_gather",
+            "reduce_scatter_tensor": "bucket_reduce_scatter", "all_reduce": "bucket_all_reduce"}
+
+
+def bad_graph(spec: str, name: str) -> tuple[str, str, str]:
+    """On a rank: bucket two candidates of which the second is bad (BK-1, BK-16);
+    (exception type, message, the bad node's name), or ("no error", "", ...)."""
+    from torch._subclasses import FakeTensorMode
+
+    from conformance.harness import backend_in_rank
+
+    backend = backend_in_rank(spec)
+    fc = backend.require("functional_collectives")
+    op, in_shape, out_shape, good, bad, _ = BAD_GRAPHS[name]
+    bucketing = backend.require("bucketing", _PASS_OF[op])
+    world = dist.group.WORLD.group_name
+    calls = [(op, in_shape, out_shape, tuple(world if a == W else a for a in args))
+             for args in (good, bad)]
+    gm = _graph_of_calls(fc, calls, FakeTensorMode())
+    bad = [n for n in gm.graph.nodes if n.op == "call_function"][2]
+    if name == "no_fake_value":
+        del bad.meta["val"]
+    try:
+        getattr(bucketing, _PASS_OF[op])(gm, cap_fn(25))
+    except Exception as exc:  # the case judges the type and the message
+        return type(exc).__name__, str(exc), bad.name
+    return "no error", "", bad.name
+
+
+BAD_ARGUMENTS = {
+    # name: (pass, the error, the argument it must name)
+    "not_a_graph_module": ("bucket_all_gather", "TypeError", "gm"),
+    "cap_not_callable": ("bucket_all_gather", "TypeError", "bucket_cap_mb_by_bucket_idx"),
+    "cap_zero": ("bucket_all_gather", "ValueError", "bucket_cap_mb_by_bucket_idx"),
+    "cap_nan": ("bucket_reduce_scatter", "ValueError", "bucket_cap_mb_by_bucket_idx"),
+    "mixed_dtypes_reduce_scatter": ("bucket_reduce_scatter", "ValueError", "mixed_dtypes"),
+    "mixed_dtypes_all_reduce": ("bucket_all_reduce", "ValueError", "mixed_dtypes"),
+}
+
+
+def bad_arguments(spec: str) -> dict:
+    """On a rank: {name: (exception type, message)} of each call of BAD_ARGUMENTS."""
+    from conformance.harness import NotImplementedConcept, backend_in_rank
+
+    backend = backend_in_rank(spec)
+    fc = backend.require("functional_collectives")
+    bucketing = backend.require("bucketing")
+    calls = {
+        "not_a_graph_module": lambda gm: (torch.nn.Linear(2, 2), cap_fn(25)),
+        "cap_not_callable": lambda gm: (gm, 25),
+        "cap_zero": lambda gm: (gm, cap_fn(0)),
+        "cap_nan": lambda gm: (gm, cap_fn(float("nan"))),
+        "mixed_dtypes_reduce_scatter": lambda gm: (gm, cap_fn(25)),
+        "mixed_dtypes_all_reduce": lambda gm: (gm, cap_fn(25)),
+    }
+    outcomes = {}
+    for name, (pass_name, _, _) in BAD_ARGUMENTS.items():
+        program = "fsdp_reduce_scatter" if "reduce" in pass_name else "fsdp_all_gather"
+        if pass_name == "bucket_all_reduce":
+            program = "all_reduces"
+        fn, inputs = PROGRAMS[program](fc, torch.float32)
+        options = {"mixed_dtypes": True} if name.startswith("mixed") else {}
+        try:
+            getattr(bucketing, pass_name)(*calls[name](trace(fn, inputs)), **options)
+            outcomes[name] = ("no error", "")
+        except NotImplementedConcept as exc:
+            outcomes[name] = ("not implemented", str(exc))
+        except Exception as exc:  # the case judges the type and the message
+            outcomes[name] = (type(exc).__name__, str(exc))
+    return outcomes
+
+
+def log_records(spec: str) -> list:
+    """On a rank: (logger, level, message) of everything logged while two passes run (BK-15)."""
+    import logging
+
+    from conformance.harness import backend_in_rank
+
+    backend = backend_in_rank(spec)
+    fc = backend.require("functional_collectives")
+    bucketing = backend.require("bucketing", "bucket_all_gather", "bucket_reduce_scatter")
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append((record.name, record.levelname, record.getMessage()))
+
+    handler = Keep(level=logging.DEBUG)
+    root = logging.getLogger()
+    old_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        trace_bucket_run(fc, bucketing, "chain", "bucket_all_gather", 25, torch.float32)
+        trace_bucket_run(fc, bucketing, "fsdp_reduce_scatter", "bucket_reduce_scatter", 25,
+                         torch.float32)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_level)
+    return [r for r in records if "bucket" in r[0] or "bucket" in r[2]]

@@ -107,12 +107,101 @@ def ar_inplace_small(fc, x):
     return y + 1
 
 
+def ar_intermediate_read_before(fc, x):
+    """all_reduce of an intermediate that another op read before it (CL-3: cloned)."""
+    y = x * 2
+    z = y + 1
+    return fc.all_reduce(y, "sum", WORLD), z
+
+
+def ar_non_contiguous_intermediate(fc, x):
+    """all_reduce of a fresh but non-contiguous intermediate (CL-3: cloned)."""
+    return fc.all_reduce(x.t() * 2, "sum", WORLD)
+
+
+def ar_inplace_non_contiguous(fc, x):
+    """all_reduce_ on a transposed view of an intermediate (CL-4: copy back at the wait)."""
+    y = x * 2
+    fc.ops.wait_tensor(fc.ops.all_reduce_(y.t(), "sum", WORLD))
+    return y + 1
+
+
+def broadcast_inplace_non_contiguous(fc, x):
+    """broadcast_ on a transposed view of an intermediate (CL-4: copy back at the wait)."""
+    y = x + 1
+    fc.ops.wait_tensor(fc.ops.broadcast_(y.t(), 1, WORLD))
+    return y * 1
+
+
+def all_gather_non_contiguous(fc, x):
+    return fc.all_gather_tensor(x.t(), 0, WORLD)
+
+
+def reduce_scatter_non_contiguous(fc, x):
+    return fc.reduce_scatter_tensor(x.t(), "sum", 0, WORLD)
+
+
+def ar_small_max(fc, x):
+    return fc.all_reduce(x * 2, "max", WORLD) + 1
+
+
+def ar_small_f64(fc, x):
+    return fc.all_reduce(x.double() * 2, "sum", WORLD) + 1
+
+
+def ar_small_view(fc, x):
+    """The all_reduce reads a view: no comm buffer can be realized under it (CL-11)."""
+    return fc.all_reduce((x * 2).view(-1, 2), "sum", WORLD) + 1
+
+
+# The name of a second group of every rank, whose symmetric memory is never enabled;
+# made by `prepare` before the program is traced (a tracer cannot create groups).
+OTHER_GROUP: dict = {}
+
+
+def _make_other_group() -> None:
+    if OTHER_GROUP.get("world") is not dist.group.WORLD:
+        group = dist.new_group(list(range(dist.get_world_size())))
+        OTHER_GROUP.update(world=dist.group.WORLD, name=group.group_name)
+
+
+def ar_small_other_group(fc, x):
+    """A one-shot candidate on a group without symmetric memory (CL-10)."""
+    return fc.all_reduce(x * 2, "sum", OTHER_GROUP["name"]) + 1
+
+
+def ar_two_small(fc, x):
+    """Two one-shot all_reduces: two comm buffers in one graph (CL-12)."""
+    a = fc.all_reduce(x * 2, "sum", WORLD)
+    b = fc.all_reduce(x * 3, "sum", WORLD)
+    return a + b
+
+
+def ar_comm_buffer_escapes(fc, x):
+    """The comm buffer under a one-shot all_reduce is also a graph output (CL-13)."""
+    y = x * 3
+    return fc.all_reduce(y, "sum", WORLD), y
+
+
 PROGRAMS = {f.__name__: f for f in [
     ar_graph_input, ar_intermediate, ar_intermediate_shared, ar_inplace, ar_coalesced,
     all_gather, reduce_scatter, all_to_all, all_gather_coalesced, reduce_scatter_coalesced,
     all_gather_out, broadcast, broadcast_inplace, ar_small_intermediate, ar_small_avg,
-    ar_small_graph_input, ar_inplace_small,
+    ar_small_graph_input, ar_inplace_small, ar_intermediate_read_before,
+    ar_non_contiguous_intermediate, ar_inplace_non_contiguous,
+    broadcast_inplace_non_contiguous, all_gather_non_contiguous,
+    reduce_scatter_non_contiguous, ar_small_max, ar_small_f64, ar_small_view,
+    ar_small_other_group, ar_two_small, ar_comm_buffer_escapes,
 ]}
+
+
+_PREPARE = {"ar_small_other_group": _make_other_group}
+
+
+def prepare(name: str) -> None:
+    """What program `name` needs before it is traced, on every rank alike (a group)."""
+    if name in _PREPARE:
+        _PREPARE[name]()
 
 
 def inputs_for(rank: int, shapes, salt: int = 0) -> list[torch.Tensor]:
@@ -130,6 +219,7 @@ def numeric_check(spec: str, name: str, shapes, options) -> tuple:
     """On one rank: (eager reference, lowered program) results for the same inputs."""
     from conformance.harness import backend_in_rank
 
+    prepare(name)
     backend = backend_in_rank(spec)
     ns = backend.require("lowering", "run_lowered")
     fc = backend.require("functional_collectives")
@@ -138,3 +228,52 @@ def numeric_check(spec: str, name: str, shapes, options) -> tuple:
     want = _plain(program(*[t.clone() for t in inputs]))
     got = _plain(ns.run_lowered(program, [t.clone() for t in inputs], options))
     return want, got
+
+
+def lowered_values(spec: str, name: str, shapes, options):
+    """On one rank: the lowered program's results alone, for programs that cannot run
+    eagerly (an in-place collective on a non-contiguous view, FC-4)."""
+    from conformance.harness import backend_in_rank
+
+    prepare(name)
+    backend = backend_in_rank(spec)
+    ns = backend.require("lowering", "run_lowered")
+    program = functools.partial(PROGRAMS[name], backend.require("functional_collectives"))
+    return _plain(ns.run_lowered(program, inputs_for(dist.get_rank(), shapes), options))
+
+
+def called_twice(spec: str, name: str, shapes, options) -> tuple:
+    """On one rank: (eager results, the lowered graph's results of two calls, the first
+    call's kept alive during the second) (CL-13, SM-4)."""
+    from conformance.harness import backend_in_rank
+
+    prepare(name)
+    backend = backend_in_rank(spec)
+    ns = backend.require("lowering", "lowered_graph")
+    program = functools.partial(PROGRAMS[name], backend.require("functional_collectives"))
+    inputs = inputs_for(dist.get_rank(), shapes)
+    want = _plain(program(*[t.clone() for t in inputs]))
+    lowered = ns.lowered_graph(program, inputs, options)
+    first = lowered(*[t.clone() for t in inputs])
+    second = lowered(*[t.clone() for t in inputs])
+    return want, _plain(first), _plain(second)
+
+
+def alloc_ids(gm) -> list[int]:
+    """The alloc_id of every comm buffer a lowered graph allocates, in order (CL-12)."""
+    from conformance.canonical import op_name
+
+    return [n.args[5] for n in gm.graph.nodes if n.op == "call_function"
+            and op_name(n.target) == "symm_mem.empty_strided_p2p"]
+
+
+def alloc_ids_on_rank(spec: str, lowerings) -> list[list[int]]:
+    """On one rank: the alloc_ids of each `(program, options, input shape)` lowering."""
+    from conformance.harness import backend_in_rank
+
+    backend = backend_in_rank(spec)
+    ns = backend.require("lowering", "lowered_graph")
+    fc = backend.require("functional_collectives")
+    return [alloc_ids(ns.lowered_graph(functools.partial(PROGRAMS[name], fc),
+                                       inputs_for(dist.get_rank(), [shape]), options))
+            for name, options, shape in lowerings]

@@ -6,8 +6,6 @@ returns picklable results that the test process asserts on.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.distributed as dist
 
@@ -52,11 +50,30 @@ def plan_of(program: str, kind: str, cap, dtype=torch.float32, args=None, mixed=
         return cap(i) if callable(cap) else cap
 
     buckets = [b.members for b in bk.plan_buckets(gm, kind, caps, mixed_dtypes=mixed)]
-    sizes = [[bk._size_bytes(n, bk.KINDS[kind]) for n in b] for b in buckets]
-    keys = [[bk._bucket_key(n, bk.KINDS[kind], mixed) for n in b] for b in buckets]
-    keys = [[(str(k[0]),) + tuple(str(x) for x in k[1:]) for k in ks] for ks in keys]
+    sizes = [[member_bytes(n) for n in b] for b in buckets]
+    keys = [[member_key(n, mixed) for n in b] for b in buckets]
     return {"names": [[n.name for n in b] for b in buckets], "sizes": sizes, "keys": keys,
             "asked": asked}
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def member_bytes(node) -> int:
+    """A member's size as BK-3 states it: the larger of its input and output, in bytes."""
+    return max(_nbytes(node.meta["val"]), _nbytes(node.args[0].meta["val"]))
+
+
+def member_key(node, mixed: bool) -> tuple:
+    """A member's key as BK-2 states it: group, reduce op (if any), dtype (unless mixed)."""
+    schema = [a.name for a in node.target._schema.arguments]
+    key = [str(node.args[schema.index("group_name")])]
+    if "reduce_op" in schema:
+        key.append(str(node.args[schema.index("reduce_op")]).lower())
+    if not mixed:
+        key.append(str(node.meta["val"].dtype))
+    return tuple(key)
 
 
 def bucketed_text(program: str, pass_name: str, dtype=torch.float32, options=None, args=None,
@@ -97,87 +114,38 @@ def errors() -> dict:
     return messages
 
 
-def cross_key_cycle() -> dict:
-    """Two keys whose members feed each other: merging both would make a cycle (BK-4).
-
-    Order: a1 (group A), b1 (group B), b2 <- a1, a2 <- b1. Merging {a1, a2} needs b1 first;
-    merging {b1, b2} needs a1 first; only one of the two merges can be done.
-    """
-    world = dist.group.WORLD
-    other = bp.group_of([[0, 1]])
-    me = dist.get_rank()
-    xs = [rank_input(me, (2,), torch.float32, salt=70 + i) for i in range(2)]
-
-    def step(x, y):
-        a1 = fc.all_gather_tensor(x, 0, world)
-        b1 = fc.all_gather_tensor(y, 0, other)
-        b2 = fc.all_gather_tensor(a1[:2] * 2, 0, other)
-        a2 = fc.all_gather_tensor(b1[:2] + 1, 0, world)
-        return a1, b1, b2, a2
-
-    original = bp.trace(step, xs)
-    bucketed = bp.trace(step, xs)
-    buckets = [b.members for b in bk.plan_buckets(bucketed, "all_gather", lambda i: 25)]
-    bk.bucket_all_gather(bucketed, lambda i: 25)
-    return {"buckets": [[n.name for n in b] for b in buckets],
-            "mismatch": bp.compare(original(*xs), bucketed(*xs)),
-            "collectives": (bp.collective_count(original), bp.collective_count(bucketed))}
 
 
-def log_records() -> list:
-    """(logger name, level, message) of everything the passes log, at DEBUG (BK-15)."""
-    records = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            records.append((record.name, record.levelname, record.getMessage()))
-
-    handler = Keep(level=logging.DEBUG)
-    root = logging.getLogger()
-    old_level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG)
-    try:
-        bp.trace_bucket_run(fc, bk, "chain", "bucket_all_gather", 25, torch.float32)
-        bp.trace_bucket_run(fc, bk, "fsdp_reduce_scatter", "bucket_reduce_scatter", 25,
-                            torch.float32)
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(old_level)
-    return [r for r in records if "bucket" in r[0] or "bucket" in r[2]]
 
 
-def padded_reduce_scatter() -> dict:
-    """A reduce_scatter whose input rows do not divide by the group size (BK-10).
 
-    No traced program holds one (the op refuses it, FC-20), so the graph is built by hand
-    with FSDP's meaning: rank i receives chunk i of torch.chunk(sum, group size).
-    """
-    from torch._subclasses import FakeTensorMode
 
-    n, me = dist.get_world_size(), dist.get_rank()
-    mode = FakeTensorMode()
-    graph = torch.fx.Graph()
-    shapes = [(3, 2), (5,), (4, 1)]
-    placeholders, outs = [], []
-    for i, shape in enumerate(shapes):
-        x = graph.placeholder(f"x{i}")
-        x.meta["val"] = mode.from_tensor(torch.empty(shape))
-        placeholders.append(x)
-    for x, shape in zip(placeholders, shapes, strict=True):
-        chunk = -(-shape[0] // n)
-        rs = graph.call_function(torch.ops.refimpl_c10d.reduce_scatter_tensor.default,
-                                 (x, "sum", n, dist.group.WORLD.group_name))
-        rs.meta["val"] = mode.from_tensor(torch.empty((chunk, *shape[1:])))
-        wait = graph.call_function(torch.ops.refimpl_c10d.wait_tensor.default, (rs,))
-        wait.meta["val"] = rs.meta["val"]
-        outs.append(wait)
-    graph.output(outs)
-    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
-    bk.bucket_reduce_scatter(gm, lambda i: 25)
-    inputs = [rank_input(me, s, torch.float32, salt=80 + i) for i, s in enumerate(shapes)]
-    got = [t.clone() for t in gm(*inputs)]
-    return {"got": got, "collectives": bp.collective_count(gm)}
+def keyword_arguments() -> dict:
+    """BK-16: a candidate whose group arguments are given by keyword is read by name."""
+    fn, inputs = bp.PROGRAMS["fsdp_all_gather"](fc, torch.float32)
+    original = bp.trace(fn, inputs)
+    gm = bp.trace(fn, inputs)
+    for node in gm.graph.nodes:
+        if "all_gather_into_tensor" in str(node.target):
+            node.kwargs = {"group_size": node.args[1], "group_name": node.args[2]}
+            node.args = node.args[:1]
+    gm.recompile()
+    bk.bucket_all_gather(gm, lambda i: 25)
+    return {"mismatch": bp.compare(original(*inputs), gm(*inputs)),
+            "collectives": bp.collective_count(gm)}
+
+
+def block_tags_after_two_passes() -> dict:
+    """BK-17: blocks of one pass, then of a second pass over the first's merged gathers."""
+    fn, inputs = bp.PROGRAMS["fsdp_all_gather"](fc, torch.float32, rows=(1, 1, 1, 1))
+    gm = bp.trace(fn, inputs)
+    bk.bucket_all_gather(gm, lambda i: 48 / 2**20, use_out_variant=False)  # two buckets
+    first = bp.block_runs(gm)
+    bk.bucket_all_gather(gm, lambda i: 25, use_out_variant=False)  # merges the two
+    fn, inputs = bp.PROGRAMS["all_reduces"](fc, torch.float32)
+    ar = bp.trace(fn, inputs)
+    bk.bucket_all_reduce(ar, lambda i: 25)
+    return {"first": first, "second": bp.block_runs(gm), "all_reduce": bp.block_runs(ar)}
 
 
 # --------------------------------------------------------------------------------------
@@ -251,7 +219,7 @@ def property_check(steps, n_inputs: int, caps_bytes) -> dict:
         gm = bp.trace(program, inputs)
         for bucket in bk.plan_buckets(gm, kind, caps):
             report["merged"] += len(bucket.members)
-            size = sum(bk._size_bytes(m, bk.KINDS[kind]) for m in bucket.members)
+            size = sum(member_bytes(m) for m in bucket.members)
             if size > caps(bucket.index) * 1024 * 1024:
                 report["problems"].append(f"{kind}: bucket {bucket.index} holds {size} bytes")
             if _ancestors_within(bucket.members):

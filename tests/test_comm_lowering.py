@@ -359,3 +359,36 @@ def test_cl4_non_contiguous_inplace_on_two_ranks():
     xs = [x for _, x in ranks]
     for out, _ in ranks:
         torch.testing.assert_close(out, oracle.reduce(xs, "sum"))
+
+
+# ---- CL-16: bad input ------------------------------------------------------------------
+@pytest.mark.parametrize("field, value, error", [
+    ("one_shot_all_reduce_threshold_bytes", -1, ValueError),
+    ("one_shot_all_reduce_threshold_bytes", True, TypeError),
+    ("one_shot_all_reduce_threshold_bytes", 1.5, TypeError),
+    ("auto_select", 1, TypeError),
+    ("force_one_shot_all_reduce", "yes", TypeError),
+    ("reorder_for_compute_comm_overlap", None, TypeError),
+    ("alloc_id_namespace", 3, TypeError),
+])
+def test_cl16_bad_config_fields_are_refused_when_the_config_is_made(field, value, error):
+    with pytest.raises(error, match=rf"{field}: .*\[CL-16\]"):
+        CommLoweringConfig(**{field: value})
+    assert CommLoweringConfig(one_shot_all_reduce_threshold_bytes=0)  # 0 is a byte count
+
+
+def test_cl16_a_collective_on_an_unknown_group_is_refused(fake_world):
+    gm = traced("ar_small_intermediate")
+    node = next(n for n in gm.graph.nodes if "all_reduce" in str(n.target))
+    node.args = (node.args[0], node.args[1], "no-such-group")
+    with pytest.raises(ValueError, match=rf"gm: node '{node.name}'.*group_name 'no-such-group'"
+                                         r".*\[CL-16\]"):
+        lower(gm)
+
+
+def test_cl16_a_collective_missing_an_argument_is_refused(fake_world):
+    gm = traced("ar_small_intermediate")
+    node = next(n for n in gm.graph.nodes if "all_reduce" in str(n.target))
+    node.args = node.args[:2]
+    with pytest.raises(ValueError, match=rf"gm: node '{node.name}'.*'group_name' \[CL-16\]"):
+        lower(gm)

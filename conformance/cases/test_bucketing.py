@@ -2,32 +2,61 @@
 
 Each case traces one user program on every gloo rank with the backend's own
 functional-collectives API, applies the backend's bucketing pass to a second trace,
-runs both graphs on real inputs and requires bit-identical outputs (numeric). Cases
-with goldens also compare rank 0's comm trace (structural) and canonical graph (exact).
+runs both graphs on real inputs and requires bit-identical outputs on every rank
+(numeric), and the same merges on every rank (BK-6). Cases with goldens also compare
+rank 0's comm trace (structural) and canonical graph (exact). Caps are given in bytes
+over 2**20, exact in binary, so a cap is the exact byte count it names.
 """
 
 from __future__ import annotations
+
+import functools
+import re
 
 import pytest
 import torch
 from expecttest import assert_expected_inline
 
-from conformance import harness
-from conformance.bucketing_programs import conformance_case
+from conformance import harness, oracle
+from conformance.bucketing_programs import (
+    BAD_ARGUMENTS,
+    BAD_GRAPHS,
+    bad_arguments,
+    bad_graph,
+    conformance_case,
+    log_records,
+    padded_reduce_scatter,
+)
 
 AG, RS, AR = "bucket_all_gather", "bucket_reduce_scatter", "bucket_all_reduce"
 ROWS_2x2 = [[0, 2], [1, 3]]
+# Rank 3 is index 2 of [0, 1, 3] (not rank % 3 = 0, nor rank // 3 = 1); rank 2 is alone.
+ROWS_3_1 = [[0, 1, 3], [2]]
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+MiB = 2**20
 
 
 def run_case(backend, world_size, program, pass_name, cap_mb=25, dtype=torch.float32,
-             options=None, program_args=None) -> dict:
+             options=None, program_args=None, groups_alike=True, every_rank=False):
+    """Rank 0's result (every rank's with `every_rank`); every rank's values checked, and
+    with `groups_alike` (every rank's group of the same size) every rank's merges too."""
     backend.require("functional_collectives")
     backend.require("bucketing", pass_name)
     results = harness.run(backend, conformance_case, world_size, program, pass_name, cap_mb,
                           dtype, options, program_args)
     for rank, result in enumerate(results):
         assert result["mismatch"] == "", f"rank {rank}: {result['mismatch']}"
-    return results[0]
+    if groups_alike:
+        # BK-6: every rank merges the same collectives (groups differ only by their ranks).
+        traces = {re.sub(r"ranks\[[\d,]*\]", "G", r["comm_trace"]) for r in results}
+        assert len(traces) == 1, f"ranks merged differently [BK-6]: {traces}"
+        assert len({r["collectives"] for r in results}) == 1, "ranks merged differently"
+    return results if every_rank else results[0]
+
+
+def byte_caps(*caps_bytes):
+    """Caps of buckets 0, 1, ... in MiB from exact byte counts (the last one repeats)."""
+    return tuple(c / MiB for c in caps_bytes)
 
 
 @pytest.mark.spec("BK-7", "BK-8")
@@ -35,7 +64,7 @@ def test_all_gather_fsdp_params(backend):
     result = run_case(backend, 2, "fsdp_all_gather", AG, program_args={"rows": (3, 1, 2)})
     assert result["collectives"] == (3, 1)
     assert_expected_inline(result["comm_trace"], """\
-all_gather_into_tensor_out out-of-place ranks[0,1] in=b0:f32[18] out=b1:f32[36]
+all_gather_into_tensor_out out-of-place ranks[0,1] in=b0:f32[18]=view(b1=computed) out=b1:f32[36]
 wait b1""")
 
 
@@ -73,6 +102,40 @@ def test_all_gather_fsdp_params_canonical_graph(backend):
 %27 = aten.mul.Tensor(%22, 2) : f32[4, 3]
 %28 = aten.add.Tensor(%27, 1) : f32[4, 3]
 return [%24, %26, %28]""")
+
+
+@pytest.mark.spec("BK-7")
+def test_nodes_that_read_no_member_keep_their_place(backend):
+    # Each gather is followed by its user (moves after the merged wait) and by compute on
+    # its shard alone (stays where it was, before the merged collective).
+    result = run_case(backend, 2, "fsdp_all_gather", AG,
+                      program_args={"rows": (1, 2), "independent": True})
+    assert_expected_inline(result["canonical"], """\
+%0 = input : f32[1, 3]
+%1 = input : f32[2, 3]
+%2 = aten.mul.Tensor(%0, 5) : f32[1, 3]
+%3 = aten.empty.memory_format([18], dtype=f32, device=device(cpu), pin_memory=False) : f32[18]
+%4 = aten.slice.Tensor(%3, 0, 0, 9) : f32[9]
+%5 = aten.view(%0, [-1]) : f32[3]
+%6 = aten.view(%1, [-1]) : f32[6]
+%7 = aten.cat([%5, %6]) : f32[9]
+%8 = aten.copy_(%4, %7) : f32[9]
+%9 = funcol.all_gather_into_tensor_out(%8, 2, ranks[0,1], out=%3) : f32[18]
+%10 = funcol.wait_tensor(%9) : f32[18]
+%11 = aten.view(%10, [2, -1]) : f32[2, 9]
+%12 = aten.split_with_sizes(%11, [3, 6], 1) : (f32[2, 3], f32[2, 6])
+%13 = getitem(%12, 0) : f32[2, 3]
+%14 = getitem(%12, 1) : f32[2, 6]
+%15 = aten.clone(%13, memory_format=torch.contiguous_format) : f32[2, 3]
+%16 = aten._unsafe_view(%15, [2, 3]) : f32[2, 3]
+%17 = aten.clone(%14, memory_format=torch.contiguous_format) : f32[2, 6]
+%18 = aten._unsafe_view(%17, [4, 3]) : f32[4, 3]
+%19 = aten.mul.Tensor(%16, 2) : f32[2, 3]
+%20 = aten.add.Tensor(%19, 1) : f32[2, 3]
+%21 = aten.mul.Tensor(%18, 2) : f32[4, 3]
+%22 = aten.add.Tensor(%21, 1) : f32[4, 3]
+%23 = aten.mul.Tensor(%1, 5) : f32[2, 3]
+return [%20, %2, %22, %23]""")
 
 
 @pytest.mark.spec("BK-9")
@@ -115,7 +178,7 @@ def test_all_gather_casts_batched_canonical_graph(backend):
 return [%19, %21]""")
 
 
-@pytest.mark.spec("BK-8")
+@pytest.mark.spec("BK-8", "BK-6")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_all_gather_noncontiguous_subgroups(backend, dtype):
     result = run_case(backend, 4, "fsdp_all_gather", AG, dtype=dtype,
@@ -127,22 +190,97 @@ def test_all_gather_noncontiguous_subgroups(backend, dtype):
 def test_caps_are_asked_per_bucket_index(backend):
     # Gathered sizes on 2 ranks (bytes): 72 120 24 96 48 144. Caps: bucket 0 200 bytes,
     # bucket 1 130 bytes, then 10 kB: buckets [72, 120] [24, 96] [48, 144].
-    caps = (200 / 2**20, 130 / 2**20, 10_000 / 2**20)
-    result = run_case(backend, 2, "fsdp_all_gather", AG, cap_mb=caps)
+    result = run_case(backend, 2, "fsdp_all_gather", AG, cap_mb=byte_caps(200, 130, 10_000))
+    assert result["collectives"] == (6, 3)
+    assert result["asked"] == [0, 1, 2], "each bucket index asked once, as it opens"
+    assert_expected_inline(result["comm_trace"], """\
+all_gather_into_tensor_out out-of-place ranks[0,1] in=b0:f32[24]=view(b1=computed) out=b1:f32[48]
+wait b1
+all_gather_into_tensor_out out-of-place ranks[0,1] in=b2:f32[15]=view(b3=computed) out=b3:f32[30]
+wait b3
+all_gather_into_tensor_out out-of-place ranks[0,1] in=b4:f32[24]=view(b5=computed) out=b5:f32[48]
+wait b5""")
+
+
+# fsdp_all_gather on 2 ranks, f32, rows (3, 5, 1, 4, 2, 6): members of 72, 120, 24, 96,
+# 48 and 144 bytes (the gathered output is the larger side, BK-3).
+@pytest.mark.spec("BK-3")
+def test_a_bucket_that_exactly_fills_its_cap_keeps_its_last_member(backend):
+    # Cap 192 = 72 + 120: the bucket is exactly full; 24 opens bucket 1: 24 + 96 + 48 =
+    # 168, and 144 more would pass the cap: 144 sits alone.
+    result = run_case(backend, 2, "fsdp_all_gather", AG, cap_mb=byte_caps(192))
     assert result["collectives"] == (6, 3)
     assert_expected_inline(result["comm_trace"], """\
-all_gather_into_tensor_out out-of-place ranks[0,1] in=b0:f32[24] out=b1:f32[48]
+all_gather_into_tensor_out out-of-place ranks[0,1] in=b0:f32[24]=view(b1=computed) out=b1:f32[48]
 wait b1
-all_gather_into_tensor_out out-of-place ranks[0,1] in=b2:f32[15] out=b3:f32[30]
+all_gather_into_tensor_out out-of-place ranks[0,1] in=b2:f32[21]=view(b3=computed) out=b3:f32[42]
 wait b3
-all_gather_into_tensor_out out-of-place ranks[0,1] in=b4:f32[24] out=b5:f32[48]
-wait b5""")
+all_gather_into_tensor out-of-place ranks[0,1] in=b4:f32[6, 3]=input out=b5:f32[12, 3]
+wait b5""")  # noqa: E501
+
+
+@pytest.mark.spec("BK-3")
+def test_one_byte_over_the_cap_opens_the_next_bucket(backend):
+    # Cap 191: 72 + 120 is one byte over, so 72 sits alone, 120 opens bucket 1 (with 24:
+    # 144), 96 bucket 2 (with 48: 144), 144 bucket 3.
+    result = run_case(backend, 2, "fsdp_all_gather", AG, cap_mb=byte_caps(191))
+    assert result["collectives"] == (6, 4)
+    assert_expected_inline(result["comm_trace"], """\
+all_gather_into_tensor out-of-place ranks[0,1] in=b0:f32[3, 3]=input out=b1:f32[6, 3]
+wait b1
+all_gather_into_tensor_out out-of-place ranks[0,1] in=b2:f32[18]=view(b3=computed) out=b3:f32[36]
+wait b3
+all_gather_into_tensor_out out-of-place ranks[0,1] in=b4:f32[18]=view(b5=computed) out=b5:f32[36]
+wait b5
+all_gather_into_tensor out-of-place ranks[0,1] in=b6:f32[6, 3]=input out=b7:f32[12, 3]
+wait b7""")  # noqa: E501
+
+
+@pytest.mark.spec("BK-3", "BK-5")
+def test_a_member_larger_than_the_cap_sits_alone_between_buckets(backend):
+    # Cap 100, members 24, 48, 144, 24, 48: [24, 48] [144] [24, 48].
+    result = run_case(backend, 2, "fsdp_all_gather", AG, cap_mb=byte_caps(100),
+                      program_args={"rows": (1, 2, 6, 1, 2)})
+    assert result["collectives"] == (5, 3)
+    assert_expected_inline(result["comm_trace"], """\
+all_gather_into_tensor_out out-of-place ranks[0,1] in=b0:f32[9]=view(b1=computed) out=b1:f32[18]
+wait b1
+all_gather_into_tensor out-of-place ranks[0,1] in=b2:f32[6, 3]=input out=b3:f32[12, 3]
+wait b3
+all_gather_into_tensor_out out-of-place ranks[0,1] in=b4:f32[9]=view(b5=computed) out=b5:f32[18]
+wait b5""")  # noqa: E501
+
+
+@pytest.mark.spec("BK-3")
+@pytest.mark.parametrize("cap_bytes, buckets", [(64, (4, 2)), (63, (4, 3))],
+                         ids=["exactly_full", "one_byte_over"])
+def test_reduce_scatter_members_count_their_input_bytes(backend, cap_bytes, buckets):
+    # fsdp_reduce_scatter on 2 ranks, f32, rows per rank (1, 3, 2, 1): inputs of 16, 48,
+    # 32 and 16 bytes (twice their outputs). Cap 64: [16, 48] [32, 16]; cap 63: 16 + 48
+    # is one byte over: [16] [48] [32, 16].
+    result = run_case(backend, 2, "fsdp_reduce_scatter", RS, cap_mb=byte_caps(cap_bytes))
+    assert result["collectives"] == buckets
+
+
+@pytest.mark.spec("BK-3", "BK-8", "BK-10")
+@pytest.mark.parametrize("pass_name, args", [
+    (AG, {"rows": (2, 1, 0, 1, 0)}), (RS, {"rows_per_rank": (2, 1, 0, 1, 0)})],
+    ids=["all_gather", "reduce_scatter"])
+def test_zero_size_members_are_merged(backend, pass_name, args):
+    # Members of 48, 24, 0, 24, 0 bytes (all_gather) or 32, 16, 0, 16, 0 (reduce_scatter),
+    # cap 72 or 48: the first two fill bucket 0 exactly, and a member of 0 bytes still
+    # fits: [48, 24, 0] [24, 0].
+    program = "fsdp_all_gather" if pass_name == AG else "fsdp_reduce_scatter"
+    cap = byte_caps(72 if pass_name == AG else 48)
+    result = run_case(backend, 2, program, pass_name, cap_mb=cap, program_args=args)
+    assert result["collectives"] == (5, 2)
 
 
 @pytest.mark.spec("BK-3", "BK-5")
 def test_nodes_above_the_cap_stay_alone(backend):
     result = run_case(backend, 2, "fsdp_all_gather", AG, cap_mb=1e-6)
     assert result["collectives"] == (6, 6)
+    assert result["unchanged"], "a pass with nothing to merge changed the graph [BK-5]"
 
 
 @pytest.mark.spec("BK-4", "BK-7")
@@ -150,19 +288,115 @@ def test_dependent_all_gathers(backend):
     result = run_case(backend, 2, "chain", AG)
     assert result["collectives"] == (5, 3)
     assert_expected_inline(result["comm_trace"], """\
-all_gather_into_tensor_out out-of-place ranks[0,1] in=b0:f32[6] out=b1:f32[12]
+all_gather_into_tensor_out out-of-place ranks[0,1] in=b0:f32[6]=view(b1=computed) out=b1:f32[12]
 wait b1
-all_gather_into_tensor out-of-place ranks[0,1] in=b2:f32[2] out=b3:f32[4]
+all_gather_into_tensor out-of-place ranks[0,1] in=b2:f32[2]=computed out=b3:f32[4]
 wait b3
-all_gather_into_tensor out-of-place ranks[0,1] in=b4:f32[2] out=b5:f32[4]
+all_gather_into_tensor out-of-place ranks[0,1] in=b4:f32[2]=computed out=b5:f32[4]
 wait b5""")
 
 
-@pytest.mark.spec("BK-2")
+@pytest.mark.spec("BK-2", "BK-6")
 @pytest.mark.parametrize("pass_name", [AG, RS])
 def test_two_groups_interleaved(backend, pass_name):
     result = run_case(backend, 4, "interleaved", pass_name)
     assert result["collectives"] == (12, 8)
+
+
+W, OTHER = "world", [[0, 1]]  # on 2 ranks: two groups of the same ranks
+KEYS = {
+    # name: (pass, members (group, dtype, reduce op), collectives after)
+    "group": (AG, [(W, F32, "sum"), (OTHER, F32, "sum")] * 2, 2),
+    "group_rs": (RS, [(W, F32, "sum"), (OTHER, F32, "sum")] * 2, 2),
+    "group_ar": (AR, [(W, F32, "sum"), (OTHER, F32, "sum")] * 2, 2),
+    "dtype": (AG, [(W, F32, "sum"), (W, BF16, "sum")] * 2, 2),
+    "dtype_rs": (RS, [(W, F32, "sum"), (W, BF16, "sum")] * 2, 2),
+    "dtype_ar": (AR, [(W, F32, "sum"), (W, F16, "sum")] * 2, 2),
+    # "SUM" and "sum" are one reduce op (FC-17): one key.
+    "reduce_op_rs": (RS, [(W, F32, op) for op in ("sum", "avg", "SUM", "max", "avg", "max")], 3),
+    "reduce_op_ar": (AR, [(W, F32, op) for op in ("sum", "min", "SUM", "avg", "min", "avg")], 3),
+}
+
+
+@pytest.mark.spec("BK-2")
+@pytest.mark.parametrize("name", list(KEYS))
+def test_every_key_component_separates_buckets(backend, name):
+    pass_name, members, after = KEYS[name]
+    kind = {AG: "all_gather", RS: "reduce_scatter", AR: "all_reduce"}[pass_name]
+    result = run_case(backend, 2, "keyed", pass_name,
+                      program_args={"kind": kind, "members": members})
+    assert result["collectives"] == (len(members), after)
+
+
+# Every reduce op of FC-17 with dtypes it takes, float16 and bfloat16 included.
+REDUCTIONS = [("sum", F16), ("avg", BF16), ("product", torch.int64), ("min", torch.float64),
+              ("max", torch.int32), ("band", torch.int64), ("bor", torch.uint8),
+              ("bxor", torch.int32)]
+
+
+@pytest.mark.spec("BK-13", "BK-10", "BK-11")
+@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("pass_name", [RS, AR])
+@pytest.mark.parametrize("reduce_op, dtype", REDUCTIONS, ids=[op for op, _ in REDUCTIONS])
+def test_every_reduce_op_and_dtype_is_merged_exactly(backend, reduce_op, dtype, pass_name,
+                                                     world_size):
+    kind = "reduce_scatter" if pass_name == RS else "all_reduce"
+    members = [(W, dtype, reduce_op)] * 3
+    result = run_case(backend, world_size, "keyed", pass_name,
+                      program_args={"kind": kind, "members": members})
+    assert result["collectives"] == (3, 1)
+
+
+@pytest.mark.spec("BK-4", "BK-7")
+def test_a_merge_that_would_close_a_cycle_across_keys_is_not_made(backend):
+    # a1 (world), b1 (other group), b2 <- a1, a2 <- b1: {b1, b2} merge, a2 stays alone.
+    result = run_case(backend, 2, "cross_key_cycle", AG)
+    assert result["collectives"] == (4, 3)
+    assert_expected_inline(result["comm_trace"], """\
+all_gather_into_tensor out-of-place ranks[0,1] in=b0:f32[2]=input out=b1:f32[4]
+wait b1
+all_gather_into_tensor_out out-of-place ranks[0,1] in=b2:f32[4]=view(b3=computed) out=b3:f32[8]
+wait b3
+all_gather_into_tensor out-of-place ranks[0,1] in=b4:f32[2]=computed out=b5:f32[4]
+wait b5""")  # noqa: E501
+
+
+@pytest.mark.spec("BK-4")
+def test_a_cycle_through_two_other_buckets_is_not_closed(backend):
+    # x1; {y1, y2 <- x1}; {z1 <- y1, z2}; x3 <- z2: x3 must not join x1 (X reaches Z
+    # through Y's merge), so 6 collectives become 4.
+    result = run_case(backend, 2, "three_key_chain", AG)
+    assert result["collectives"] == (6, 4)
+
+
+@pytest.mark.spec("BK-1")
+def test_out_variant_collectives_are_no_candidates(backend):
+    result = run_case(backend, 2, "with_out_variant", AG)
+    assert result["collectives"] == (3, 2)
+
+
+@pytest.mark.spec("BK-9")
+def test_a_cast_with_another_reader_is_kept(backend):
+    result = run_case(backend, 2, "fsdp_all_gather", AG, dtype=BF16,
+                      program_args={"rows": (3, 1), "cast": True, "cast_read_again": True})
+    assert result["collectives"] == (2, 1)
+
+
+@pytest.mark.spec("BK-8", "BK-10")
+@pytest.mark.parametrize("pass_name", [AG, RS])
+def test_group_index_is_the_position_among_sorted_ranks(backend, pass_name):
+    program = "fsdp_all_gather" if pass_name == AG else "fsdp_reduce_scatter"
+    results = run_case(backend, 4, program, pass_name, program_args={"group": ROWS_3_1},
+                       groups_alike=False, every_rank=True)
+    for rank, result in enumerate(results):
+        assert result["collectives"][1] == 1
+        if pass_name == AG:
+            # The copy-in goes to this rank's slot of the gathered buffer (use_out_variant).
+            group = next(sorted(row) for row in ROWS_3_1 if rank in row)
+            ((offset, size),) = result["slots"]
+            assert offset == group.index(rank) * size, (
+                f"rank {rank}: copy-in at element {offset}, its slot is "
+                f"{group.index(rank)} * {size} [BK-8]")
 
 
 @pytest.mark.spec("BK-12")
@@ -178,8 +412,8 @@ def test_reduce_scatter_fsdp_grads(backend):
                       program_args={"rows_per_rank": (1, 3, 2)})
     assert result["collectives"] == (3, 1)
     assert_expected_inline(result["comm_trace"], """\
-reduce_scatter_tensor out-of-place ranks[0,1] sum in=b0:f32[24] out=b1:f32[12]
-wait b1""")
+reduce_scatter_tensor out-of-place ranks[0,1] sum in=b0:f32[24]=view(b1=computed) out=b2:f32[12]
+wait b2""")
 
 
 @pytest.mark.spec("BK-7", "BK-10")
@@ -236,10 +470,107 @@ def test_gather_and_scatter_dims_other_than_0(backend, pass_name):
     assert result["collectives"] == (4, 3)
 
 
+@pytest.mark.spec("BK-10")
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_padded_reduce_scatter_gives_each_rank_its_chunk(backend, world_size):
+    # dim 0 of 3, 5 and 4 rows: on 4 ranks, torch.chunk(3 rows, 4) has 3 chunks and rank 3
+    # receives none; 4 rows need no padding.
+    backend.require("functional_collectives")
+    backend.require("bucketing", RS)
+    shapes = [(3, 2), (5,), (4, 1)]
+    results = harness.run(backend, padded_reduce_scatter, world_size, shapes)
+    for rank, result in enumerate(results):
+        assert result["collectives"] == 1, f"rank {rank}: {result['collectives']}"
+        for i, shape in enumerate(shapes):
+            xs = [oracle.rank_input(r, shape, F32, salt=80 + i) for r in range(world_size)]
+            chunks = torch.chunk(oracle.reduce(xs, "sum"), world_size)
+            want = chunks[rank] if rank < len(chunks) else chunks[0][:0]
+            got = result["got"][i]
+            assert got.shape == want.shape and torch.equal(got, want), (rank, i, got, want)
+
+
+@functools.cache
+def _bad_graph_outcome(spec: str, name: str) -> tuple:
+    from conformance.backends import get_backend
+
+    return tuple(harness.run(get_backend(spec), bad_graph, 2, name))
+
+
+@pytest.mark.spec("BK-1", "BK-16")
+@pytest.mark.parametrize("name", list(BAD_GRAPHS))
+def test_bad_candidates_are_refused_naming_the_node(backend, name):
+    backend.require("functional_collectives")
+    backend.require("bucketing")
+    argument = BAD_GRAPHS[name][-1]
+    for rank, (exc_type, message, node) in enumerate(_bad_graph_outcome(backend.spec, name)):
+        assert exc_type == "ValueError", f"rank {rank}: {exc_type} {message}"
+        for word in ("gm", node, argument):
+            assert word in message, f"rank {rank}: {message!r} does not name {word!r}"
+
+
+@functools.cache
+def _bad_argument_outcomes(spec: str) -> tuple:
+    from conformance.backends import get_backend
+
+    return tuple(harness.run(get_backend(spec), bad_arguments, 2))
+
+
+@pytest.mark.spec("BK-1", "BK-3", "BK-12")
+@pytest.mark.parametrize("name", list(BAD_ARGUMENTS))
+def test_bad_arguments_are_refused_naming_them(backend, name):
+    backend.require("functional_collectives")
+    backend.require("bucketing")
+    _, error, argument = BAD_ARGUMENTS[name]
+    for rank, outcomes in enumerate(_bad_argument_outcomes(backend.spec)):
+        exc_type, message = outcomes[name]
+        if exc_type == "not implemented":
+            raise harness.NotImplementedConcept(message)
+        assert exc_type == error, f"rank {rank}: {exc_type} {message}"
+        assert argument in message, f"rank {rank}: {message!r} does not name {argument!r}"
+
+
+@pytest.mark.spec("BK-15")
+def test_passes_log_under_refimpl_bucketing_only(backend):
+    backend.require("functional_collectives")
+    records = harness.run(backend, log_records, 2)[0]
+    assert records, "the passes logged nothing at DEBUG"
+    assert {name for name, _, _ in records} == {"refimpl.bucketing"}
+    assert any(level == "INFO" and "merged into" in msg for _, level, msg in records)
+    assert any(level == "DEBUG" and "left alone" in msg for _, level, msg in records)
+
+
+@pytest.mark.spec("BK-17")
+def test_fsdp_blocks_are_tagged_in_program_order(backend):
+    # Members of 24 bytes, cap 48: two buckets of two.
+    result = run_case(backend, 2, "fsdp_all_gather", AG, cap_mb=byte_caps(48),
+                      program_args={"rows": (1, 1, 1, 1)})
+    assert_expected_inline("\n".join(result["blocks"]), """\
+all_gather 0: empty slice view view cat copy_ all_gather_into_tensor_out
+all_gather_wait 0: wait_tensor view split_with_sizes getitem getitem clone _unsafe_view clone _unsafe_view
+- 4
+all_gather 1: empty slice view view cat copy_ all_gather_into_tensor_out
+all_gather_wait 1: wait_tensor view split_with_sizes getitem getitem clone _unsafe_view clone _unsafe_view
+- 4""")  # noqa: E501
+
+
+@pytest.mark.spec("BK-17")
+def test_reduce_scatter_blocks_are_tagged(backend):
+    result = run_case(backend, 2, "fsdp_reduce_scatter", RS, cap_mb=byte_caps(32),
+                      program_args={"rows_per_rank": (1, 1, 1, 1)})
+    assert_expected_inline("\n".join(result["blocks"]), """\
+- 2
+reduce_scatter 0: view view cat view reduce_scatter_tensor
+reduce_scatter_wait 0: wait_tensor split_with_sizes getitem getitem view view
+- 4
+reduce_scatter 1: view view cat view reduce_scatter_tensor
+reduce_scatter_wait 1: wait_tensor split_with_sizes getitem getitem view view
+- 2""")
+
+
 @pytest.mark.spec("BK-11")
 def test_all_reduce(backend):
     result = run_case(backend, 2, "all_reduces", AR)
     assert result["collectives"] == (3, 1)
     assert_expected_inline(result["comm_trace"], """\
-all_reduce out-of-place ranks[0,1] sum in=b0:f32[12] out=b1:f32[12]
+all_reduce out-of-place ranks[0,1] sum in=b0:f32[12]=computed out=b1:f32[12]
 wait b1""")

@@ -11,16 +11,26 @@ Each case lowers one program (conformance/lowering_programs.py) and checks
 from __future__ import annotations
 
 import functools
+import re
 
 import pytest
 import torch
 import torch.distributed as dist
 from expecttest import assert_expected_inline
 
-from conformance import harness
+from conformance import harness, oracle
 from conformance.canonical import canonical_graph
 from conformance.comm_trace import format_comm_trace
-from conformance.lowering_programs import PROGRAMS, inputs_for, numeric_check
+from conformance.lowering_programs import (
+    PROGRAMS,
+    alloc_ids,
+    alloc_ids_on_rank,
+    called_twice,
+    inputs_for,
+    lowered_values,
+    numeric_check,
+    prepare,
+)
 
 ONE_SHOT = {"auto_select": True, "enable_symm_mem_for": ["0"]}
 
@@ -44,6 +54,7 @@ def _program(backend, name):
 
 def comm_trace(backend, name, shapes, options=None) -> str:
     ns = backend.require("lowering", "lowered_comm_trace")
+    prepare(name)
     events = ns.lowered_comm_trace(_program(backend, name), inputs_for(0, shapes),
                                    dict(options or {}))
     return format_comm_trace(events)
@@ -68,7 +79,7 @@ def check_numerics(backend, name, shapes, options=None, world_size=2):
 @pytest.mark.spec("CL-1", "CL-2", "CL-9", "CL-15")
 def test_all_reduce_of_graph_input_is_cloned(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "ar_graph_input", [(4,)]), """\
-all_reduce_ in-place ranks[0,1] sum in=b0:f32[4]
+all_reduce_ in-place ranks[0,1] sum in=b0:f32[4]=copy(b1=input)
 wait b0
 all_gather_into_tensor out-of-place ranks[0,1] in=b1:f32[4] out=b2:f32[8]
 wait b2""")
@@ -88,7 +99,7 @@ return [%3, %5]""")
 @pytest.mark.spec("CL-3", "CL-9", "CL-15")
 def test_all_reduce_of_unshared_intermediate_runs_in_place(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "ar_intermediate", [(4,)]), """\
-all_reduce_ in-place ranks[0,1] sum in=b0:f32[4]
+all_reduce_ in-place ranks[0,1] sum in=b0:f32[4]=computed
 wait b0""")
     graph = lowered_text(backend, "ar_intermediate", [(4,)])
     if graph is not None:
@@ -104,7 +115,7 @@ return %3""")
 @pytest.mark.spec("CL-2", "CL-3", "CL-15")
 def test_all_reduce_of_shared_intermediate_is_cloned(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "ar_intermediate_shared", [(4,)]), """\
-all_reduce_ in-place ranks[0,1] sum in=b0:f32[4]
+all_reduce_ in-place ranks[0,1] sum in=b0:f32[4]=copy(b1=computed)
 wait b0""")
     graph = lowered_text(backend, "ar_intermediate_shared", [(4,)])
     if graph is not None:
@@ -122,7 +133,7 @@ return %5""")
 @pytest.mark.spec("CL-4", "CL-9", "CL-15")
 def test_all_reduce_inplace_stays_in_place(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "ar_inplace", [(4,)]), """\
-all_reduce_ in-place ranks[0,1] sum in=b0:f32[4]
+all_reduce_ in-place ranks[0,1] sum in=b0:f32[4]=computed
 wait b0""")
     graph = lowered_text(backend, "ar_inplace", [(4,)])
     if graph is not None:
@@ -139,9 +150,9 @@ return %4""")
 @pytest.mark.spec("CL-5", "CL-3", "CL-9", "CL-15")
 def test_all_reduce_coalesced_becomes_clones_plus_inplace(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "ar_coalesced", [(4,), (2, 3)]), """\
-all_reduce_coalesced_ in-place ranks[0,1] sum in=b0:f32[4],b1:f32[2, 3]
+all_reduce_coalesced_ in-place ranks[0,1] sum in=b0:f32[4]=copy(b1=input),b2:f32[2, 3]=computed
 wait b0
-wait b1""")
+wait b2""")
     graph = lowered_text(backend, "ar_coalesced", [(4,), (2, 3)])
     if graph is not None:
         assert_expected_inline(graph, """\
@@ -161,7 +172,7 @@ return [%7, %8]""")
 @pytest.mark.spec("CL-6", "CL-9", "CL-15")
 def test_all_gather_is_out_of_place(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "all_gather", [(4, 2)]), """\
-all_gather_into_tensor out-of-place ranks[0,1] in=b0:f32[4, 2] out=b1:f32[8, 2]
+all_gather_into_tensor out-of-place ranks[0,1] in=b0:f32[4, 2]=input out=b1:f32[8, 2]
 wait b1""")
     graph = lowered_text(backend, "all_gather", [(4, 2)])
     if graph is not None:
@@ -176,7 +187,7 @@ return %2""")
 @pytest.mark.spec("CL-6", "CL-9", "CL-15")
 def test_reduce_scatter_is_out_of_place(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "reduce_scatter", [(4, 2)]), """\
-reduce_scatter_tensor out-of-place ranks[0,1] sum in=b0:f32[4, 2] out=b1:f32[2, 2]
+reduce_scatter_tensor out-of-place ranks[0,1] sum in=b0:f32[4, 2]=input out=b1:f32[2, 2]
 wait b1""")
     graph = lowered_text(backend, "reduce_scatter", [(4, 2)])
     if graph is not None:
@@ -191,7 +202,7 @@ return %2""")
 @pytest.mark.spec("CL-6", "CL-9", "CL-15")
 def test_all_to_all_single_is_out_of_place(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "all_to_all", [(4, 2)]), """\
-all_to_all_single out-of-place ranks[0,1] in=b0:f32[4, 2] out=b1:f32[4, 2]
+all_to_all_single out-of-place ranks[0,1] in=b0:f32[4, 2]=input out=b1:f32[4, 2]
 wait b1""")
     graph = lowered_text(backend, "all_to_all", [(4, 2)])
     if graph is not None:
@@ -206,7 +217,7 @@ return %2""")
 @pytest.mark.spec("CL-6", "CL-9", "CL-15")
 def test_coalesced_all_gather_is_out_of_place(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "all_gather_coalesced", [(4,), (2, 3)]), """\
-all_gather_into_tensor_coalesced out-of-place ranks[0,1] in=b0:f32[4],b1:f32[2, 3] out=b2:f32[8],b3:f32[4, 3]
+all_gather_into_tensor_coalesced out-of-place ranks[0,1] in=b0:f32[4]=input,b1:f32[2, 3]=input out=b2:f32[8],b3:f32[4, 3]
 wait b2
 wait b3""")  # noqa: E501
     graph = lowered_text(backend, "all_gather_coalesced", [(4,), (2, 3)])
@@ -227,7 +238,7 @@ return [%5, %6]""")
 def test_coalesced_reduce_scatter_is_out_of_place(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "reduce_scatter_coalesced", [(4,), (2, 3)]),
                            """\
-reduce_scatter_tensor_coalesced out-of-place ranks[0,1] sum in=b0:f32[4],b1:f32[2, 3] out=b2:f32[2],b3:f32[1, 3]
+reduce_scatter_tensor_coalesced out-of-place ranks[0,1] sum in=b0:f32[4]=input,b1:f32[2, 3]=input out=b2:f32[2],b3:f32[1, 3]
 wait b2
 wait b3""")  # noqa: E501
     graph = lowered_text(backend, "reduce_scatter_coalesced", [(4,), (2, 3)])
@@ -247,7 +258,7 @@ return [%5, %6]""")
 @pytest.mark.spec("CL-7", "CL-9", "CL-15")
 def test_all_gather_out_writes_into_out(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "all_gather_out", [(4,)]), """\
-all_gather_into_tensor_out out-of-place ranks[0,1] in=b0:f32[4] out=b1:f32[8]
+all_gather_into_tensor_out out-of-place ranks[0,1] in=b0:f32[4]=input out=b1:f32[8]
 wait b1""")
     graph = lowered_text(backend, "all_gather_out", [(4,)])
     if graph is not None:
@@ -264,7 +275,7 @@ return %4""")
 @pytest.mark.spec("CL-8", "CL-9", "CL-15")
 def test_broadcast_becomes_clone_plus_inplace(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "broadcast", [(4,)]), """\
-broadcast_ in-place ranks[0,1] in=b0:f32[4]
+broadcast_ in-place ranks[0,1] in=b0:f32[4]=copy(b1=computed)
 wait b0""")
     graph = lowered_text(backend, "broadcast", [(4,)])
     if graph is not None:
@@ -281,7 +292,7 @@ return %4""")
 @pytest.mark.spec("CL-8", "CL-9", "CL-15")
 def test_broadcast_inplace_stays_in_place(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "broadcast_inplace", [(4,)]), """\
-broadcast_ in-place ranks[0,1] in=b0:f32[4]
+broadcast_ in-place ranks[0,1] in=b0:f32[4]=computed
 wait b0""")
     graph = lowered_text(backend, "broadcast_inplace", [(4,)])
     if graph is not None:
@@ -299,7 +310,7 @@ return %4""")
 @pytest.mark.spec("CL-10", "CL-11", "CL-9", "CL-15")
 def test_small_sum_all_reduce_goes_one_shot(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "ar_small_intermediate", [(4,)], ONE_SHOT), """\
-one_shot_all_reduce out-of-place ranks[0,1] sum in=b0:f32[4] out=b1:f32[4]""")
+one_shot_all_reduce out-of-place ranks[0,1] sum in=b0:f32[4]=computed out=b1:f32[4]""")
     graph = lowered_text(backend, "ar_small_intermediate", [(4,)], ONE_SHOT)
     if graph is not None:
         assert_expected_inline(graph, """\
@@ -315,7 +326,7 @@ return %4""")  # noqa: E501
 @pytest.mark.spec("CL-14", "CL-10", "CL-9", "CL-15")
 def test_small_sum_all_reduce_inplace_goes_one_shot(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "ar_inplace_small", [(4,)], ONE_SHOT), """\
-one_shot_all_reduce out-of-place ranks[0,1] sum in=b0:f32[4] out=b1:f32[4]""")
+one_shot_all_reduce out-of-place ranks[0,1] sum in=b0:f32[4]=computed out=b1:f32[4]""")
     graph = lowered_text(backend, "ar_inplace_small", [(4,)], ONE_SHOT)
     if graph is not None:
         assert_expected_inline(graph, """\
@@ -329,21 +340,41 @@ return %5""")  # noqa: E501
     check_numerics(backend, "ar_inplace_small", [(4,)], ONE_SHOT)
 
 
-@pytest.mark.spec("CL-10")
-@pytest.mark.parametrize("why", ["auto_select_off", "over_threshold", "avg", "graph_input"])
+@pytest.mark.spec("CL-10", "CL-11", "CL-9", "CL-15")
+def test_one_shot_threshold_is_inclusive(backend, fake_world):
+    # The input has 16 bytes: a threshold of exactly 16 still goes one-shot.
+    options = {**ONE_SHOT, "one_shot_all_reduce_threshold_bytes": 16}
+    assert_expected_inline(comm_trace(backend, "ar_small_intermediate", [(4,)], options), """\
+one_shot_all_reduce out-of-place ranks[0,1] sum in=b0:f32[4]=computed out=b1:f32[4]""")
+    check_numerics(backend, "ar_small_intermediate", [(4,)], options)
+
+
+# Each condition of CL-10 failing alone: (program, options, the reduced buffer's origin:
+# in place on the intermediate by CL-3, or a copy by CL-2).
+NOT_ONE_SHOT = {
+    "auto_select_off": ("ar_small_intermediate", {**ONE_SHOT, "auto_select": False},
+                        "computed"),
+    "one_byte_over_threshold": ("ar_small_intermediate",  # the input has 16 bytes
+                                {**ONE_SHOT, "one_shot_all_reduce_threshold_bytes": 15},
+                                "computed"),
+    "avg": ("ar_small_avg", ONE_SHOT, "computed"),
+    "max": ("ar_small_max", ONE_SHOT, "computed"),
+    "float64": ("ar_small_f64", ONE_SHOT, "computed"),
+    "no_symm_mem_on_group": ("ar_small_other_group", ONE_SHOT, "computed"),
+    "graph_input": ("ar_small_graph_input", ONE_SHOT, "copy(b1=input)"),
+    "view": ("ar_small_view", ONE_SHOT, "copy(b1=computed)"),
+}
+
+
+@pytest.mark.spec("CL-10", "CL-11", "CL-2", "CL-3", "CL-15")
+@pytest.mark.parametrize("why", list(NOT_ONE_SHOT))
 def test_one_shot_not_chosen(backend, fake_world, why):
-    name, options = "ar_small_intermediate", dict(ONE_SHOT)
-    if why == "auto_select_off":
-        options["auto_select"] = False
-    elif why == "over_threshold":
-        options["one_shot_all_reduce_threshold_bytes"] = 15  # the input has 16 bytes
-    elif why == "avg":
-        name = "ar_small_avg"
-    else:
-        name = "ar_small_graph_input"
+    name, options, origin = NOT_ONE_SHOT[why]
     trace = comm_trace(backend, name, [(4,)], options)
     assert "one_shot" not in trace
-    assert trace.splitlines()[0].startswith("all_reduce_ in-place ranks[0,1]")
+    first = trace.splitlines()[0]
+    assert re.fullmatch(rf"all_reduce_ in-place ranks\[0,1\] \w+ in=b0:f\d\d\[[\d, ]+\]="
+                        rf"{re.escape(origin)}", first), trace
     assert trace.splitlines()[1] == "wait b0"
     check_numerics(backend, name, [(4,)], options)
 
@@ -355,3 +386,239 @@ def test_one_shot_not_chosen(backend, fake_world, why):
 def test_lowered_values_on_four_ranks(backend, name, shapes):
     backend.require("lowering", "run_lowered")
     check_numerics(backend, name, shapes, world_size=4)
+
+
+@pytest.mark.spec("CL-15", "CL-8", "CL-10", "CL-14")
+@pytest.mark.parametrize("name, options", [("broadcast", {}),
+                                           ("ar_small_intermediate", ONE_SHOT),
+                                           ("ar_inplace_small", ONE_SHOT)])
+def test_more_lowered_values_on_four_ranks(backend, name, options):
+    backend.require("lowering", "run_lowered")
+    check_numerics(backend, name, [(4,)], options, world_size=4)
+
+
+# ---- CL-3: only a contiguous intermediate with no other reader is reduced in place ------
+@pytest.mark.spec("CL-3", "CL-2", "CL-15")
+def test_all_reduce_of_intermediate_read_before_is_cloned(backend, fake_world):
+    assert_expected_inline(comm_trace(backend, "ar_intermediate_read_before", [(4,)]), """\
+all_reduce_ in-place ranks[0,1] sum in=b0:f32[4]=copy(b1=computed)
+wait b0""")
+    check_numerics(backend, "ar_intermediate_read_before", [(4,)])
+
+
+@pytest.mark.spec("CL-3", "CL-2", "CL-15")
+def test_all_reduce_of_non_contiguous_intermediate_is_cloned(backend, fake_world):
+    assert_expected_inline(comm_trace(backend, "ar_non_contiguous_intermediate", [(2, 3)]),
+                           """\
+all_reduce_ in-place ranks[0,1] sum in=b0:f32[3, 2]=copy(b1=computed)
+wait b0""")
+    check_numerics(backend, "ar_non_contiguous_intermediate", [(2, 3)])
+
+
+# ---- CL-4, CL-6: non-contiguous inputs --------------------------------------------------
+def check_against_oracle(backend, name, shapes, want):
+    """For programs that cannot run eagerly (FC-4 refuses an in-place collective on a
+    view): every rank's lowered result against what the program means."""
+    for rank, got in enumerate(harness.run(backend, lowered_values, 2, name, shapes, {})):
+        torch.testing.assert_close(got, want, msg=lambda m, r=rank: f"rank {r}: {m}")
+
+
+@pytest.mark.spec("CL-4", "CL-9", "CL-15")
+def test_all_reduce_inplace_on_a_view_reduces_a_copy_and_copies_back(backend, fake_world):
+    name = "ar_inplace_non_contiguous"
+    assert_expected_inline(comm_trace(backend, name, [(2, 3)]), """\
+all_reduce_ in-place ranks[0,1] sum in=b0:f32[3, 2]=copy(b1=computed)
+wait b0""")
+    graph = lowered_text(backend, name, [(2, 3)])
+    if graph is not None:
+        assert_expected_inline(graph, """\
+%0 = input : f32[2, 3]
+%1 = aten.mul.Tensor(%0, 2) : f32[2, 3]
+%2 = aten.t(%1) : f32[3, 2]
+%3 = aten.clone(%2, memory_format=torch.contiguous_format) : f32[3, 2]
+%4 = funcol.all_reduce_(%3, 'sum', ranks[0,1]) : f32[3, 2]
+%5 = funcol.wait_tensor(%4) : f32[3, 2]
+%6 = aten.copy_(%2, %5) : f32[3, 2]
+%7 = aten.add.Tensor(%1, 1) : f32[2, 3]
+return %7""")
+    xs = [inputs_for(r, [(2, 3)])[0] for r in range(2)]
+    check_against_oracle(backend, name, [(2, 3)], oracle.reduce([x * 2 for x in xs], "sum") + 1)
+
+
+@pytest.mark.spec("CL-4", "CL-9", "CL-15")
+def test_broadcast_inplace_on_a_view_copies_back(backend, fake_world):
+    name = "broadcast_inplace_non_contiguous"
+    assert_expected_inline(comm_trace(backend, name, [(2, 3)]), """\
+broadcast_ in-place ranks[0,1] in=b0:f32[3, 2]=copy(b1=computed)
+wait b0""")
+    graph = lowered_text(backend, name, [(2, 3)])
+    if graph is not None:
+        assert_expected_inline(graph, """\
+%0 = input : f32[2, 3]
+%1 = aten.add.Tensor(%0, 1) : f32[2, 3]
+%2 = aten.t(%1) : f32[3, 2]
+%3 = aten.clone(%2, memory_format=torch.contiguous_format) : f32[3, 2]
+%4 = funcol.broadcast_(%3, 1, ranks[0,1]) : f32[3, 2]
+%5 = funcol.wait_tensor(%4) : f32[3, 2]
+%6 = aten.copy_(%2, %5) : f32[3, 2]
+%7 = aten.mul.Tensor(%1, 1) : f32[2, 3]
+return %7""")
+    xs = [inputs_for(r, [(2, 3)])[0] for r in range(2)]
+    check_against_oracle(backend, name, [(2, 3)], xs[1] + 1)  # from group rank 1
+
+
+@pytest.mark.spec("CL-6", "CL-9", "CL-15")
+def test_all_gather_reads_a_contiguous_copy_of_a_view(backend, fake_world):
+    assert_expected_inline(comm_trace(backend, "all_gather_non_contiguous", [(2, 4)]), """\
+all_gather_into_tensor out-of-place ranks[0,1] in=b0:f32[4, 2]=copy(b1=input) out=b2:f32[8, 2]
+wait b2""")
+    check_numerics(backend, "all_gather_non_contiguous", [(2, 4)])
+
+
+@pytest.mark.spec("CL-6", "CL-9", "CL-15")
+def test_reduce_scatter_reads_a_contiguous_copy_of_a_view(backend, fake_world):
+    assert_expected_inline(comm_trace(backend, "reduce_scatter_non_contiguous", [(2, 4)]), """\
+reduce_scatter_tensor out-of-place ranks[0,1] sum in=b0:f32[4, 2]=copy(b1=input) out=b2:f32[2, 2]
+wait b2""")
+    check_numerics(backend, "reduce_scatter_non_contiguous", [(2, 4)])
+
+
+# ---- CL-12, CL-13: persistent comm buffers ----------------------------------------------
+@pytest.mark.spec("CL-12")
+def test_alloc_ids_are_equal_on_every_rank_and_distinct_where_they_must_be(backend):
+    backend.require("lowering", "lowered_graph")
+    lowerings = [("ar_two_small", ONE_SHOT, (4,)), ("ar_two_small", ONE_SHOT, (4,)),
+                 ("ar_two_small", {**ONE_SHOT, "alloc_id_namespace": "layer1"}, (4,)),
+                 ("ar_small_intermediate", ONE_SHOT, (4,)), ("ar_inplace_small", ONE_SHOT, (4,)),
+                 ("ar_two_small", ONE_SHOT, (6,))]
+    ranks = harness.run(backend, alloc_ids_on_rank, 2, lowerings)
+    assert ranks[0] == ranks[1], f"alloc_ids differ between ranks: {ranks}"
+    two, again, namespaced, one, other_graph, other_shape = ranks[0]
+    assert len(two) == 2 and len(set(two)) == 2, f"buffers of one graph share an id: {two}"
+    assert again == two, "lowering the same graph again changed its alloc_ids"
+    assert not set(namespaced) & set(two), "alloc_id_namespace did not change the ids"
+    assert len(one) == 1 and len(other_graph) == 1
+    assert not set(one) & set(two) and one != other_graph, "two graphs share an alloc_id"
+    assert not set(other_shape) & set(two), "graphs that differ in a shape share an alloc_id"
+    assert all(isinstance(i, int) and 0 <= i < 2**63 for ids in ranks[0] for i in ids)
+
+
+@pytest.mark.spec("CL-12")
+def test_alloc_ids_depend_on_the_graph_not_the_process(backend, fake_world):
+    ns = backend.require("lowering", "lowered_graph")
+    fc = backend.require("functional_collectives")
+    ids = alloc_ids(ns.lowered_graph(functools.partial(PROGRAMS["ar_two_small"], fc),
+                                     inputs_for(0, [(4,)]), ONE_SHOT))
+    # The same graph lowered on gloo ranks (the case above) and here: the same ids.
+    ranks = harness.run(backend, alloc_ids_on_rank, 2, [("ar_two_small", ONE_SHOT, (4,))])
+    assert ranks[0][0] == ids
+
+
+@pytest.mark.spec("CL-13", "CL-11", "CL-15")
+def test_a_comm_buffer_output_escapes_as_a_clone(backend, fake_world):
+    ns = backend.require("lowering", "lowered_graph")
+    graph = lowered_text(backend, "ar_comm_buffer_escapes", [(4,)], ONE_SHOT)
+    assert_expected_inline(graph, """\
+%0 = input : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 164873656171521568) : f32[4]
+%2 = aten.mul.out(%0, 3, out=%1) : f32[4]
+%3 = symm_mem.one_shot_all_reduce(%2, 'sum', ranks[0,1]) : f32[4]
+%4 = aten.clone(%2) : f32[4]
+return [%3, %4]""")
+    gm = ns.lowered_graph(functools.partial(PROGRAMS["ar_comm_buffer_escapes"],
+                                            backend.require("functional_collectives")),
+                          inputs_for(0, [(4,)]), ONE_SHOT)
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and "empty_strided_p2p" in str(node.target):
+            assert node.meta.get("comm_buffer", {}).get("type") == "symm_mem"
+    # Two calls, the first one's outputs alive: the second reuses the same comm buffer.
+    for rank, (want, first, second) in enumerate(harness.run(
+            backend, called_twice, 2, "ar_comm_buffer_escapes", [(4,)], ONE_SHOT)):
+        torch.testing.assert_close(first, want, msg=lambda m, r=rank: f"rank {r}: {m}")
+        torch.testing.assert_close(second, want, msg=lambda m, r=rank: f"rank {r}: {m}")
+
+
+# ---- CL-1, CL-2: the pass's contract and the no_fuse mark -------------------------------
+@pytest.mark.spec("CL-1")
+def test_lower_returns_a_new_graph_and_leaves_its_input_alone(backend, fake_world):
+    ns = backend.require("lowering", "lower", "Config")
+    fc = backend.require("functional_collectives")
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(functools.partial(PROGRAMS["ar_graph_input"], fc), tracing_mode="fake")(
+        *inputs_for(0, [(4,)]))
+    before = canonical_graph(gm)
+    lowered = ns.lower(gm, ns.Config())
+    assert lowered is not gm and canonical_graph(gm) == before, "lower changed its input"
+    assert canonical_graph(lowered) != before
+    missing = [n.name for n in lowered.graph.nodes
+               if n.op == "call_function" and "val" not in n.meta]
+    assert not missing, f"nodes without meta['val']: {missing}"
+
+
+@pytest.mark.spec("CL-2")
+@pytest.mark.parametrize("reorder", [False, True], ids=["plain", "reorder_for_overlap"])
+def test_clone_is_marked_no_fuse_only_under_overlap_reordering(backend, fake_world, reorder):
+    ns = backend.require("lowering", "lowered_graph")
+    fc = backend.require("functional_collectives")
+    gm = ns.lowered_graph(functools.partial(PROGRAMS["ar_graph_input"], fc),
+                          inputs_for(0, [(4,)]), {"reorder_for_compute_comm_overlap": reorder})
+    (clone,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.clone.default]
+    assert clone.meta.get("no_fuse", False) is reorder
+
+
+# ---- What lower MUST refuse --------------------------------------------------------------
+def _traced(backend, program, *inputs):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(program, tracing_mode="fake")(*inputs)
+
+
+def _refusals(backend):
+    """name: (a call of lower, the error, a word its message must hold)."""
+    ns = backend.require("lowering", "lower", "Config")
+    fc = backend.require("functional_collectives")
+    x = torch.ones(3, 2)
+    untyped = torch.fx.symbolic_trace(lambda t: fc.ops.all_reduce(t, "sum", "0"))
+    no_wait = _traced(backend, lambda t: fc.ops.all_reduce_(t.t(), "sum", "0"), x)
+    coalesced = _traced(backend, lambda t: fc.ops.all_reduce_coalesced_([t, t.t()], "sum", "0"),
+                        torch.ones(2, 2))
+    program = functools.partial(PROGRAMS["ar_small_graph_input"], fc)
+    graph_input = _traced(backend, program, torch.ones(4))
+    forced = {**ONE_SHOT, "force_one_shot_all_reduce": True}
+    return {
+        "not_a_graph_module": (lambda: ns.lower(torch.nn.Linear(2, 2), ns.Config()),
+                               TypeError, "gm"),
+        "config_of_another_type": (lambda: ns.lower(graph_input, {"auto_select": True}),
+                                   TypeError, "config"),
+        "no_fake_values": (lambda: ns.lower(untyped, ns.Config()), ValueError, "meta['val']"),
+        "in_place_on_a_view_without_wait": (lambda: ns.lower(no_wait, ns.Config()),
+                                            ValueError, "wait"),
+        "coalesced_in_place_on_a_view": (lambda: ns.lower(coalesced, ns.Config()),
+                                         ValueError, "contiguous"),
+        "forced_one_shot_of_a_graph_input": (
+            lambda: ns.lowered_graph(program, [torch.ones(4)], forced), ValueError,
+            "graph input"),
+    }
+
+
+REFUSALS = ["not_a_graph_module", "config_of_another_type", "no_fake_values",
+            "in_place_on_a_view_without_wait", "coalesced_in_place_on_a_view",
+            "forced_one_shot_of_a_graph_input"]
+
+
+@pytest.mark.spec("CL-1", "CL-4", "CL-5", "CL-10")
+@pytest.mark.parametrize("name", REFUSALS)
+def test_lower_refuses_what_it_cannot_lower(backend, fake_world, name):
+    call, error, word = _refusals(backend)[name]
+    with pytest.raises(error) as info:
+        call()
+    assert word in str(info.value), f"{name}: {info.value} does not say {word!r}"
+
+
+# ---- CL-16: bad input -------------------------------------------------------------------
+@pytest.mark.spec("CL-16")
+def test_a_negative_one_shot_threshold_is_refused(backend, fake_world):
+    options = {"one_shot_all_reduce_threshold_bytes": -1}
+    with pytest.raises(ValueError, match="one_shot_all_reduce_threshold_bytes"):
+        comm_trace(backend, "ar_small_intermediate", [(4,)], options)
