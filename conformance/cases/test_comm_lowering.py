@@ -437,7 +437,7 @@ wait b0""")
 %2 = aten.t(%1) : f32[3, 2]
 %3 = aten.clone(%2, memory_format=torch.contiguous_format) : f32[3, 2]
 %4 = funcol.all_reduce_(%3, 'sum', ranks[0,1]) : f32[3, 2]
-%5 = funcol.wait_tensor(%4) : f32[3, 2]
+%5 = funcol.wait_tensor_(%4) : f32[3, 2]
 %6 = aten.copy_(%2, %5) : f32[3, 2]
 %7 = aten.add.Tensor(%1, 1) : f32[2, 3]
 return %7""")
@@ -459,7 +459,7 @@ wait b0""")
 %2 = aten.t(%1) : f32[3, 2]
 %3 = aten.clone(%2, memory_format=torch.contiguous_format) : f32[3, 2]
 %4 = funcol.broadcast_(%3, 1, ranks[0,1]) : f32[3, 2]
-%5 = funcol.wait_tensor(%4) : f32[3, 2]
+%5 = funcol.wait_tensor_(%4) : f32[3, 2]
 %6 = aten.copy_(%2, %5) : f32[3, 2]
 %7 = aten.mul.Tensor(%1, 1) : f32[2, 3]
 return %7""")
