@@ -2,15 +2,22 @@
 
 A case's rank function receives the backend's spec string first and rebuilds the
 backend in the worker with `backend_in_rank(spec)`; everything else is the
-multi-process harness of refimpl (real processes, gloo, a real store).
+multi-process harness of refimpl (real processes, gloo, a real store). Cases run with
+refimpl's cross-rank consistency check on (`REFIMPL_CHECK_COLLECTIVES=1`, FC-28), unless
+the caller set that variable otherwise; other backends ignore it.
 """
 
 from __future__ import annotations
+
+import os
 
 from conformance.backends import NotImplementedConcept, get_backend
 from refimpl.multiprocess import RankError, run_on_ranks
 
 __all__ = ["run", "backend_in_rank", "NotImplementedConcept"]
+
+# run_on_ranks forwards REFIMPL_* variables to every rank with each task.
+os.environ.setdefault("REFIMPL_CHECK_COLLECTIVES", "1")
 
 
 # World sizes the current case ran on (read by the report).
