@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from conformance.backends import NotImplementedConcept, get_backend
-from refimpl.multiprocess import RankError, run_on_ranks
+from refimpl.multiprocess import RankError, run_on_ranks, shutdown
 
 __all__ = ["run", "backend_in_rank", "NotImplementedConcept"]
 
@@ -28,8 +28,11 @@ def backend_in_rank(spec: str):
     return get_backend(spec)
 
 
-def run(backend, fn, world_size: int, *args, **kwargs) -> list:
-    """`fn(backend.spec, *args)` on every rank; a rank's NotImplementedConcept is re-raised."""
+def run(backend, fn, world_size: int, *args, restart_after: bool = False, **kwargs) -> list:
+    """`fn(backend.spec, *args)` on every rank; a rank's NotImplementedConcept is re-raised.
+
+    `restart_after`: the case leaves its ranks out of step on purpose (a rank that skipped
+    a collective, a group that failed), so the next case starts on fresh processes."""
     WORLD_SIZES_USED.add(world_size)
     try:
         return run_on_ranks(fn, world_size, backend.spec, *args, **kwargs)
@@ -37,3 +40,6 @@ def run(backend, fn, world_size: int, *args, **kwargs) -> list:
         if err.exc_type == "NotImplementedConcept":
             raise NotImplementedConcept(err.message) from None
         raise
+    finally:
+        if restart_after:
+            shutdown(world_size)

@@ -237,14 +237,19 @@ def _agree_on_group(ranks: tuple[int, ...]) -> None:
     store.set(f"refimpl-fc/group-last/{me}", wanted)
     keys = {r: f"refimpl-fc/group/{wanted}/{count}/{r}" for r in ranks}
     store.set(keys[me], "1")
-    missing = _missing_peers(store, keys, _checks["timeout_s"])
+    timeout_s = _peer_timeout_s()
+    missing = _missing_peers(store, keys, timeout_s)
     if missing:
-        asked = {r: _store_text(store, f"refimpl-fc/group-last/{r}") for r in missing}
-        said = "; ".join(f"rank {r} last asked for [{asked[r] or 'nothing'}]" for r in missing)
+        said = "; ".join(f"rank {r} last asked for {_asked(store, r)}" for r in missing)
         raise PeerTimeout(
-            f"group: rank {me} asked for the group of ranks {list(ranks)}, but rank(s) "
-            f"{missing} did not ask for it within {_checks['timeout_s']:g} s ({said}); every "
-            f"member must pass the same rank list [FC-31]")
+            f"group: global rank {me} asked for the group of ranks {list(ranks)}, but "
+            f"{_ranks_text(missing)} did not ask for it within {timeout_s:g} s ({said}); "
+            f"every member must pass the same rank list [FC-31]")
+
+
+def _asked(store, rank: int) -> str:
+    text = _store_text(store, f"refimpl-fc/group-last/{rank}")
+    return f"[{', '.join(text.split(','))}]" if text else "no rank list"
 
 
 def _resolve_rank_lists(group) -> dist.ProcessGroup:
@@ -421,10 +426,11 @@ def _wait_tensor(tensor: torch.Tensor) -> torch.Tensor:
 # Cross-rank consistency check (FC-28)
 # --------------------------------------------------------------------------------------
 # Off by default (a store round trip per collective); on with REFIMPL_CHECK_COLLECTIVES=1
-# or set_collective_checks(True). `timeout_s` bounds every wait for peers here and in
-# group agreement (FC-31).
-CHECK_ENV = "REFIMPL_CHECK_COLLECTIVES"
-_checks: dict[str, Any] = {"enabled": None, "timeout_s": 30.0}
+# or set_collective_checks(True). The timeout bounds every wait for peers here and in
+# group agreement (FC-31): REFIMPL_CHECK_TIMEOUT_S, or set_collective_checks's.
+CHECK_ENV, CHECK_TIMEOUT_ENV = "REFIMPL_CHECK_COLLECTIVES", "REFIMPL_CHECK_TIMEOUT_S"
+DEFAULT_CHECK_TIMEOUT_S = 30.0
+_checks: dict[str, Any] = {"enabled": None, "timeout_s": None}  # None: follow the env
 _sequences: dict[tuple[str, int], int] = {}  # (group name, group rank) -> calls so far
 # The fields every rank must agree on, in the order a mismatch is reported.
 _FINGERPRINT = ("op", "group", "shapes", "dtypes", "reduce_op", "group_size", "src")
@@ -446,6 +452,17 @@ def collective_checks_enabled() -> bool:
     return os.environ.get(CHECK_ENV, "0") == "1"
 
 
+def _peer_timeout_s() -> float:
+    if _checks["timeout_s"] is not None:
+        return _checks["timeout_s"]
+    return float(os.environ.get(CHECK_TIMEOUT_ENV, DEFAULT_CHECK_TIMEOUT_S))
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return f"global rank {ranks[0]}" if len(ranks) == 1 else \
+        f"global ranks {', '.join(map(str, ranks))}"
+
+
 def _agree(op: str, pg: dist.ProcessGroup, group_name: str, **call) -> None:
     """With checks on, every rank of the group compares its call with every peer's before
     communicating, and a mismatch raises on every rank alike (FC-28)."""
@@ -457,12 +474,14 @@ def _agree(op: str, pg: dist.ProcessGroup, group_name: str, **call) -> None:
     keys = {r: f"refimpl-fc/check/{group_name}/{seq}/{r}" for r in range(size)}
     ranks = dist.get_process_group_ranks(pg)
     store.set(keys[me], json.dumps({"op": op, "group": ranks, **call}))
-    missing = _missing_peers(store, keys, _checks["timeout_s"])
+    timeout_s = _peer_timeout_s()
+    missing = _missing_peers(store, keys, timeout_s)
     if missing:
         raise PeerTimeout(
-            f"{op}: rank {ranks[me]} waited {_checks['timeout_s']:g} s for global rank(s) "
-            f"{[ranks[r] for r in missing]} of group {ranks} to reach collective #{seq} of the "
-            f"group; they never arrived (is {CHECK_ENV}=1 set on every rank?) [FC-28]")
+            f"{op}: global rank {ranks[me]} waited {timeout_s:g} s for "
+            f"{_ranks_text([ranks[r] for r in missing])} of group {ranks} to reach "
+            f"collective #{seq} of the group, in vain (is {CHECK_ENV}=1 set on every "
+            f"rank?) [FC-28]")
     calls = [json.loads(v) for v in store.multi_get([keys[r] for r in range(size)])]
     if seq > 2:  # every peer has read call seq - 2: it posted seq - 1 after that
         store.delete_key(f"refimpl-fc/check/{group_name}/{seq - 2}/{me}")

@@ -29,7 +29,8 @@ import sys
 import time
 import traceback
 
-__all__ = ["RankError", "RankTimeout", "run_on_ranks", "shutdown_all", "MAX_WORKER_PROCESSES"]
+__all__ = ["RankError", "RankTimeout", "run_on_ranks", "shutdown", "shutdown_all",
+           "MAX_WORKER_PROCESSES"]
 
 # How many worker processes (ranks) one call may start on this machine.
 MAX_WORKER_PROCESSES = 8
@@ -278,6 +279,14 @@ def run_on_ranks(fn, world_size: int, *args, timeout: float = DEFAULT_TIMEOUT_S,
         del _groups[world_size]
         group.shutdown(graceful=False)
         raise
+
+
+def shutdown(world_size: int) -> None:
+    """Stop the worker group of this size, if any; the next call starts a fresh one (for
+    callers that left its ranks out of step on purpose)."""
+    group = _groups.pop(world_size, None)
+    if group is not None:
+        group.shutdown(graceful=False)
 
 
 def shutdown_all():
