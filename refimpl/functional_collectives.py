@@ -2,12 +2,12 @@
 
 Every collective is an operator of the `refimpl_c10d` library whose result is a fresh
 tensor that is *not ready* until `wait_tensor` is called on it (FC-1..FC-5). In eager
-mode the op starts the collective asynchronously through `torch.distributed` (so any
-ProcessGroup works) and records the pending work under the result's `data_ptr` with a
-version number; `wait_tensor` waits and clears the entry (FC-6..FC-8). The Python API
-wraps eager results in `AsyncCollectiveTensor`, which waits on first use by any op
-except views (FC-9..FC-11), and under tracing emits the op followed by its
-`wait_tensor` (FC-12). Groups can be named in every form upstream accepts
+mode the op starts the collective asynchronously through `torch.distributed`'s own
+functions (so any ProcessGroup works, FC-34) and records the pending work under the
+result's `data_ptr` with a version number; `wait_tensor` waits and clears the entry
+(FC-6..FC-8). The Python API wraps eager results in `AsyncCollectiveTensor`, which
+waits on first use by any op except views (FC-9..FC-11), and under tracing emits the op
+followed by its `wait_tensor` (FC-12). Groups can be named in every form upstream accepts
 (FC-13..FC-16, FC-31); reductions, sizes and dims are checked before any communication,
 by one check function per op that its eager and fake kernels both call (FC-3,
 FC-17..FC-22, FC-27, FC-30). Optionally, every rank compares a fingerprint of each call
@@ -18,7 +18,7 @@ all_gather with reduce_scatter (FC-23..FC-25, FC-32); no graph pass may drop an 
 Each op has one block below: its schema, its checks, its eager kernel, its fake kernel,
 its autograd formula and its Python API, in that order.
 
-Implements SPEC.md section "Functional collectives": FC-1 .. FC-33.
+Implements SPEC.md section "Functional collectives": FC-1 .. FC-34.
 """
 
 from __future__ import annotations
