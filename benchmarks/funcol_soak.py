@@ -6,7 +6,7 @@ flat. The same loop runs on upstream's functional collectives in the same worker
 the yardstick for memory and time (upstream keeps its registry in C++ and exposes no
 count of it).
 
-    python benchmarks/funcol_soak.py [--ops 20000] [--blocks 10]
+    python benchmarks/funcol_soak.py [--ops 20000] [--blocks 10] [--no-drop]
 
 Prints, per library and block, ops done, registry size and RSS per rank, then the RSS
 growth from the first block to the last and the time per op.
@@ -37,8 +37,8 @@ def rss_mb() -> float:
     return float("nan")
 
 
-def soak(library: str, ops: int, blocks: int) -> dict:
-    """On every rank: `ops` all_reduce + wait and `ops` all_reduce dropped unwaited."""
+def soak(library: str, ops: int, blocks: int, drop: bool = True) -> dict:
+    """On every rank: `ops` all_reduce + wait and (`drop`) `ops` dropped unwaited."""
     import torch.distributed as dist
 
     if library == "refimpl":
@@ -59,15 +59,16 @@ def soak(library: str, ops: int, blocks: int) -> dict:
             y = fc.all_reduce(x, "sum", group)
             if y.wait()[0].item() != 3.0:  # waited: its value is checked
                 wrong += 1
-            fc.all_reduce(x, "sum", group)  # dropped unwaited: the finalizer waits it
+            if drop:
+                fc.all_reduce(x, "sum", group)  # dropped unwaited: the finalizer waits it
         gc.collect()
-        rows.append((block + 1, 2 * (block + 1) * per_block,
+        rows.append((block + 1, (1 + drop) * (block + 1) * per_block,
                      registry() if registry else None, rss_mb()))
     seconds = time.perf_counter() - start
-    return {"rows": rows, "seconds": seconds, "wrong": wrong}
+    return {"rows": rows, "seconds": seconds, "wrong": wrong, "ops": (1 + drop) * ops}
 
 
-def report(library: str, results: list[dict], ops: int) -> None:
+def report(library: str, results: list[dict]) -> None:
     print(f"\n## {library}")
     print(f"{'block':>5s} {'ops':>8s} {'registry':>9s} " +
           " ".join(f"{'rss r' + str(r) + ' MB':>11s}" for r in range(len(results))))
@@ -81,8 +82,9 @@ def report(library: str, results: list[dict], ops: int) -> None:
     seconds = max(res["seconds"] for res in results)
     print("RSS growth from block 1 to the last: " +
           ", ".join(f"rank {r} {g:+.1f} MB" for r, g in enumerate(growth)))
+    ops = results[0]["ops"]
     print(f"wrong values: {sum(res['wrong'] for res in results)}; "
-          f"{seconds / (2 * ops) * 1e6:.0f} us per op ({2 * ops} ops per rank, {seconds:.1f} s)")
+          f"{seconds / ops * 1e6:.0f} us per op ({ops} ops per rank, {seconds:.1f} s)")
 
 
 def main():
@@ -90,15 +92,19 @@ def main():
     parser.add_argument("--ops", type=int, default=20000,
                         help="waited all_reduces per rank (and as many dropped)")
     parser.add_argument("--blocks", type=int, default=10)
+    parser.add_argument("--no-drop", action="store_true",
+                        help="only waited all_reduces (to time them apart)")
     args = parser.parse_args()
-    print(f"# soak: {args.ops} all_reduce+wait and {args.ops} dropped unwaited, 2 gloo ranks, "
+    dropped = "no" if args.no_drop else str(args.ops)
+    print(f"# soak: {args.ops} all_reduce+wait and {dropped} dropped unwaited, 2 gloo ranks, "
           f"16 floats")
     print(f"# torch {torch.__version__}, {platform.machine()}, Python "
           f"{platform.python_version()}, cross-rank check (FC-28) "
           f"{'on' if os.environ.get('REFIMPL_CHECK_COLLECTIVES') == '1' else 'off'}")
     for library in ("refimpl", "upstream"):
-        results = run_on_ranks(soak, 2, library, args.ops, args.blocks, timeout=3600)
-        report(library, results, args.ops)
+        results = run_on_ranks(soak, 2, library, args.ops, args.blocks, not args.no_drop,
+                               timeout=3600)
+        report(library, results)
 
 
 if __name__ == "__main__":

@@ -238,6 +238,8 @@ TRACE_REFUSALS = {
         lambda o, x, xi, n, g: o.all_to_all_single(x, [-1, 5] + [0] * (n - 2), [2] * n, g)),
     "all_to_all-empty_splits_indivisible": (
         "FC-21", "split", lambda o, x, xi, n, g: o.all_to_all_single(x[:3], [], [], g)),
+    "all_to_all-0d": ("FC-21", "input", lambda o, x, xi, n, g: o.all_to_all_single(
+        x[0, 0], [], [], g)),
     "broadcast-src_is_group_size": (
         "FC-22", "src", lambda o, x, xi, n, g: o.broadcast(x, n, g)),
     "broadcast-src_negative": ("FC-22", "src", lambda o, x, xi, n, g: o.broadcast(x, -1, g)),
@@ -553,6 +555,10 @@ BAD_INPUTS = {
     "out_not_contiguous": ("FC-4", V, ["out", "contiguous"]),
     "input_on_meta": ("FC-30", V, ["meta"]),
     "raw_input_on_meta": ("FC-30", V, ["meta"]),
+    "reduce_scatter_on_meta": ("FC-30", V, ["meta"]),
+    "all_to_all_on_meta": ("FC-30", V, ["meta"]),
+    "broadcast_on_meta": ("FC-30", V, ["meta"]),
+    "all_reduce_coalesced_on_meta": ("FC-30", V, ["meta"]),
     "all_reduce_in_place_not_contiguous": ("FC-4", V, ["contiguous"]),
     "broadcast_in_place_not_contiguous": ("FC-4", V, ["contiguous"]),
     "non_differentiable_reduction": ("FC-24", (RuntimeError,), ["max"]),
@@ -638,6 +644,13 @@ def _bad_call(fc, name):
         "input_on_meta": lambda: fc.all_reduce(torch.ones(4, device="meta"), "sum", world),
         "raw_input_on_meta": lambda: fc.ops.all_gather_into_tensor(
             torch.ones(4, device="meta"), n, g),
+        "reduce_scatter_on_meta": lambda: fc.ops.reduce_scatter_tensor(
+            torch.ones(4, device="meta"), "sum", n, g),
+        "all_to_all_on_meta": lambda: fc.ops.all_to_all_single(
+            torch.ones(4, device="meta"), [], [], g),
+        "broadcast_on_meta": lambda: fc.ops.broadcast_(torch.ones(4, device="meta"), 0, g),
+        "all_reduce_coalesced_on_meta": lambda: fc.ops.all_reduce_coalesced(
+            [x, torch.ones(4, device="meta")], "sum", g),
         "all_reduce_in_place_not_contiguous": lambda: fc.ops.all_reduce_(
             torch.ones(4, 2).t(), "sum", g),
         "broadcast_in_place_not_contiguous": lambda: fc.ops.broadcast_(
@@ -995,6 +1008,25 @@ def test_rank_list_creates_its_group(backend):
 # name: (what the message must name besides the differing rank, the call, by rank)
 MISMATCHES = {
     "shapes": ("shape", lambda fc, me, g: fc.all_reduce(torch.ones(2 + me), "sum", g)),
+    "all_reduce_-shapes": ("shape", lambda fc, me, g: fc.ops.all_reduce_(
+        torch.ones(2 + me), "sum", fc.resolve_group_name(g))),
+    "all_reduce_coalesced-shapes": ("shape", lambda fc, me, g: fc.all_reduce_coalesced(
+        [torch.ones(2), torch.ones(2 + me)], "sum", g)[1]),
+    "all_gather-shapes": ("shape", lambda fc, me, g: fc.all_gather_tensor(
+        torch.ones(2, 1 + me), 0, g)),
+    "all_gather_out-shapes": ("shape", lambda fc, me, g: fc.ops.all_gather_into_tensor_out(
+        torch.ones(2, 1 + me), 2, fc.resolve_group_name(g), out=torch.empty(4, 1 + me))),
+    "all_gather_coalesced-shapes": ("shape", lambda fc, me, g: (
+        fc.all_gather_into_tensor_coalesced([torch.ones(2, 1 + me)], g)[0])),
+    "reduce_scatter-shapes": ("shape", lambda fc, me, g: fc.reduce_scatter_tensor(
+        torch.ones(2, 1 + me), "sum", 0, g)),
+    "reduce_scatter_coalesced-shapes": ("shape", lambda fc, me, g: (
+        fc.reduce_scatter_tensor_coalesced([torch.ones(2, 1 + me)], "sum", [0], g)[0])),
+    "all_to_all-trailing_shapes": ("shape", lambda fc, me, g: fc.all_to_all_single(
+        torch.ones(2, 1 + me), None, None, g)),
+    "broadcast-shapes": ("shape", lambda fc, me, g: fc.broadcast(torch.ones(2 + me), 0, g)),
+    "broadcast_-src": ("src", lambda fc, me, g: fc.ops.broadcast_(
+        torch.ones(2), me, fc.resolve_group_name(g))),
     "dtypes": ("dtype", lambda fc, me, g: fc.all_reduce(
         torch.ones(2, dtype=[torch.float32, torch.float64][me]), "sum", g)),
     "op": ("op", lambda fc, me, g: fc.all_reduce(torch.ones(2), "sum", g) if me == 0
