@@ -72,7 +72,8 @@ def funcol_api(spec: str):
     return get_backend(spec).require("functional_collectives")
 
 
-def _plain(t):
+def waited(t):
+    """A backend's result as a plain tensor: an AsyncCollectiveTensor waited."""
     return t.wait() if hasattr(t, "wait") and type(t) is not torch.Tensor else t
 
 
@@ -81,30 +82,30 @@ def run_case(fc, case: str, x: torch.Tensor, group, members: list[int]):
     kind, *params = case.split(":")
     n = len(members)
     if kind == "all_reduce":
-        return _plain(fc.all_reduce(x, params[0], group))
+        return waited(fc.all_reduce(x, params[0], group))
     if kind in ("all_gather", "all_gather_empty"):
-        return _plain(fc.all_gather_tensor(x, int(params[0]), group))
+        return waited(fc.all_gather_tensor(x, int(params[0]), group))
     if kind == "all_gather_autograd":
-        return _plain(fc.all_gather_tensor_autograd(x, int(params[0]), group))
+        return waited(fc.all_gather_tensor_autograd(x, int(params[0]), group))
     if kind == "reduce_scatter":
-        return _plain(fc.reduce_scatter_tensor(x, params[0], int(params[1]), group))
+        return waited(fc.reduce_scatter_tensor(x, params[0], int(params[1]), group))
     if kind == "reduce_scatter_autograd":
-        return _plain(fc.reduce_scatter_tensor_autograd(x, params[0], int(params[1]), group))
+        return waited(fc.reduce_scatter_tensor_autograd(x, params[0], int(params[1]), group))
     if kind in ("all_to_all", "all_to_all_autograd"):
         api = fc.all_to_all_single if kind == "all_to_all" else fc.all_to_all_single_autograd
         if params[0] == "equal":
-            return _plain(api(x, None, None, group))
+            return waited(api(x, None, None, group))
         ins, outs = split_sizes(params[0], members.index(dist.get_rank()), n)
-        return _plain(api(x[: sum(ins)], outs, ins, group))
+        return waited(api(x[: sum(ins)], outs, ins, group))
     if kind == "broadcast":
-        return _plain(fc.broadcast(x, int(params[0]) % n, group))
+        return waited(fc.broadcast(x, int(params[0]) % n, group))
     if kind == "all_reduce_coalesced":
-        return [_plain(t) for t in fc.all_reduce_coalesced([x, x * 2], params[0], group)]
+        return [waited(t) for t in fc.all_reduce_coalesced([x, x * 2], params[0], group)]
     if kind == "all_gather_coalesced":
-        return [_plain(t) for t in fc.all_gather_into_tensor_coalesced([x, x + 1], group)]
+        return [waited(t) for t in fc.all_gather_into_tensor_coalesced([x, x + 1], group)]
     if kind == "reduce_scatter_coalesced":
         outs = fc.reduce_scatter_tensor_coalesced([x, x * 3], params[0], [0, 1], group)
-        return [_plain(t) for t in outs]
+        return [waited(t) for t in outs]
     return _run_raw_op(fc, kind, params, x, group, n)
 
 

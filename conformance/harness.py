@@ -4,7 +4,8 @@ A case's rank function receives the backend's spec string first and rebuilds the
 backend in the worker with `backend_in_rank(spec)`; everything else is the
 multi-process harness of refimpl (real processes, gloo, a real store). Cases run with
 refimpl's cross-rank consistency check on (`REFIMPL_CHECK_COLLECTIVES=1`, FC-28), unless
-the caller set that variable otherwise; other backends ignore it.
+the caller set that variable otherwise, and a peer that never comes is reported after
+10 s (`REFIMPL_CHECK_TIMEOUT_S`); other backends ignore both.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ from refimpl.multiprocess import RankError, run_on_ranks, shutdown
 
 __all__ = ["run", "backend_in_rank", "NotImplementedConcept"]
 
-# run_on_ranks forwards REFIMPL_* variables to every rank with each task.
+# run_on_ranks forwards REFIMPL_* variables to every rank with each task. Peers of a
+# case reach each collective within milliseconds; 10 s bounds a wait for one that never
+# comes (default 30 s).
 os.environ.setdefault("REFIMPL_CHECK_COLLECTIVES", "1")
+os.environ.setdefault("REFIMPL_CHECK_TIMEOUT_S", "10")
 
 
 # World sizes the current case ran on (read by the report).

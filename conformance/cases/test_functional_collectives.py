@@ -22,7 +22,7 @@ from expecttest import assert_expected_inline
 
 from conformance import funcol_cases, oracle
 from conformance.canonical import canonical_graph
-from conformance.funcol_cases import DTYPES, GROUP_FORMS, cases_for, funcol_api
+from conformance.funcol_cases import DTYPES, GROUP_FORMS, cases_for, funcol_api, waited
 from conformance.harness import run
 from refimpl.multiprocess import RankError
 
@@ -33,14 +33,10 @@ VALUE_PARAMS = [(w, form, d, case) for w in WORLD_SIZES for form in GROUP_FORMS
 SHORT_CHECK_TIMEOUT = {"REFIMPL_CHECK_TIMEOUT_S": "1"}
 
 
-def _waited(t):
-    return t.wait() if hasattr(t, "wait") and type(t) is not torch.Tensor else t
-
-
 def _error(fn) -> tuple[str, str, bool]:
     """(exception type name, message, is a ValueError) of `fn()`, or 'no error'."""
     try:
-        _waited(fn())
+        waited(fn())
     except Exception as exc:
         return type(exc).__name__, str(exc), isinstance(exc, ValueError)
     return "no error", "", False
@@ -405,7 +401,7 @@ def _views(spec):
         parts = list(v) if isinstance(v, (list, tuple)) else [v]
         still_pending = registry() == pending if registry else True
         is_async = all(isinstance(p, fc.AsyncCollectiveTensor) for p in parts)
-        values = [_waited(p).clone() for p in parts]
+        values = [waited(p).clone() for p in parts]
         facts[name] = (is_async, still_pending, values)
     return facts
 
@@ -718,7 +714,7 @@ def _accepted(spec, name):
     _, dtype, call, _ = ACCEPTED[name]
     x = oracle.rank_input(dist.get_rank(), (4,), torch.float32, salt=29).to(dtype)
     with torch.no_grad():  # max_under_no_grad: no autograd graph is recorded
-        return _waited(call(fc, x, dist.group.WORLD))
+        return waited(call(fc, x, dist.group.WORLD))
 
 
 @pytest.mark.spec("FC-18", "FC-24")
@@ -850,11 +846,11 @@ def _on_threaded_process_group(spec):
     def body(_self):
         me, group = dist.get_rank(), dist.group.WORLD
         x = oracle.rank_input(me, (4, 4), torch.float32, salt=37)
-        results[me] = [_waited(fc.all_reduce(x, "sum", group)),
-                       _waited(fc.all_gather_tensor(x, 1, group)),
-                       _waited(fc.reduce_scatter_tensor(x, "sum", 1, group)),
-                       _waited(fc.all_to_all_single(x, None, None, group)),
-                       _waited(fc.broadcast(x, n - 1, group))]
+        results[me] = [waited(fc.all_reduce(x, "sum", group)),
+                       waited(fc.all_gather_tensor(x, 1, group)),
+                       waited(fc.reduce_scatter_tensor(x, "sum", 1, group)),
+                       waited(fc.all_to_all_single(x, None, None, group)),
+                       waited(fc.broadcast(x, n - 1, group))]
 
     # Threads in this process, each a rank of upstream's ProcessLocalGroup.
     spawn_threads_and_init_comms(body, world_size=n)(None)
@@ -960,48 +956,6 @@ def test_compiled_fullgraph(backend):
 %17 = aten.cat([%15, %16], 1) : f32[4, 8]
 %18 = aten.relu(%17) : f32[4, 8]
 return [%18]""")
-
-
-# ---- Values (FC-1, FC-2, FC-4, FC-13..FC-22, FC-26, FC-32) -----------------------------
-@functools.cache
-def _values(backend, world_size, form, dtype_name):
-    dtype = DTYPES[dtype_name]
-    return run(backend, funcol_cases.run_cases, world_size, form, dtype, cases_for(dtype))
-
-
-@pytest.mark.spec("FC-1", "FC-2", "FC-4", "FC-5", "FC-7", "FC-13", "FC-14", "FC-15", "FC-16",
-                  "FC-17", "FC-18", "FC-20", "FC-21", "FC-22", "FC-26", "FC-32", "CF-9")
-@pytest.mark.parametrize("world_size,form,dtype_name,case", [
-    pytest.param(*p, id="-".join(map(str, p)),
-                 marks=pytest.mark.xdist_group(f"values-{p[0]}-{p[1]}-{p[2]}"))
-    for p in VALUE_PARAMS])
-def test_eager_values(backend, world_size, form, dtype_name, case):
-    backend.require("functional_collectives")
-    dtype = DTYPES[dtype_name]
-    for rank, result in enumerate(_values(backend, world_size, form, dtype_name)):
-        if result is None:
-            continue  # not a member of this group
-        members, by_case, _ = result
-        status, got, input_unchanged = by_case[case]
-        where = f"rank {rank} {case} ({form}, {dtype_name}, world {world_size})"
-        assert status == "ok", f"{where}: {got}"
-        assert input_unchanged, f"{where}: the input was modified [FC-2]"
-        want = funcol_cases.expected(case, members, members.index(rank), dtype)
-        funcol_cases.assert_same(got, want, where)
-
-
-def _fresh_rank_list(spec):
-    fc = funcol_api(spec)
-    if dist.get_rank() == 1:
-        return None
-    # No group of ranks {0, 2} exists in a world of 3 until this call names it.
-    return fc.all_reduce(torch.full((2,), float(dist.get_rank())), "sum", [2, 0]).tolist()
-
-
-@pytest.mark.spec("FC-15")
-def test_rank_list_creates_its_group(backend):
-    backend.require("functional_collectives")
-    assert run(backend, _fresh_rank_list, 3) == [[2.0, 2.0], None, [2.0, 2.0]]
 
 
 # ---- FC-28: calls that differ between ranks --------------------------------------------
@@ -1122,11 +1076,53 @@ def _disagreeing_rank_lists(spec):
 @pytest.mark.spec("FC-31", "FC-15")
 def test_disagreeing_rank_lists_end_in_an_error(backend):
     backend.require("functional_collectives")
-    results = run(backend, _disagreeing_rank_lists, 3, timeout=30, restart_after=True)
+    results = run(backend, _disagreeing_rank_lists, 3, timeout=20, restart_after=True)
     for rank, ((exc_type, message, _), seconds) in enumerate(results):
         mine, other = [rank, (rank + 1) % 3], (rank + 1) % 3
         where = f"rank {rank}"
         assert exc_type != "no error", f"{where}: no error"
         assert str(sorted(mine)) in message and f"rank {other}" in message, \
             f"{where}: the message names neither its list nor rank {other}: {message}"
-        assert seconds < 30, f"{where}: took {seconds:.1f} s"
+        assert seconds < 15, f"{where}: took {seconds:.1f} s"
+
+
+# ---- Values (FC-1, FC-2, FC-4, FC-13..FC-22, FC-26, FC-32) -----------------------------
+@functools.cache
+def _values(backend, world_size, form, dtype_name):
+    dtype = DTYPES[dtype_name]
+    return run(backend, funcol_cases.run_cases, world_size, form, dtype, cases_for(dtype))
+
+
+@pytest.mark.spec("FC-1", "FC-2", "FC-4", "FC-5", "FC-7", "FC-13", "FC-14", "FC-15", "FC-16",
+                  "FC-17", "FC-18", "FC-20", "FC-21", "FC-22", "FC-26", "FC-32", "CF-9")
+@pytest.mark.parametrize("world_size,form,dtype_name,case", [
+    pytest.param(*p, id="-".join(map(str, p)),
+                 marks=pytest.mark.xdist_group(f"values-{p[0]}-{p[1]}-{p[2]}"))
+    for p in VALUE_PARAMS])
+def test_eager_values(backend, world_size, form, dtype_name, case):
+    backend.require("functional_collectives")
+    dtype = DTYPES[dtype_name]
+    for rank, result in enumerate(_values(backend, world_size, form, dtype_name)):
+        if result is None:
+            continue  # not a member of this group
+        members, by_case, _ = result
+        status, got, input_unchanged = by_case[case]
+        where = f"rank {rank} {case} ({form}, {dtype_name}, world {world_size})"
+        assert status == "ok", f"{where}: {got}"
+        assert input_unchanged, f"{where}: the input was modified [FC-2]"
+        want = funcol_cases.expected(case, members, members.index(rank), dtype)
+        funcol_cases.assert_same(got, want, where)
+
+
+def _fresh_rank_list(spec):
+    fc = funcol_api(spec)
+    if dist.get_rank() == 1:
+        return None
+    # No group of ranks {0, 2} exists in a world of 3 until this call names it.
+    return fc.all_reduce(torch.full((2,), float(dist.get_rank())), "sum", [2, 0]).tolist()
+
+
+@pytest.mark.spec("FC-15")
+def test_rank_list_creates_its_group(backend):
+    backend.require("functional_collectives")
+    assert run(backend, _fresh_rank_list, 3) == [[2.0, 2.0], None, [2.0, 2.0]]
