@@ -8,3 +8,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # AOTAutograd refuses custom ops whose results alias their inputs when CI is set and only
 # warns otherwise (torch 2.13); every run takes the strict form, as CI and future torch do.
 os.environ["TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING"] = "1"
+# Every rank of every test compares each eager collective call with its peers (FC-28);
+# refimpl.multiprocess forwards REFIMPL_* variables to the worker processes.
+os.environ.setdefault("REFIMPL_CHECK_COLLECTIVES", "1")

@@ -72,7 +72,8 @@ def funcol_api(spec: str):
     return get_backend(spec).require("functional_collectives")
 
 
-def _plain(t):
+def waited(t):
+    """A backend's result as a plain tensor: an AsyncCollectiveTensor waited."""
     return t.wait() if hasattr(t, "wait") and type(t) is not torch.Tensor else t
 
 
@@ -81,26 +82,30 @@ def run_case(fc, case: str, x: torch.Tensor, group, members: list[int]):
     kind, *params = case.split(":")
     n = len(members)
     if kind == "all_reduce":
-        return _plain(fc.all_reduce(x, params[0], group))
-    if kind == "all_gather":
-        return _plain(fc.all_gather_tensor(x, int(params[0]), group))
+        return waited(fc.all_reduce(x, params[0], group))
+    if kind in ("all_gather", "all_gather_empty"):
+        return waited(fc.all_gather_tensor(x, int(params[0]), group))
+    if kind == "all_gather_autograd":
+        return waited(fc.all_gather_tensor_autograd(x, int(params[0]), group))
     if kind == "reduce_scatter":
-        return _plain(fc.reduce_scatter_tensor(x, params[0], int(params[1]), group))
-    if kind == "all_to_all":
+        return waited(fc.reduce_scatter_tensor(x, params[0], int(params[1]), group))
+    if kind == "reduce_scatter_autograd":
+        return waited(fc.reduce_scatter_tensor_autograd(x, params[0], int(params[1]), group))
+    if kind in ("all_to_all", "all_to_all_autograd"):
+        api = fc.all_to_all_single if kind == "all_to_all" else fc.all_to_all_single_autograd
         if params[0] == "equal":
-            return _plain(fc.all_to_all_single(x, None, None, group))
-        ins, outs = uneven_splits(members.index(dist.get_rank()), n)
-        rows = x.reshape(-1, 1)[: sum(ins)]
-        return _plain(fc.all_to_all_single(rows, outs, ins, group))
+            return waited(api(x, None, None, group))
+        ins, outs = split_sizes(params[0], members.index(dist.get_rank()), n)
+        return waited(api(x[: sum(ins)], outs, ins, group))
     if kind == "broadcast":
-        return _plain(fc.broadcast(x, int(params[0]) % n, group))
+        return waited(fc.broadcast(x, int(params[0]) % n, group))
     if kind == "all_reduce_coalesced":
-        return [_plain(t) for t in fc.all_reduce_coalesced([x, x * 2], params[0], group)]
+        return [waited(t) for t in fc.all_reduce_coalesced([x, x * 2], params[0], group)]
     if kind == "all_gather_coalesced":
-        return [_plain(t) for t in fc.all_gather_into_tensor_coalesced([x, x + 1], group)]
+        return [waited(t) for t in fc.all_gather_into_tensor_coalesced([x, x + 1], group)]
     if kind == "reduce_scatter_coalesced":
         outs = fc.reduce_scatter_tensor_coalesced([x, x * 3], params[0], [0, 1], group)
-        return [_plain(t) for t in outs]
+        return [waited(t) for t in outs]
     return _run_raw_op(fc, kind, params, x, group, n)
 
 
@@ -124,18 +129,34 @@ def _run_raw_op(fc, kind, params, x, group, n):
     raise ValueError(kind)
 
 
-def uneven_splits(index: int, n: int) -> tuple[list[int], list[int]]:
-    """Input and output splits for group rank `index`: rank i sends i + j + 1 rows to j."""
-    ins = [index + j + 1 for j in range(n)]
-    outs = [j + index + 1 for j in range(n)]
+def rows_sent(pattern: str, i: int, j: int) -> int:
+    """How many rows group rank i sends to group rank j.
+
+    "uneven": asymmetric, with zero-size splits (rank i's input splits differ from its
+    output splits, so a backend that swaps the two lists fails). "empty": group rank 0
+    sends nothing at all and group rank 1 receives nothing (zero-size input and output).
+    """
+    if pattern == "uneven":
+        return (i + 2 * j) % 3
+    if pattern == "empty":
+        return 0 if i == 0 or j == 1 else i + j
+    raise ValueError(pattern)
+
+
+def split_sizes(pattern: str, index: int, n: int) -> tuple[list[int], list[int]]:
+    """(input splits, output splits) of group rank `index`."""
+    ins = [rows_sent(pattern, index, j) for j in range(n)]
+    outs = [rows_sent(pattern, j, index) for j in range(n)]
     return ins, outs
 
 
 def input_for(case: str, rank: int, dtype) -> torch.Tensor:
     kind = case.split(":")[0]
     shape = GATHER_SHAPE if "gather" in kind else SCATTER_SHAPE
-    if kind == "all_to_all":
-        shape = (4, 4) if case.endswith("equal") else (32, 1)
+    if kind == "all_gather_empty":
+        shape = (0, 3)
+    if kind.startswith("all_to_all"):
+        shape = (4, 4) if case.endswith("equal") else (16, 3)
     return rank_input(rank, shape, dtype, salt=hash_case(case))
 
 
@@ -178,13 +199,21 @@ DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "i64": torch.int64}
 def cases_for(dtype) -> list[str]:
     reductions = INT_REDUCTIONS if not dtype.is_floating_point else FLOAT_REDUCTIONS
     cases = [f"all_reduce:{op}" for op in reductions]
+    # Reduction names are case-insensitive (FC-17).
+    cases += ["all_reduce:MAX", f"reduce_scatter:{reductions[1].upper()}:0"]
     cases += [f"all_reduce_:{op}" for op in reductions[:2]]
-    cases += ["all_gather:0", "all_gather:1", "all_gather:-1", "all_gather_out"]
-    cases += [f"reduce_scatter:{op}:{d}" for op in reductions[:2] for d in (0, 1, -1)]
-    cases += ["all_to_all:equal", "all_to_all:uneven", "broadcast:0", "broadcast:1",
-              "broadcast_:1"]
+    # Gather and scatter dims at both ends: 0, 1 = ndim - 1, -1 and -2 = -ndim (FC-20).
+    cases += ["all_gather:0", "all_gather:1", "all_gather:-1", "all_gather:-2",
+              "all_gather_out", "all_gather_empty:0"]
+    cases += [f"reduce_scatter:{op}:{d}" for op in reductions[:2] for d in (0, 1, -1, -2)]
+    cases += ["all_to_all:equal", "all_to_all:uneven", "all_to_all:empty"]
+    # src at both ends: group rank 0 and group rank n - 1 (FC-22).
+    cases += ["broadcast:0", "broadcast:1", "broadcast:-1", "broadcast_:1", "broadcast_:-1"]
     cases += ["all_reduce_coalesced:sum", "all_reduce_coalesced_:max",
               "all_gather_coalesced", f"reduce_scatter_coalesced:{reductions[0]}"]
+    # The *_autograd forms give the values of the plain ones (FC-32).
+    cases += ["all_gather_autograd:1", f"reduce_scatter_autograd:{reductions[0]}:1",
+              "all_to_all_autograd:uneven"]
     return cases
 
 
@@ -195,17 +224,17 @@ def expected(case: str, members: list[int], index: int, dtype):
     n = len(members)
     if kind in ("all_reduce", "all_reduce_"):
         return oracle.reduce(xs, params[0])
-    if kind == "all_gather":
+    if kind in ("all_gather", "all_gather_empty", "all_gather_autograd"):
         return oracle.all_gather(xs, int(params[0]))
     if kind == "all_gather_out":
         return oracle.all_gather(xs, 0)
-    if kind == "reduce_scatter":
+    if kind in ("reduce_scatter", "reduce_scatter_autograd"):
         return oracle.reduce_scatter(xs, params[0], index, int(params[1]))
-    if kind == "all_to_all":
+    if kind in ("all_to_all", "all_to_all_autograd"):
         if params[0] == "equal":
             return oracle.all_to_all_single(xs, index)
-        ins = [uneven_splits(i, n)[0] for i in range(n)]
-        rows = [x.reshape(-1, 1)[: sum(s)] for x, s in zip(xs, ins, strict=True)]
+        ins = [[rows_sent(params[0], i, j) for j in range(n)] for i in range(n)]
+        rows = [x[: sum(s)] for x, s in zip(xs, ins, strict=True)]
         return oracle.all_to_all_single(rows, index, ins)
     if kind in ("broadcast", "broadcast_"):
         return xs[int(params[0]) % n]

@@ -2,15 +2,26 @@
 
 A case's rank function receives the backend's spec string first and rebuilds the
 backend in the worker with `backend_in_rank(spec)`; everything else is the
-multi-process harness of refimpl (real processes, gloo, a real store).
+multi-process harness of refimpl (real processes, gloo, a real store). Cases run with
+refimpl's cross-rank consistency check on (`REFIMPL_CHECK_COLLECTIVES=1`, FC-28), unless
+the caller set that variable otherwise, and a peer that never comes is reported after
+10 s (`REFIMPL_CHECK_TIMEOUT_S`); other backends ignore both.
 """
 
 from __future__ import annotations
 
+import os
+
 from conformance.backends import NotImplementedConcept, get_backend
-from refimpl.multiprocess import RankError, run_on_ranks
+from refimpl.multiprocess import RankError, run_on_ranks, shutdown
 
 __all__ = ["run", "backend_in_rank", "NotImplementedConcept"]
+
+# run_on_ranks forwards REFIMPL_* variables to every rank with each task. Peers of a
+# case reach each collective within milliseconds; 10 s bounds a wait for one that never
+# comes (default 30 s).
+os.environ.setdefault("REFIMPL_CHECK_COLLECTIVES", "1")
+os.environ.setdefault("REFIMPL_CHECK_TIMEOUT_S", "10")
 
 
 # World sizes the current case ran on (read by the report).
@@ -21,8 +32,11 @@ def backend_in_rank(spec: str):
     return get_backend(spec)
 
 
-def run(backend, fn, world_size: int, *args, **kwargs) -> list:
-    """`fn(backend.spec, *args)` on every rank; a rank's NotImplementedConcept is re-raised."""
+def run(backend, fn, world_size: int, *args, restart_after: bool = False, **kwargs) -> list:
+    """`fn(backend.spec, *args)` on every rank; a rank's NotImplementedConcept is re-raised.
+
+    `restart_after`: the case leaves its ranks out of step on purpose (a rank that skipped
+    a collective, a group that failed), so the next case starts on fresh processes."""
     WORLD_SIZES_USED.add(world_size)
     try:
         return run_on_ranks(fn, world_size, backend.spec, *args, **kwargs)
@@ -30,3 +44,6 @@ def run(backend, fn, world_size: int, *args, **kwargs) -> list:
         if err.exc_type == "NotImplementedConcept":
             raise NotImplementedConcept(err.message) from None
         raise
+    finally:
+        if restart_after:
+            shutdown(world_size)

@@ -204,7 +204,7 @@ def lowered_one_shot(rank: int = 0) -> torch.fx.GraphModule:
 
 
 def lowered_waits(rank: int = 0) -> torch.fx.GraphModule:
-    """all_gather_copy_out lowered: its wait completes in place (FC-28)."""
+    """all_gather_copy_out lowered: its wait completes in place (FC-35)."""
     from refimpl.comm_lowering import lower
 
     return lower(traced("all_gather_copy_out", rank=rank))

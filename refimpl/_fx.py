@@ -42,7 +42,7 @@ def collective_name(node: torch.fx.Node) -> str | None:
 
 
 def is_wait(node: torch.fx.Node) -> bool:
-    """A wait of either namespace, refimpl's in-place `wait_tensor_` (FC-28) included."""
+    """A wait of either namespace, refimpl's in-place `wait_tensor_` (FC-35) included."""
     return collective_name(node) in ("wait_tensor", "wait_tensor_")
 
 

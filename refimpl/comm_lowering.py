@@ -445,7 +445,7 @@ class _Lowering:
 
     def complete_in_place(self):
         """refimpl's waits become `wait_tensor_`, which completes its argument in place
-        (FC-28): the lowered program pays no copy per wait (CL-9). Upstream's wait
+        (FC-35): the lowered program pays no copy per wait (CL-9). Upstream's wait
         already returns its argument."""
         for node in self.graph.nodes:
             if node.target is torch.ops.refimpl_c10d.wait_tensor.default:

@@ -2,22 +2,33 @@
 
 Every collective is an operator of the `refimpl_c10d` library whose result is a fresh
 tensor that is *not ready* until `wait_tensor` is called on it (FC-1..FC-5). In eager
-mode the op starts the collective asynchronously on the group's ProcessGroup and records
-the pending work under the result's `data_ptr` with a version number; `wait_tensor`
-waits and clears the entry (FC-6..FC-8). The Python API wraps eager results in
-`AsyncCollectiveTensor`, which waits on first use by any op except views (FC-9..FC-11),
-and under tracing emits the op followed by its `wait_tensor` (FC-12). Groups can be
-named in every form upstream accepts (FC-13..FC-16); reductions, sizes and dims are
-checked before any communication, so bad input raises instead of hanging
-(FC-17..FC-22, FC-27). Coalesced forms are lists of single ops (FC-26). Autograd
-formulas pair all_gather with reduce_scatter (FC-23..FC-25).
+mode the op starts the collective asynchronously through `torch.distributed`'s own
+functions (so any ProcessGroup works, FC-34) and records the pending work under the
+result's `data_ptr` with a version number; `wait_tensor` waits and clears the entry
+(FC-6..FC-8). The Python API wraps eager results in `AsyncCollectiveTensor`, which
+waits on first use by any op except views (FC-9..FC-11), and under tracing emits the op
+followed by its `wait_tensor` (FC-12). Groups can be named in every form upstream accepts
+(FC-13..FC-16, FC-31); reductions, sizes and dims are checked before any communication,
+by one check function per op that its eager and fake kernels both call (FC-3,
+FC-17..FC-22, FC-27, FC-30). Optionally, every rank compares a fingerprint of each call
+with its peers before communicating (FC-28); a peer that fails during a wait is named
+(FC-29). Coalesced forms are lists of single ops (FC-26). Autograd formulas pair
+all_gather with reduce_scatter (FC-23..FC-25, FC-32); no graph pass may drop an op (FC-33).
+Lowered programs wait with `wait_tensor_`, in place (FC-35); an in-flight collective keeps
+its inputs referenced until it is waited (FC-36).
 
-Implements SPEC.md section "Functional collectives": FC-1 .. FC-27.
+Each op has one block below: its schema, its checks, its eager kernel, its fake kernel,
+its autograd formula and its Python API, in that order.
+
+Implements SPEC.md section "Functional collectives": FC-1 .. FC-36.
 """
 
 from __future__ import annotations
 
+import datetime
 import itertools
+import json
+import os
 import warnings
 import weakref
 from typing import Any
@@ -25,51 +36,39 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_map_only
 
 __all__ = [
     "AsyncCollectiveTensor", "all_reduce", "all_reduce_coalesced", "all_gather_tensor",
-    "all_gather_into_tensor_coalesced", "reduce_scatter_tensor",
-    "reduce_scatter_tensor_coalesced", "all_to_all_single", "broadcast", "wait_tensor",
-    "resolve_group_name", "group_ranks", "group_size", "work_registry_size", "LIBRARY",
+    "all_gather_tensor_autograd", "all_gather_into_tensor_coalesced",
+    "reduce_scatter_tensor", "reduce_scatter_tensor_autograd",
+    "reduce_scatter_tensor_coalesced", "all_to_all_single", "all_to_all_single_autograd",
+    "broadcast", "wait_tensor", "resolve_group_name", "group_ranks", "group_size",
+    "work_registry_size", "set_collective_checks", "collective_checks_enabled",
+    "CollectiveMismatch", "PeerTimeout", "PeerFailure", "LIBRARY", "SCHEMAS",
 ]
 
 LIBRARY = "refimpl_c10d"
-
-# --------------------------------------------------------------------------------------
-# Operator schemas (FC-1). `group_name` is a plain `str`: upstream spells it `str` up to
-# torch 2.12 and `Any` from 2.13; a string is what every version accepts.
-# --------------------------------------------------------------------------------------
-SCHEMAS = {
-    "all_reduce": "(Tensor input, str reduce_op, str group_name) -> Tensor",
-    "all_reduce_": "(Tensor(a!) input, str reduce_op, str group_name) -> Tensor(a!)",
-    "all_reduce_coalesced": "(Tensor[] inputs, str reduce_op, str group_name) -> Tensor[]",
-    "all_reduce_coalesced_":
-        "(Tensor[](a!) inputs, str reduce_op, str group_name) -> Tensor[](a!)",
-    "all_gather_into_tensor": "(Tensor input, int group_size, str group_name) -> Tensor",
-    "all_gather_into_tensor_coalesced":
-        "(Tensor[] inputs, int group_size, str group_name) -> Tensor[]",
-    "all_gather_into_tensor_out":
-        "(Tensor input, int group_size, str group_name, *, Tensor(a!) out) -> Tensor(a!)",
-    "reduce_scatter_tensor":
-        "(Tensor input, str reduce_op, int group_size, str group_name) -> Tensor",
-    "reduce_scatter_tensor_coalesced":
-        "(Tensor[] inputs, str reduce_op, int group_size, str group_name) -> Tensor[]",
-    "all_to_all_single": "(Tensor input, SymInt[] output_split_sizes, "
-                         "SymInt[] input_split_sizes, str group_name) -> Tensor",
-    "broadcast": "(Tensor input, int src, str group_name) -> Tensor",
-    "broadcast_": "(Tensor(a!) input, int src, str group_name) -> Tensor(a!)",
-    "wait_tensor": "(Tensor tensor) -> Tensor",
-}
-
 _lib = torch.library.Library(LIBRARY, "DEF")
-for _name, _schema in SCHEMAS.items():
-    _lib.define(_name + _schema)
 ops = getattr(torch.ops, LIBRARY)
+SCHEMAS: dict[str, str] = {}  # op name -> schema, filled by `_define` (FC-1)
+
+
+class CollectiveMismatch(ValueError):
+    """The ranks of a group called a collective with different arguments (FC-28)."""
+
+
+class PeerTimeout(RuntimeError):
+    """A peer did not arrive within the bounded time (FC-28, FC-31)."""
+
+
+class PeerFailure(RuntimeError):
+    """The backend failed while a collective ran: a peer died or never came (FC-29)."""
 
 
 # --------------------------------------------------------------------------------------
-# Reductions (FC-17, FC-18)
+# Reductions (FC-17, FC-18, FC-24)
 # --------------------------------------------------------------------------------------
 _REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM,  # avg = sum, then / size
@@ -84,8 +83,8 @@ def _check_reduce_op(reduce_op: str, dtype: torch.dtype) -> str:
     """Normalize a reduce op name and check it fits the dtype (FC-17, FC-18)."""
     if not isinstance(reduce_op, str) or reduce_op.lower() not in _REDUCE_OPS:
         raise ValueError(
-            f"reduce_op: unknown reduction {reduce_op!r}; expected one of "
-            f"{sorted(_REDUCE_OPS)} (case-insensitive) [FC-17]")
+            f"reduce_op: expected one of {sorted(_REDUCE_OPS)} as a str (case-insensitive), "
+            f"got {reduce_op!r} of type {type(reduce_op).__name__} [FC-17]")
     op = reduce_op.lower()
     floating = dtype.is_floating_point or dtype.is_complex
     if op == "avg" and not floating:
@@ -95,8 +94,67 @@ def _check_reduce_op(reduce_op: str, dtype: torch.dtype) -> str:
     return op
 
 
+def _check_differentiable(reduce_op: str, what: str) -> str:
+    op = reduce_op.lower()
+    if op not in DIFFERENTIABLE_REDUCE_OPS:
+        raise RuntimeError(f"reduce_op: {what} with {reduce_op!r} has no gradient; only "
+                           f"{DIFFERENTIABLE_REDUCE_OPS} are differentiable [FC-24]")
+    return op
+
+
+def _check_grad_before_issue(tensor: torch.Tensor, reduce_op: str, what: str) -> None:
+    """The Python API refuses a non-differentiable reduction before communicating (FC-24)."""
+    if tensor.requires_grad and torch.is_grad_enabled():
+        _check_differentiable(reduce_op, what)
+
+
+def _setup_reduction(ctx, output, reduce_op, what):
+    try:
+        ctx.reduce_op = _check_differentiable(reduce_op, what)
+    except RuntimeError:
+        # A direct op call gets here after the collective started: finish it, so the
+        # group stays in step, then refuse.
+        _wait_tensor(output)
+        raise
+
+
 # --------------------------------------------------------------------------------------
-# Groups (FC-13 .. FC-16)
+# Tensors (FC-4, FC-20, FC-30)
+# --------------------------------------------------------------------------------------
+def _check_has_data(tensor: torch.Tensor, arg: str) -> None:
+    """An eager collective needs data to send: a meta tensor has none (FC-30).
+
+    Tracing runs the fake kernels on FakeTensors (meta underneath), which are fine."""
+    if tensor.device.type == "meta" and not isinstance(tensor, FakeTensor) \
+            and not _are_we_tracing():
+        raise ValueError(f"{arg}: an eager collective needs a tensor with data, got a tensor "
+                         f"on the meta device [FC-30]")
+
+
+def _check_contiguous(tensor: torch.Tensor, arg: str, op: str) -> None:
+    """The eager kernel of an in-place op writes through the backend into its argument.
+    Fake kernels do not ask: lowering turns an in-place op on a non-contiguous view into
+    a clone and a copy back (CL-4), so a traced graph may hold one (FC-3, FC-4)."""
+    if not tensor.is_contiguous():
+        raise ValueError(f"{arg}: {op} writes into its argument, which must be contiguous; "
+                         f"got strides {list(tensor.stride())} for shape {list(tensor.shape)} "
+                         f"[FC-4]")
+
+
+def _check_has_dims(tensor: torch.Tensor, arg: str, op: str, rule: str = "FC-20") -> None:
+    if tensor.dim() == 0:
+        raise ValueError(f"{arg}: {op} needs at least one dim, got a 0-d tensor [{rule}]")
+
+
+def _dim(dim: int, ndim: int, arg: str) -> int:
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -ndim <= dim < ndim:
+        raise ValueError(f"{arg}: {dim!r} is not a dim of a {ndim}-d tensor (expected "
+                         f"{-ndim} <= {arg} < {ndim}) [FC-20]")
+    return dim % ndim
+
+
+# --------------------------------------------------------------------------------------
+# Groups (FC-13 .. FC-16, FC-19, FC-31)
 # --------------------------------------------------------------------------------------
 # A group name, a ProcessGroup, ranks, rows of ranks, a DeviceMesh or (DeviceMesh, dim).
 RankTypes = Any
@@ -116,6 +174,15 @@ def _process_group(group_name: str) -> dist.ProcessGroup:
 def group_ranks(group_name: str) -> list[int]:
     """Global ranks of a named group, in group-rank order (ascending, FC-14)."""
     return dist.get_process_group_ranks(_process_group(group_name))
+
+
+def _check_group_size(group_name: str, group_size: int) -> dist.ProcessGroup:
+    """The named group, whose size must be `group_size` (FC-19)."""
+    pg = _process_group(group_name)
+    if group_size != pg.size():
+        raise ValueError(f"group_size: {group_size} does not match the size {pg.size()} of "
+                         f"group {group_name!r} [FC-19]")
+    return pg
 
 
 def _check_rank_list(ranks, arg: str = "group") -> tuple[int, ...]:
@@ -155,8 +222,36 @@ def _existing_group_of(ranks: tuple[int, ...]) -> dist.ProcessGroup | None:
 
 def _new_group_of(ranks: tuple[int, ...]) -> dist.ProcessGroup:
     # Local synchronization: only the members call new_group, so a rank list names a
-    # group without every other rank having to join in (FC-15).
+    # group without every other rank having to join in (FC-15). The members first agree
+    # that they all asked for this list, so a disagreement ends in an error (FC-31).
+    _agree_on_group(ranks)
     return dist.new_group(list(ranks), use_local_synchronization=True)
+
+
+_group_requests: dict[tuple[str, int], int] = {}
+
+
+def _agree_on_group(ranks: tuple[int, ...]) -> None:
+    """Every member of `ranks` must ask for the same list within the peer timeout (FC-31)."""
+    store, me = c10d._get_default_store(), dist.get_rank()
+    wanted = ",".join(map(str, ranks))
+    count = _group_requests[(wanted, me)] = _group_requests.get((wanted, me), 0) + 1
+    store.set(f"refimpl-fc/group-last/{me}", wanted)
+    keys = {r: f"refimpl-fc/group/{wanted}/{count}/{r}" for r in ranks}
+    store.set(keys[me], "1")
+    timeout_s = _peer_timeout_s()
+    missing = _missing_peers(store, keys, timeout_s)
+    if missing:
+        said = "; ".join(f"rank {r} last asked for {_asked(store, r)}" for r in missing)
+        raise PeerTimeout(
+            f"group: global rank {me} asked for the group of ranks {list(ranks)}, but "
+            f"{_ranks_text(missing)} did not ask for it within {timeout_s:g} s ({said}); "
+            f"every member must pass the same rank list [FC-31]")
+
+
+def _asked(store, rank: int) -> str:
+    text = _store_text(store, f"refimpl-fc/group-last/{rank}")
+    return f"[{', '.join(text.split(','))}]" if text else "no rank list"
 
 
 def _resolve_rank_lists(group) -> dist.ProcessGroup:
@@ -229,46 +324,74 @@ def group_size(group_name: str) -> int:
     return _process_group(group_name).size()
 
 
-def _group_size_of(group_name: str, group_size: int, arg: str = "group_size") -> dist.ProcessGroup:
-    pg = _process_group(group_name)
-    if group_size != pg.size():
-        raise ValueError(f"{arg}: {group_size} does not match the size {pg.size()} of group "
-                         f"{group_name!r} [FC-19]")
-    return pg
-
-
 # --------------------------------------------------------------------------------------
-# Work registry (FC-6 .. FC-8)
+# Work registry (FC-6 .. FC-8) and peer failures (FC-29)
 # --------------------------------------------------------------------------------------
-# data_ptr -> (version, work). The pointer is what survives the dispatcher (wrappers
+# data_ptr -> (version, pending). The pointer is what survives the dispatcher (wrappers
 # and views change tensor identity but not storage); the version tells a stale
 # finalizer from the owner of a reused address.
 _work_registry: dict[int, tuple[int, Any]] = {}
 _versions = itertools.count()
 
 
-class _Completion:
-    """A started collective plus what must happen once it finished (e.g. avg's divide),
-    and the tensors it reads in flight, referenced until it is waited (FC-29)."""
+class _Pending:
+    """A started collective (`work`, None when already complete), what must happen once it
+    finished (`finish`, e.g. avg's divide), what it was, to name it if it fails, and the
+    input tensors it communicates (`reads`), referenced until it is waited (FC-36)."""
 
-    __slots__ = ("work", "finish", "reads")
+    __slots__ = ("work", "finish", "op", "group_name", "reads")
 
-    def __init__(self, work, finish, reads=()):
-        self.work, self.finish, self.reads = work, finish, reads
+    def __init__(self, work, finish, op: str, group_name: str, reads=()):
+        self.work, self.finish, self.op, self.group_name = work, finish, op, group_name
+        self.reads = reads
 
-    def wait(self):
-        self.work.wait()
-        self.finish()
-        return True
+    def wait(self) -> None:
+        if self.work is not None:
+            try:
+                self.work.wait()
+            except RuntimeError as exc:
+                raise _peer_failure(self.op, self.group_name, exc) from exc
+        if self.finish is not None:
+            self.finish()
 
 
-def _register_work(tensor: torch.Tensor, work) -> None:
+def _peer_failure(op: str, group_name: str, exc: BaseException) -> PeerFailure:
+    """The backend's error (gloo names neither op, group nor rank) in the caller's terms."""
+    try:
+        ranks = group_ranks(group_name)
+    except (ValueError, RuntimeError):
+        ranks = []
+    me = dist.get_rank() if dist.is_initialized() else -1
+    peers = [r for r in ranks if r != me]
+    # With one peer the failed rank is known; gloo does not say which of several it was.
+    who = f"the failed peer is rank {peers[0]}" if len(peers) == 1 else \
+        f"the failed peer is one of ranks {peers}"
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return PeerFailure(f"{op} on group {group_name!r} (global ranks {ranks}) failed on rank "
+                       f"{me}: {who} ({reason}) [FC-29]")
+
+
+def _register(tensor: torch.Tensor, pending: _Pending) -> torch.Tensor:
     ptr = tensor.data_ptr()
     if ptr == 0:
         # A tensor without storage has no address to key the registry: complete now (FC-7).
-        work.wait()
-        return
-    _work_registry[ptr] = (next(_versions), work)
+        pending.wait()
+        return tensor
+    _work_registry[ptr] = (next(_versions), pending)
+    return tensor
+
+
+def _start(op: str, group_name: str, result: torch.Tensor, communicate, finish=None,
+           reads=()):
+    """Run `communicate()` (a torch.distributed call with async_op=True) that produces
+    `result`, and register it as pending (FC-6). `reads`: the inputs it communicates, kept
+    referenced until it is waited whether or not the process group copied them (gloo's
+    reduce_scatter does): an in-flight collective owns its buffers (FC-36, MEM-5)."""
+    try:
+        work = communicate()
+    except dist.DistError as exc:  # a peer already gone; other errors are the caller's
+        raise _peer_failure(op, group_name, exc) from exc
+    return _register(result, _Pending(work, finish, op, group_name, tuple(reads)))
 
 
 def _wait_and_clear(ptr: int, version: int | None = None) -> None:
@@ -301,401 +424,132 @@ def _wait_dropped(ptr: int, version: int) -> None:
                       f"[FC-8]", RuntimeWarning, stacklevel=1)
 
 
-# --------------------------------------------------------------------------------------
-# Eager kernels (FC-2 .. FC-5, FC-19 .. FC-22)
-# --------------------------------------------------------------------------------------
-def _allreduce_opts(op: str):
-    opts = dist.AllreduceOptions()
-    opts.reduceOp = _REDUCE_OPS[op]
-    return opts
-
-
-def _start(tensor, work, op="sum", size=1, reads=()):
-    """Register `work` as producing `tensor`; avg divides the sum once it is done (FC-18).
-
-    `reads`: the input tensors the collective communicates, kept referenced until it is
-    waited, whether or not the process group copied them (gloo's reduce_scatter does): an
-    in-flight collective owns its buffers (FC-29, MEM-5)."""
-    if op == "avg" or reads:
-        work = _Completion(work, (lambda: tensor.div_(size)) if op == "avg" else _no_finish,
-                           tuple(reads))
-    _register_work(tensor, work)
-    return tensor
-
-
-def _no_finish():
-    return None
-
-
-def _all_reduce_(tensor, reduce_op, group_name):
-    op = _check_reduce_op(reduce_op, tensor.dtype)
-    pg = _process_group(group_name)
-    if not tensor.is_contiguous():
-        raise ValueError("input: all_reduce_ needs a contiguous tensor [FC-4]")
-    return _start(tensor, pg.allreduce([tensor], _allreduce_opts(op)), op, pg.size())
-
-
-def _all_reduce(tensor, reduce_op, group_name):
-    _check_reduce_op(reduce_op, tensor.dtype)
-    return _all_reduce_(tensor.clone(memory_format=torch.contiguous_format), reduce_op, group_name)
-
-
-def _all_reduce_coalesced_(tensors, reduce_op, group_name):
-    for t in tensors:
-        _all_reduce_(t, reduce_op, group_name)
-    return tensors
-
-
-def _all_reduce_coalesced(tensors, reduce_op, group_name):
-    for t in tensors:
-        _check_reduce_op(reduce_op, t.dtype)
-    return [_all_reduce(t, reduce_op, group_name) for t in tensors]
-
-
-def _gathered_shape(shape, group_size):
-    if len(shape) == 0:
-        raise ValueError("input: all_gather needs at least one dim [FC-20]")
-    return [shape[0] * group_size, *shape[1:]]
-
-
-def _all_gather_into_tensor_out(tensor, group_size, group_name, *, out):
-    pg = _group_size_of(group_name, group_size)
-    expected = _gathered_shape(tensor.shape, group_size)
-    if list(out.shape) != expected or out.dtype != tensor.dtype or not out.is_contiguous():
-        raise ValueError(f"out: expected a contiguous {tensor.dtype} tensor of shape "
-                         f"{expected}, got {out.dtype} {list(out.shape)} [FC-20]")
-    return _start(out, pg._allgather_base(out, tensor.contiguous()), reads=(tensor,))
-
-
-def _all_gather_into_tensor(tensor, group_size, group_name):
-    _group_size_of(group_name, group_size)
-    out = tensor.new_empty(_gathered_shape(tensor.shape, group_size))
-    return _all_gather_into_tensor_out(tensor, group_size, group_name, out=out)
-
-
-def _all_gather_into_tensor_coalesced(tensors, group_size, group_name):
-    return [_all_gather_into_tensor(t, group_size, group_name) for t in tensors]
-
-
-def _scattered_shape(shape, group_size):
-    if len(shape) == 0 or shape[0] % group_size != 0:
-        raise ValueError(f"input: reduce_scatter needs dim 0 divisible by the group size "
-                         f"{group_size}, got shape {list(shape)} [FC-20]")
-    return [shape[0] // group_size, *shape[1:]]
-
-
-def _reduce_scatter_tensor(tensor, reduce_op, group_size, group_name):
-    op = _check_reduce_op(reduce_op, tensor.dtype)
-    pg = _group_size_of(group_name, group_size)
-    out = tensor.new_empty(_scattered_shape(tensor.shape, group_size))
-    opts = dist.ReduceScatterOptions()
-    opts.reduceOp = _REDUCE_OPS[op]
-    return _start(out, pg._reduce_scatter_base(out, tensor.contiguous(), opts), op, group_size,
-                  reads=(tensor,))
-
-
-def _reduce_scatter_tensor_coalesced(tensors, reduce_op, group_size, group_name):
-    for t in tensors:
-        _check_reduce_op(reduce_op, t.dtype)
-        _scattered_shape(t.shape, group_size)
-    return [_reduce_scatter_tensor(t, reduce_op, group_size, group_name) for t in tensors]
-
-
-def _check_splits(splits, size, group_size, arg):
-    if len(splits) == 0:
-        if size % group_size:
-            raise ValueError(f"{arg}: empty splits need dim 0 ({size}) divisible by the group "
-                             f"size {group_size} [FC-21]")
-        return
-    if len(splits) != group_size or any(s < 0 for s in splits) or sum(splits) != size:
-        raise ValueError(f"{arg}: need {group_size} non-negative sizes summing to {size}, got "
-                         f"{list(splits)} [FC-21]")
-
-
-def _a2a_output_rows(tensor, output_split_sizes):
-    if tensor.dim() == 0:
-        raise ValueError("input: all_to_all_single needs at least one dim [FC-21]")
-    return sum(output_split_sizes) if len(output_split_sizes) else tensor.shape[0]
-
-
-def _all_to_all_single(tensor, output_split_sizes, input_split_sizes, group_name):
-    pg = _process_group(group_name)
-    n = pg.size()
-    rows = _a2a_output_rows(tensor, output_split_sizes)
-    _check_splits(input_split_sizes, tensor.shape[0], n, "input_split_sizes")
-    _check_splits(output_split_sizes, rows, n, "output_split_sizes")
-    out = tensor.new_empty([rows, *tensor.shape[1:]])
-    work = pg.alltoall_base(out, tensor.contiguous(), list(output_split_sizes),
-                            list(input_split_sizes), dist.AllToAllOptions())
-    return _start(out, work, reads=(tensor,))
-
-
-def _check_src(src, group_name) -> int:
-    # `src` is a rank *within the group*, as upstream's c10d_functional kernels take it
-    # (torch.distributed.broadcast takes a global rank instead).
-    size = group_size(group_name)
-    if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < size:
-        raise ValueError(f"src: {src!r} is not a group rank of group {group_name!r} of size "
-                         f"{size} (src counts ranks within the group) [FC-22]")
-    return src
-
-
-def _broadcast_(tensor, src, group_name):
-    pg = _process_group(group_name)
-    opts = dist.BroadcastOptions()
-    opts.rootRank = _check_src(src, group_name)
-    if not tensor.is_contiguous():
-        raise ValueError("input: broadcast_ needs a contiguous tensor [FC-4]")
-    return _start(tensor, pg.broadcast([tensor], opts))
-
-
-def _broadcast(tensor, src, group_name):
-    _check_src(src, group_name)
-    return _broadcast_(tensor.clone(memory_format=torch.contiguous_format), src, group_name)
-
-
-def _wait_tensor(tensor):
+def _wait_tensor(tensor: torch.Tensor) -> torch.Tensor:
     _wait_and_clear(tensor.data_ptr())
     return tensor
 
 
-def _wait_tensor_op(tensor):
-    # The op returns a copy, never its input (FC-5): functionalization treats a custom op's
-    # result as a fresh tensor, and AOTAutograd refuses custom ops whose results alias
-    # their inputs (an error under CI=1 in torch 2.13, announced as the future default).
-    # Upstream's own namespace is exempt from that check; refimpl's is not.
-    return _wait_tensor(tensor).clone()
-
-
 # --------------------------------------------------------------------------------------
-# wait_tensor_ (FC-28): the wait of lowered programs, completing its argument in place.
-# Lowered graphs run as they are (AOTAutograd never re-traces them), so their wait may
-# return its input, as upstream Inductor's wait kernel does; a wait then costs no memory
-# (MEM-4). Traced programs keep the copying `wait_tensor` (FC-5).
+# Cross-rank consistency check (FC-28)
 # --------------------------------------------------------------------------------------
-_lib.define("wait_tensor_(Tensor(a!) tensor) -> Tensor(a!)")
-
-
-def _wait_tensor_inplace(tensor):
-    return _wait_tensor(tensor)
-
-
-for _key in ("CPU", "CUDA"):
-    _lib.impl("wait_tensor_", _wait_tensor_inplace, _key)
-
-
-@torch.library.register_fake(f"{LIBRARY}::wait_tensor_", lib=_lib)
-def _(tensor):
-    return tensor
-
-
-_EAGER_KERNELS = {
-    "all_reduce": _all_reduce, "all_reduce_": _all_reduce_,
-    "all_reduce_coalesced": _all_reduce_coalesced,
-    "all_reduce_coalesced_": _all_reduce_coalesced_,
-    "all_gather_into_tensor": _all_gather_into_tensor,
-    "all_gather_into_tensor_coalesced": _all_gather_into_tensor_coalesced,
-    "all_gather_into_tensor_out": _all_gather_into_tensor_out,
-    "reduce_scatter_tensor": _reduce_scatter_tensor,
-    "reduce_scatter_tensor_coalesced": _reduce_scatter_tensor_coalesced,
-    "all_to_all_single": _all_to_all_single,
-    "broadcast": _broadcast, "broadcast_": _broadcast_,
-    "wait_tensor": _wait_tensor_op,
-}
-for _name, _kernel in _EAGER_KERNELS.items():
-    _lib.impl(_name, _kernel, "CPU")
-    _lib.impl(_name, _kernel, "CUDA")
-
-
-# --------------------------------------------------------------------------------------
-# Fake kernels (FC-3): shapes only, with the same argument checks as eager.
-# --------------------------------------------------------------------------------------
-def _fake(name):
-    return torch.library.register_fake(f"{LIBRARY}::{name}", lib=_lib)
-
-
-@_fake("all_reduce")
-def _(tensor, reduce_op, group_name):
-    _check_reduce_op(reduce_op, tensor.dtype)
-    return torch.empty_like(tensor, memory_format=torch.contiguous_format)
-
-
-@_fake("all_reduce_")
-def _(tensor, reduce_op, group_name):
-    _check_reduce_op(reduce_op, tensor.dtype)
-    return tensor
-
-
-@_fake("all_reduce_coalesced")
-def _(tensors, reduce_op, group_name):
-    for t in tensors:
-        _check_reduce_op(reduce_op, t.dtype)
-    return [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
-
-
-@_fake("all_reduce_coalesced_")
-def _(tensors, reduce_op, group_name):
-    for t in tensors:
-        _check_reduce_op(reduce_op, t.dtype)
-    return tensors
-
-
-@_fake("all_gather_into_tensor")
-def _(tensor, group_size, group_name):
-    return tensor.new_empty(_gathered_shape(tensor.shape, group_size))
-
-
-@_fake("all_gather_into_tensor_coalesced")
-def _(tensors, group_size, group_name):
-    return [t.new_empty(_gathered_shape(t.shape, group_size)) for t in tensors]
-
-
-@_fake("all_gather_into_tensor_out")
-def _(tensor, group_size, group_name, *, out):
-    return out
-
-
-@_fake("reduce_scatter_tensor")
-def _(tensor, reduce_op, group_size, group_name):
-    _check_reduce_op(reduce_op, tensor.dtype)
-    return tensor.new_empty(_scattered_shape(tensor.shape, group_size))
-
-
-@_fake("reduce_scatter_tensor_coalesced")
-def _(tensors, reduce_op, group_size, group_name):
-    for t in tensors:
-        _check_reduce_op(reduce_op, t.dtype)
-    return [t.new_empty(_scattered_shape(t.shape, group_size)) for t in tensors]
-
-
-@_fake("all_to_all_single")
-def _(tensor, output_split_sizes, input_split_sizes, group_name):
-    rows = _a2a_output_rows(tensor, output_split_sizes)
-    return tensor.new_empty([rows, *tensor.shape[1:]])
-
-
-@_fake("broadcast")
-def _(tensor, src, group_name):
-    return torch.empty_like(tensor, memory_format=torch.contiguous_format)
-
-
-@_fake("broadcast_")
-def _(tensor, src, group_name):
-    return tensor
-
-
-@_fake("wait_tensor")
-def _(tensor):
-    return torch.empty_like(tensor)
-
-
-# --------------------------------------------------------------------------------------
-# Autograd (FC-23 .. FC-25). Backward collectives run on the same group and are waited
-# at once: the autograd engine hands their results straight to the next node.
-# --------------------------------------------------------------------------------------
-def _check_differentiable(reduce_op: str, what: str) -> str:
-    op = reduce_op.lower()
-    if op not in DIFFERENTIABLE_REDUCE_OPS:
-        raise RuntimeError(f"reduce_op: {what} with {reduce_op!r} has no gradient; only "
-                           f"{DIFFERENTIABLE_REDUCE_OPS} are differentiable [FC-24]")
-    return op
-
-
-def _check_grad_before_issue(tensor: torch.Tensor, reduce_op: str, what: str) -> None:
-    """The Python API refuses before communicating (FC-24, FC-27)."""
-    if tensor.requires_grad and torch.is_grad_enabled():
-        _check_differentiable(reduce_op, what)
-
-
-def _setup_reduction(ctx, output, reduce_op, what):
-    try:
-        ctx.reduce_op = _check_differentiable(reduce_op, what)
-    except RuntimeError:
-        # A direct op call gets here after the collective started: finish it, so the
-        # group stays in step, then refuse.
-        _wait_tensor(output)
-        raise
-
-
-def _setup_all_reduce(ctx, inputs, output):
-    _setup_reduction(ctx, output, inputs[1], "all_reduce")
-    ctx.group_name = inputs[2]
-
-
-def _backward_all_reduce(ctx, grad):
-    # d(sum_j x_j)/dx_i = 1 on every rank, so the gradient is the sum of the gradients
-    # of every rank's output; avg scales the same sum by 1/size.
-    g = _waited(ops.all_reduce(grad.contiguous(), ctx.reduce_op, ctx.group_name))
-    return g, None, None
-
-
-def _setup_all_gather(ctx, inputs, output):
-    ctx.group_size, ctx.group_name = inputs[1], inputs[2]
-
-
-def _backward_all_gather(ctx, grad):
-    g = ops.reduce_scatter_tensor(grad.contiguous(), "sum", ctx.group_size, ctx.group_name)
-    return _waited(g), None, None
-
-
-def _setup_reduce_scatter(ctx, inputs, output):
-    _setup_reduction(ctx, output, inputs[1], "reduce_scatter_tensor")
-    ctx.group_size, ctx.group_name = inputs[2], inputs[3]
-
-
-def _backward_reduce_scatter(ctx, grad):
-    g = _waited(ops.all_gather_into_tensor(grad.contiguous(), ctx.group_size,
-                                           ctx.group_name))
-    if ctx.reduce_op == "avg":
-        g = g / ctx.group_size
-    return g, None, None, None
-
-
-def _setup_all_to_all(ctx, inputs, output):
-    ctx.output_split_sizes, ctx.input_split_sizes, ctx.group_name = inputs[1:4]
-
-
-def _backward_all_to_all(ctx, grad):
-    # The transpose of an all-to-all is the all-to-all with the splits swapped.
-    g = ops.all_to_all_single(grad.contiguous(), ctx.input_split_sizes,
-                              ctx.output_split_sizes, ctx.group_name)
-    return _waited(g), None, None, None
-
-
-def _setup_broadcast(ctx, inputs, output):
-    ctx.src, ctx.group_name = inputs[1], inputs[2]
-
-
-def _backward_broadcast(ctx, grad):
-    # Only src's value reached the outputs: src gets every rank's gradient, others none.
-    g = _waited(ops.all_reduce(grad.contiguous(), "sum", ctx.group_name))
-    is_src = _process_group(ctx.group_name).rank() == ctx.src
-    return (g if is_src else torch.zeros_like(g)), None, None
-
-
-def _backward_wait(ctx, grad):
-    return grad
-
-
-def _setup_nothing(ctx, inputs, output):
+# Off by default (a store round trip per collective); on with REFIMPL_CHECK_COLLECTIVES=1
+# or set_collective_checks(True). The timeout bounds every wait for peers here and in
+# group agreement (FC-31): REFIMPL_CHECK_TIMEOUT_S, or set_collective_checks's.
+CHECK_ENV, CHECK_TIMEOUT_ENV = "REFIMPL_CHECK_COLLECTIVES", "REFIMPL_CHECK_TIMEOUT_S"
+DEFAULT_CHECK_TIMEOUT_S = 30.0
+_checks: dict[str, Any] = {"enabled": None, "timeout_s": None}  # None: follow the env
+_sequences: dict[tuple[str, int], int] = {}  # (group name, group rank) -> calls so far
+# The fields every rank must agree on, in the order a mismatch is reported.
+_FINGERPRINT = ("op", "group", "shapes", "dtypes", "reduce_op", "group_size", "src")
+
+
+def set_collective_checks(enabled: bool | None, timeout_s: float | None = None) -> None:
+    """Switch the cross-rank check on or off in this process (None: follow the
+    environment variable); `timeout_s` bounds how long a rank waits for its peers."""
+    _checks["enabled"] = enabled
+    if timeout_s is not None:
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s: must be positive, got {timeout_s!r} [FC-28]")
+        _checks["timeout_s"] = float(timeout_s)
+
+
+def collective_checks_enabled() -> bool:
+    if _checks["enabled"] is not None:
+        return _checks["enabled"]
+    return os.environ.get(CHECK_ENV, "0") == "1"
+
+
+def _peer_timeout_s() -> float:
+    if _checks["timeout_s"] is not None:
+        return _checks["timeout_s"]
+    return float(os.environ.get(CHECK_TIMEOUT_ENV, DEFAULT_CHECK_TIMEOUT_S))
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return f"global rank {ranks[0]}" if len(ranks) == 1 else \
+        f"global ranks {', '.join(map(str, ranks))}"
+
+
+def _agree(op: str, pg: dist.ProcessGroup, group_name: str, **call) -> None:
+    """With checks on, every rank of the group compares its call with every peer's before
+    communicating, and a mismatch raises on every rank alike (FC-28)."""
+    if not collective_checks_enabled() or not _has_peers(pg):
+        return
+    me, size = pg.rank(), pg.size()
+    seq = _sequences[(group_name, me)] = _sequences.get((group_name, me), 0) + 1
+    store = c10d._get_default_store()
+    keys = {r: f"refimpl-fc/check/{group_name}/{seq}/{r}" for r in range(size)}
+    ranks = dist.get_process_group_ranks(pg)
+    store.set(keys[me], json.dumps({"op": op, "group": ranks, **call}))
+    timeout_s = _peer_timeout_s()
+    missing = _missing_peers(store, keys, timeout_s)
+    if missing:
+        raise PeerTimeout(
+            f"{op}: global rank {ranks[me]} waited {timeout_s:g} s for "
+            f"{_ranks_text([ranks[r] for r in missing])} of group {ranks} to reach "
+            f"collective #{seq} of the group, in vain (is {CHECK_ENV}=1 set on every "
+            f"rank?) [FC-28]")
+    calls = [json.loads(v) for v in store.multi_get([keys[r] for r in range(size)])]
+    if seq > 2:  # every peer has read call seq - 2: it posted seq - 1 after that
+        store.delete_key(f"refimpl-fc/check/{group_name}/{seq - 2}/{me}")
+    mismatch = _first_mismatch(calls, ranks) or _split_mismatch(calls, ranks)
+    if mismatch:
+        raise CollectiveMismatch(f"collective #{seq} of group {ranks}: {mismatch}; every rank "
+                                 f"of the group must make the same call [FC-28]")
+
+
+def _has_peers(pg: dist.ProcessGroup) -> bool:
+    # The fake process group (tracing tests) pretends to have peers but has no store.
+    return pg.size() > 1 and dist.get_backend(pg) != "fake"
+
+
+def _first_mismatch(calls: list[dict], ranks: list[int]) -> str | None:
+    for field in _FINGERPRINT:
+        for r, call in enumerate(calls[1:], start=1):
+            if call.get(field) != calls[0].get(field):
+                return (f"ranks disagree on {field}: global rank {ranks[r]} passed "
+                        f"{call.get(field)!r}, global rank {ranks[0]} passed "
+                        f"{calls[0].get(field)!r}")
     return None
 
 
-_AUTOGRAD = {
-    "all_reduce": (_backward_all_reduce, _setup_all_reduce),
-    "all_gather_into_tensor": (_backward_all_gather, _setup_all_gather),
-    "reduce_scatter_tensor": (_backward_reduce_scatter, _setup_reduce_scatter),
-    "all_to_all_single": (_backward_all_to_all, _setup_all_to_all),
-    "broadcast": (_backward_broadcast, _setup_broadcast),
-    "wait_tensor": (_backward_wait, _setup_nothing),
-}
-for _name, (_backward, _setup) in _AUTOGRAD.items():
-    torch.library.register_autograd(f"{LIBRARY}::{_name}", _backward, setup_context=_setup,
-                                    lib=_lib)
+def _split_mismatch(calls: list[dict], ranks: list[int]) -> str | None:
+    """all_to_all_single: what rank i expects from j is what j sends to i."""
+    if "input_split_sizes" not in calls[0]:
+        return None
+    for i, receiver in enumerate(calls):
+        for j, sender in enumerate(calls):
+            expects, sends = receiver["output_split_sizes"][j], sender["input_split_sizes"][i]
+            if expects != sends:
+                return (f"ranks disagree on split sizes: global rank {ranks[i]} expects "
+                        f"{expects} rows from global rank {ranks[j]} (output_split_sizes[{j}]), "
+                        f"which sends it {sends} (input_split_sizes[{i}])")
+    return None
+
+
+def _missing_peers(store, keys: dict[int, str], timeout_s: float) -> list[int]:
+    """The ranks whose key did not appear within `timeout_s` (bounded, never hangs)."""
+    try:
+        store.wait(list(keys.values()), datetime.timedelta(seconds=timeout_s))
+        return []
+    except RuntimeError:  # DistStoreError: the wait timed out
+        return [r for r, key in keys.items() if not store.check([key])]
+
+
+def _store_text(store, key: str) -> str:
+    return store.get(key).decode() if store.check([key]) else ""
+
+
+def _shapes(tensors) -> list[list[int]]:
+    return [list(t.shape) for t in tensors]
+
+
+def _dtypes(tensors) -> list[str]:
+    return [str(t.dtype) for t in tensors]
 
 
 # --------------------------------------------------------------------------------------
-# AsyncCollectiveTensor (FC-9 .. FC-11)
+# AsyncCollectiveTensor (FC-9 .. FC-11) and how results reach the caller (FC-12, FC-25)
 # --------------------------------------------------------------------------------------
 _VIEW_OPS = frozenset({
     torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default,
@@ -830,38 +684,242 @@ def _then(tensor: torch.Tensor, shape, rearrange) -> torch.Tensor:
         with torch.no_grad():
             out.copy_(rearrange(_wait_tensor(tensor)))
 
-    _register_work(out, _Completion(_DONE, finish))
+    _register(out, _Pending(None, finish, "rearrange", ""))
     return _wrap(out)
 
 
-class _Done:
-    def wait(self):
-        return True
+# --------------------------------------------------------------------------------------
+# Defining an op: schema (FC-1), eager kernel, fake kernel (FC-3), autograd (FC-23),
+# side effects (FC-33). `group_name` is a plain `str`: upstream spells it `str` up to
+# torch 2.12 and `Any` from 2.13; a string is what every version accepts.
+# --------------------------------------------------------------------------------------
+def _define(name: str, schema: str, *, eager, fake, backward=None, setup_context=None):
+    SCHEMAS[name] = schema
+    _lib.define(name + schema)
+    _lib.impl(name, eager, "CPU")
+    _lib.impl(name, eager, "CUDA")
+    torch.library.register_fake(f"{LIBRARY}::{name}", fake, lib=_lib)
+    if backward is not None:
+        torch.library.register_autograd(f"{LIBRARY}::{name}", backward,
+                                        setup_context=setup_context, lib=_lib)
+    # No graph pass may delete a collective or a wait, used or not (FC-33).
+    packet = getattr(ops, name)
+    torch.fx.node.has_side_effect(packet)
+    torch.fx.node.has_side_effect(packet.default)
 
 
-_DONE = _Done()
+def _no_context(ctx, inputs, output):
+    return None
+
+
+# torch.distributed's own entry points (so any ProcessGroup works, FC-1): torch 2.13
+# renamed the single-tensor forms and deprecated the old names.
+_dist_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_dist_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 # --------------------------------------------------------------------------------------
-# Python API, upstream's names (FC-12 .. FC-16, FC-20)
+# all_reduce, all_reduce_, all_reduce_coalesced, all_reduce_coalesced_
 # --------------------------------------------------------------------------------------
-def _dim(dim: int, ndim: int, arg: str) -> int:
-    if isinstance(dim, bool) or not isinstance(dim, int) or not -ndim <= dim < ndim:
-        raise ValueError(f"{arg}: {dim!r} is not a dim of a {ndim}-d tensor [FC-20]")
-    return dim % ndim
+def _check_all_reduce(tensor, reduce_op, group_name):
+    """(normalized reduce op, group) after every check (FC-17, FC-18, FC-30)."""
+    op = _check_reduce_op(reduce_op, tensor.dtype)
+    pg = _process_group(group_name)
+    _check_has_data(tensor, "input")
+    return op, pg
 
 
-def wait_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """Wait for the collective that produces `tensor`; in eager, return `tensor` (FC-5)."""
-    if isinstance(tensor, AsyncCollectiveTensor):
-        return tensor.wait()
-    return _waited(tensor)
+def _start_all_reduce(what, tensor, op, pg, group_name):
+    """All-reduce `tensor` (contiguous, owned) in place; avg divides the sum (FC-18)."""
+    finish = (lambda: tensor.div_(pg.size())) if op == "avg" else None
+    return _start(what, group_name, tensor, lambda: dist.all_reduce(
+        tensor, op=_REDUCE_OPS[op], group=pg, async_op=True), finish)
+
+
+def _all_reduce(tensor, reduce_op, group_name):
+    op, pg = _check_all_reduce(tensor, reduce_op, group_name)
+    _agree("all_reduce", pg, group_name, shapes=_shapes([tensor]), dtypes=_dtypes([tensor]),
+           reduce_op=op)
+    out = tensor.clone(memory_format=torch.contiguous_format)
+    return _start_all_reduce("all_reduce", out, op, pg, group_name)
+
+
+def _all_reduce_fake(tensor, reduce_op, group_name):
+    _check_all_reduce(tensor, reduce_op, group_name)
+    return torch.empty_like(tensor, memory_format=torch.contiguous_format)
+
+
+def _all_reduce_inplace(tensor, reduce_op, group_name):
+    op, pg = _check_all_reduce(tensor, reduce_op, group_name)
+    _check_contiguous(tensor, "input", "all_reduce_")
+    _agree("all_reduce_", pg, group_name, shapes=_shapes([tensor]), dtypes=_dtypes([tensor]),
+           reduce_op=op)
+    return _start_all_reduce("all_reduce_", tensor, op, pg, group_name)
+
+
+def _all_reduce_inplace_fake(tensor, reduce_op, group_name):
+    _check_all_reduce(tensor, reduce_op, group_name)
+    return tensor
+
+
+def _all_reduce_coalesced(tensors, reduce_op, group_name):
+    # Every member is checked before any starts: no partial work (FC-27).
+    plans = [_check_all_reduce(t, reduce_op, group_name) for t in tensors]
+    pg = _process_group(group_name)
+    _agree("all_reduce_coalesced", pg, group_name, shapes=_shapes(tensors),
+           dtypes=_dtypes(tensors), reduce_op=str(reduce_op).lower())
+    outs = [t.clone(memory_format=torch.contiguous_format) for t in tensors]
+    return [_start_all_reduce("all_reduce_coalesced", out, op, pg, group_name)
+            for out, (op, _) in zip(outs, plans, strict=True)]
+
+
+def _all_reduce_coalesced_fake(tensors, reduce_op, group_name):
+    for t in tensors:
+        _check_all_reduce(t, reduce_op, group_name)
+    return [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
+
+
+def _all_reduce_coalesced_inplace(tensors, reduce_op, group_name):
+    plans = [_check_all_reduce(t, reduce_op, group_name) for t in tensors]
+    for t in tensors:
+        _check_contiguous(t, "inputs", "all_reduce_coalesced_")
+    pg = _process_group(group_name)
+    _agree("all_reduce_coalesced_", pg, group_name, shapes=_shapes(tensors),
+           dtypes=_dtypes(tensors), reduce_op=str(reduce_op).lower())
+    for t, (op, _) in zip(tensors, plans, strict=True):
+        _start_all_reduce("all_reduce_coalesced_", t, op, pg, group_name)
+    return tensors
+
+
+def _all_reduce_coalesced_inplace_fake(tensors, reduce_op, group_name):
+    for t in tensors:
+        _check_all_reduce(t, reduce_op, group_name)
+    return tensors
+
+
+def _setup_all_reduce(ctx, inputs, output):
+    _setup_reduction(ctx, output, inputs[1], "all_reduce")
+    ctx.group_name = inputs[2]
+
+
+def _backward_all_reduce(ctx, grad):
+    # d(sum_j x_j)/dx_i = 1 on every rank, so the gradient is the sum of the gradients
+    # of every rank's output; avg scales the same sum by 1/size (FC-23).
+    g = _waited(ops.all_reduce(grad.contiguous(), ctx.reduce_op, ctx.group_name))
+    return g, None, None
+
+
+_define("all_reduce", "(Tensor input, str reduce_op, str group_name) -> Tensor",
+        eager=_all_reduce, fake=_all_reduce_fake,
+        backward=_backward_all_reduce, setup_context=_setup_all_reduce)
+_define("all_reduce_", "(Tensor(a!) input, str reduce_op, str group_name) -> Tensor(a!)",
+        eager=_all_reduce_inplace, fake=_all_reduce_inplace_fake)
+_define("all_reduce_coalesced", "(Tensor[] inputs, str reduce_op, str group_name) -> Tensor[]",
+        eager=_all_reduce_coalesced, fake=_all_reduce_coalesced_fake)
+_define("all_reduce_coalesced_",
+        "(Tensor[](a!) inputs, str reduce_op, str group_name) -> Tensor[](a!)",
+        eager=_all_reduce_coalesced_inplace, fake=_all_reduce_coalesced_inplace_fake)
 
 
 def all_reduce(self: torch.Tensor, reduceOp: str, group: RankTypes, tag: str = ""):
     """Reduce `self` over `group`; every rank gets the result. The input is unchanged."""
+    _check_reduce_op(reduceOp, self.dtype)
     _check_grad_before_issue(self, reduceOp, "all_reduce")
     return _wrap(ops.all_reduce(self, reduceOp, resolve_group_name(group, tag)))
+
+
+def all_reduce_coalesced(self: list[torch.Tensor], reduceOp: str, group: RankTypes,
+                         tag: str = "") -> list[torch.Tensor]:
+    """`all_reduce` of each tensor of the list, started together (FC-26)."""
+    for t in self:
+        _check_reduce_op(reduceOp, t.dtype)
+    results = ops.all_reduce_coalesced(list(self), reduceOp, resolve_group_name(group, tag))
+    return [_wrap(t) for t in results]
+
+
+# --------------------------------------------------------------------------------------
+# all_gather_into_tensor, all_gather_into_tensor_out, all_gather_into_tensor_coalesced
+# --------------------------------------------------------------------------------------
+def _check_all_gather(tensor, group_size, group_name, out=None):
+    """(gathered shape, group) after every check (FC-19, FC-20, FC-30)."""
+    pg = _check_group_size(group_name, group_size)
+    _check_has_data(tensor, "input")
+    _check_has_dims(tensor, "input", "all_gather_into_tensor")
+    shape = [tensor.shape[0] * group_size, *tensor.shape[1:]]
+    if out is not None:
+        if out.device != tensor.device:
+            raise ValueError(f"out: expected a tensor on the input's device {tensor.device}, "
+                             f"got {out.device} [FC-30]")
+        if list(out.shape) != shape or out.dtype != tensor.dtype:
+            raise ValueError(f"out: expected a {tensor.dtype} tensor of shape {shape}, got "
+                             f"{out.dtype} {list(out.shape)} [FC-20]")
+    return shape, pg
+
+
+def _start_all_gather(what, tensor, out, pg, group_name):
+    return _start(what, group_name, out, lambda: _dist_all_gather(
+        out, tensor.contiguous(), group=pg, async_op=True), reads=(tensor,))
+
+
+def _all_gather_into_tensor(tensor, group_size, group_name):
+    shape, pg = _check_all_gather(tensor, group_size, group_name)
+    _agree("all_gather_into_tensor", pg, group_name, shapes=_shapes([tensor]),
+           dtypes=_dtypes([tensor]), group_size=group_size)
+    return _start_all_gather("all_gather_into_tensor", tensor, tensor.new_empty(shape), pg,
+                             group_name)
+
+
+def _all_gather_into_tensor_fake(tensor, group_size, group_name):
+    shape, _ = _check_all_gather(tensor, group_size, group_name)
+    return tensor.new_empty(shape)
+
+
+def _all_gather_into_tensor_out(tensor, group_size, group_name, *, out):
+    _, pg = _check_all_gather(tensor, group_size, group_name, out)
+    _check_contiguous(out, "out", "all_gather_into_tensor_out")
+    _agree("all_gather_into_tensor_out", pg, group_name, shapes=_shapes([tensor]),
+           dtypes=_dtypes([tensor]), group_size=group_size)
+    return _start_all_gather("all_gather_into_tensor_out", tensor, out, pg, group_name)
+
+
+def _all_gather_into_tensor_out_fake(tensor, group_size, group_name, *, out):
+    _check_all_gather(tensor, group_size, group_name, out)
+    return out
+
+
+def _all_gather_into_tensor_coalesced(tensors, group_size, group_name):
+    shapes = [_check_all_gather(t, group_size, group_name)[0] for t in tensors]
+    pg = _process_group(group_name)
+    _agree("all_gather_into_tensor_coalesced", pg, group_name, shapes=_shapes(tensors),
+           dtypes=_dtypes(tensors), group_size=group_size)
+    return [_start_all_gather("all_gather_into_tensor_coalesced", t, t.new_empty(shape), pg,
+                              group_name)
+            for t, shape in zip(tensors, shapes, strict=True)]
+
+
+def _all_gather_into_tensor_coalesced_fake(tensors, group_size, group_name):
+    return [t.new_empty(_check_all_gather(t, group_size, group_name)[0]) for t in tensors]
+
+
+def _setup_all_gather(ctx, inputs, output):
+    ctx.group_size, ctx.group_name = inputs[1], inputs[2]
+
+
+def _backward_all_gather(ctx, grad):
+    # Rank i's input went to rows i of every rank's output: it gets the sum of those rows.
+    g = ops.reduce_scatter_tensor(grad.contiguous(), "sum", ctx.group_size, ctx.group_name)
+    return _waited(g), None, None
+
+
+_define("all_gather_into_tensor", "(Tensor input, int group_size, str group_name) -> Tensor",
+        eager=_all_gather_into_tensor, fake=_all_gather_into_tensor_fake,
+        backward=_backward_all_gather, setup_context=_setup_all_gather)
+_define("all_gather_into_tensor_coalesced",
+        "(Tensor[] inputs, int group_size, str group_name) -> Tensor[]",
+        eager=_all_gather_into_tensor_coalesced, fake=_all_gather_into_tensor_coalesced_fake)
+_define("all_gather_into_tensor_out",
+        "(Tensor input, int group_size, str group_name, *, Tensor(a!) out) -> Tensor(a!)",
+        eager=_all_gather_into_tensor_out, fake=_all_gather_into_tensor_out_fake)
 
 
 def all_gather_tensor(self: torch.Tensor, gather_dim: int, group: RankTypes, tag: str = ""):
@@ -875,6 +933,94 @@ def all_gather_tensor(self: torch.Tensor, gather_dim: int, group: RankTypes, tag
     shape = list(self.shape)
     shape[dim] *= n
     return _then(gathered, shape, lambda t: torch.cat(torch.chunk(t, n, dim=0), dim=dim))
+
+
+def all_gather_tensor_autograd(self: torch.Tensor, gather_dim: int, group: RankTypes,
+                               tag: str = ""):
+    """`all_gather_tensor`, whose op always carries its gradient (FC-32)."""
+    return all_gather_tensor(self, gather_dim, group, tag)
+
+
+def all_gather_into_tensor_coalesced(self: list[torch.Tensor], group: RankTypes,
+                                     tag: str = "") -> list[torch.Tensor]:
+    """All-gather on dim 0 of each tensor of the list, started together (FC-26)."""
+    name = resolve_group_name(group, tag)
+    results = ops.all_gather_into_tensor_coalesced(
+        [t.contiguous() for t in self], group_size(name), name)
+    return [_wrap(t) for t in results]
+
+
+# --------------------------------------------------------------------------------------
+# reduce_scatter_tensor, reduce_scatter_tensor_coalesced
+# --------------------------------------------------------------------------------------
+def _check_reduce_scatter(tensor, reduce_op, group_size, group_name):
+    """(reduce op, scattered shape, group) after every check (FC-17..FC-20, FC-30)."""
+    op = _check_reduce_op(reduce_op, tensor.dtype)
+    pg = _check_group_size(group_name, group_size)
+    _check_has_data(tensor, "input")
+    _check_has_dims(tensor, "input", "reduce_scatter_tensor")
+    if tensor.shape[0] % group_size:
+        raise ValueError(f"input: reduce_scatter_tensor needs dim 0 divisible by the group "
+                         f"size {group_size}, got shape {list(tensor.shape)} [FC-20]")
+    return op, [tensor.shape[0] // group_size, *tensor.shape[1:]], pg
+
+
+def _start_reduce_scatter(what, tensor, op, shape, pg, group_name):
+    out = tensor.new_empty(shape)
+    finish = (lambda: out.div_(pg.size())) if op == "avg" else None
+    return _start(what, group_name, out, lambda: _dist_reduce_scatter(
+        out, tensor.contiguous(), op=_REDUCE_OPS[op], group=pg, async_op=True), finish,
+        reads=(tensor,))
+
+
+def _reduce_scatter_tensor(tensor, reduce_op, group_size, group_name):
+    op, shape, pg = _check_reduce_scatter(tensor, reduce_op, group_size, group_name)
+    _agree("reduce_scatter_tensor", pg, group_name, shapes=_shapes([tensor]),
+           dtypes=_dtypes([tensor]), reduce_op=op, group_size=group_size)
+    return _start_reduce_scatter("reduce_scatter_tensor", tensor, op, shape, pg, group_name)
+
+
+def _reduce_scatter_tensor_fake(tensor, reduce_op, group_size, group_name):
+    _, shape, _ = _check_reduce_scatter(tensor, reduce_op, group_size, group_name)
+    return tensor.new_empty(shape)
+
+
+def _reduce_scatter_tensor_coalesced(tensors, reduce_op, group_size, group_name):
+    plans = [_check_reduce_scatter(t, reduce_op, group_size, group_name) for t in tensors]
+    pg = _process_group(group_name)
+    _agree("reduce_scatter_tensor_coalesced", pg, group_name, shapes=_shapes(tensors),
+           dtypes=_dtypes(tensors), reduce_op=str(reduce_op).lower(), group_size=group_size)
+    return [_start_reduce_scatter("reduce_scatter_tensor_coalesced", t, op, shape, pg,
+                                  group_name)
+            for t, (op, shape, _) in zip(tensors, plans, strict=True)]
+
+
+def _reduce_scatter_tensor_coalesced_fake(tensors, reduce_op, group_size, group_name):
+    return [t.new_empty(_check_reduce_scatter(t, reduce_op, group_size, group_name)[1])
+            for t in tensors]
+
+
+def _setup_reduce_scatter(ctx, inputs, output):
+    _setup_reduction(ctx, output, inputs[1], "reduce_scatter_tensor")
+    ctx.group_size, ctx.group_name = inputs[2], inputs[3]
+
+
+def _backward_reduce_scatter(ctx, grad):
+    # Every rank's input reached chunk i of the sum, held by rank i: gather the chunks.
+    g = _waited(ops.all_gather_into_tensor(grad.contiguous(), ctx.group_size,
+                                           ctx.group_name))
+    if ctx.reduce_op == "avg":
+        g = g / ctx.group_size
+    return g, None, None, None
+
+
+_define("reduce_scatter_tensor",
+        "(Tensor input, str reduce_op, int group_size, str group_name) -> Tensor",
+        eager=_reduce_scatter_tensor, fake=_reduce_scatter_tensor_fake,
+        backward=_backward_reduce_scatter, setup_context=_setup_reduce_scatter)
+_define("reduce_scatter_tensor_coalesced",
+        "(Tensor[] inputs, str reduce_op, int group_size, str group_name) -> Tensor[]",
+        eager=_reduce_scatter_tensor_coalesced, fake=_reduce_scatter_tensor_coalesced_fake)
 
 
 def _scatter_dim_to_front(self: torch.Tensor, scatter_dim: int, n: int) -> torch.Tensor:
@@ -892,50 +1038,18 @@ def _scatter_dim_to_front(self: torch.Tensor, scatter_dim: int, n: int) -> torch
 def reduce_scatter_tensor(self: torch.Tensor, reduceOp: str, scatter_dim: int,
                           group: RankTypes, tag: str = ""):
     """Reduce over `group`, then give group rank i chunk i of `scatter_dim` (FC-14)."""
+    _check_reduce_op(reduceOp, self.dtype)
     name = resolve_group_name(group, tag)
     n = group_size(name)
-    _check_reduce_op(reduceOp, self.dtype)
     _check_grad_before_issue(self, reduceOp, "reduce_scatter_tensor")
     return _wrap(ops.reduce_scatter_tensor(_scatter_dim_to_front(self, scatter_dim, n),
                                            reduceOp, n, name))
 
 
-def all_to_all_single(self: torch.Tensor, output_split_sizes: list[int] | None,
-                      input_split_sizes: list[int] | None, group: RankTypes, tag: str = ""):
-    """Send split i of dim 0 to group rank i; receive split j from group rank j.
-
-    A split list given as None means equal splits, which are written out explicitly.
-    """
-    name = resolve_group_name(group, tag)
-    # Equal splits are written out, so a traced graph states every size it moves.
-    n = group_size(name)
-    if output_split_sizes is None or input_split_sizes is None:
-        _check_splits([], self.shape[0] if self.dim() else 0, n, "input_split_sizes")
-    equal = [self.shape[0] // n] * n if self.dim() else []
-    outs = equal if output_split_sizes is None else list(output_split_sizes)
-    ins = equal if input_split_sizes is None else list(input_split_sizes)
-    return _wrap(ops.all_to_all_single(self, outs, ins, name))
-
-
-def broadcast(self: torch.Tensor, src: int, group: RankTypes, tag: str = ""):
-    """Every rank gets the value of group rank `src` (a rank within `group`, FC-22)."""
-    return _wrap(ops.broadcast(self, src, resolve_group_name(group, tag)))
-
-
-def all_reduce_coalesced(self: list[torch.Tensor], reduceOp: str, group: RankTypes,
-                         tag: str = "") -> list[torch.Tensor]:
-    """`all_reduce` of each tensor of the list, started together."""
-    results = ops.all_reduce_coalesced(list(self), reduceOp, resolve_group_name(group, tag))
-    return [_wrap(t) for t in results]
-
-
-def all_gather_into_tensor_coalesced(self: list[torch.Tensor], group: RankTypes,
-                                     tag: str = "") -> list[torch.Tensor]:
-    """All-gather on dim 0 of each tensor of the list, started together."""
-    name = resolve_group_name(group, tag)
-    results = ops.all_gather_into_tensor_coalesced(
-        [t.contiguous() for t in self], group_size(name), name)
-    return [_wrap(t) for t in results]
+def reduce_scatter_tensor_autograd(self: torch.Tensor, reduceOp: str, scatter_dim: int,
+                                   group: RankTypes, tag: str = ""):
+    """`reduce_scatter_tensor`, whose op always carries its gradient (FC-32)."""
+    return reduce_scatter_tensor(self, reduceOp, scatter_dim, group, tag)
 
 
 def reduce_scatter_tensor_coalesced(inputs: list[torch.Tensor], reduceOp: str,
@@ -945,7 +1059,221 @@ def reduce_scatter_tensor_coalesced(inputs: list[torch.Tensor], reduceOp: str,
     if len(scatter_dim) != len(inputs):
         raise ValueError(f"scatter_dim: need one dim per input ({len(inputs)}), got "
                          f"{len(scatter_dim)} [FC-20]")
+    for t in inputs:
+        _check_reduce_op(reduceOp, t.dtype)
     name = resolve_group_name(group, tag)
     n = group_size(name)
     fronted = [_scatter_dim_to_front(t, d, n) for t, d in zip(inputs, scatter_dim, strict=True)]
     return [_wrap(t) for t in ops.reduce_scatter_tensor_coalesced(fronted, reduceOp, n, name)]
+
+
+# --------------------------------------------------------------------------------------
+# all_to_all_single
+# --------------------------------------------------------------------------------------
+def _check_splits(splits, size: int, group_size: int, arg: str) -> list[int]:
+    """The explicit split sizes: `splits`, or equal ones when it is empty (FC-21)."""
+    if len(splits) == 0:
+        if size % group_size:
+            raise ValueError(f"{arg}: empty splits need dim 0 ({size}) divisible by the group "
+                             f"size {group_size} [FC-21]")
+        return [size // group_size] * group_size
+    if len(splits) != group_size or any(s < 0 for s in splits) or sum(splits) != size:
+        raise ValueError(f"{arg}: need {group_size} non-negative sizes summing to {size}, got "
+                         f"{list(splits)} [FC-21]")
+    return list(splits)
+
+
+def _check_all_to_all(tensor, output_split_sizes, input_split_sizes, group_name):
+    """(output rows, explicit input splits, explicit output splits, group) (FC-21, FC-30)."""
+    pg = _process_group(group_name)
+    n = pg.size()
+    _check_has_data(tensor, "input")
+    _check_has_dims(tensor, "input", "all_to_all_single", "FC-21")
+    ins = _check_splits(input_split_sizes, tensor.shape[0], n, "input_split_sizes")
+    rows = sum(output_split_sizes) if len(output_split_sizes) else tensor.shape[0]
+    outs = _check_splits(output_split_sizes, rows, n, "output_split_sizes")
+    return rows, ins, outs, pg
+
+
+def _all_to_all_single(tensor, output_split_sizes, input_split_sizes, group_name):
+    rows, ins, outs, pg = _check_all_to_all(tensor, output_split_sizes, input_split_sizes,
+                                            group_name)
+    # Rows may differ between ranks; the trailing dims and the splits must fit (FC-28).
+    _agree("all_to_all_single", pg, group_name, shapes=[list(tensor.shape[1:])],
+           dtypes=_dtypes([tensor]), input_split_sizes=ins, output_split_sizes=outs)
+    out = tensor.new_empty([rows, *tensor.shape[1:]])
+    return _start("all_to_all_single", group_name, out, lambda: dist.all_to_all_single(
+        out, tensor.contiguous(), outs, ins, group=pg, async_op=True), reads=(tensor,))
+
+
+def _all_to_all_single_fake(tensor, output_split_sizes, input_split_sizes, group_name):
+    rows, _, _, _ = _check_all_to_all(tensor, output_split_sizes, input_split_sizes, group_name)
+    return tensor.new_empty([rows, *tensor.shape[1:]])
+
+
+def _setup_all_to_all(ctx, inputs, output):
+    ctx.output_split_sizes, ctx.input_split_sizes, ctx.group_name = inputs[1:4]
+
+
+def _backward_all_to_all(ctx, grad):
+    # The transpose of an all-to-all is the all-to-all with the splits swapped (FC-23).
+    g = ops.all_to_all_single(grad.contiguous(), ctx.input_split_sizes,
+                              ctx.output_split_sizes, ctx.group_name)
+    return _waited(g), None, None, None
+
+
+_define("all_to_all_single", "(Tensor input, SymInt[] output_split_sizes, "
+                             "SymInt[] input_split_sizes, str group_name) -> Tensor",
+        eager=_all_to_all_single, fake=_all_to_all_single_fake,
+        backward=_backward_all_to_all, setup_context=_setup_all_to_all)
+
+
+def all_to_all_single(self: torch.Tensor, output_split_sizes: list[int] | None,
+                      input_split_sizes: list[int] | None, group: RankTypes, tag: str = ""):
+    """Send split i of dim 0 to group rank i; receive split j from group rank j.
+
+    A split list given as None means equal splits, which are written out explicitly, so
+    a traced graph states every size it moves (FC-21).
+    """
+    name = resolve_group_name(group, tag)
+    n = group_size(name)
+    _check_has_dims(self, "input", "all_to_all_single", "FC-21")
+    rows = self.shape[0]
+    ins = _check_splits([], rows, n, "input_split_sizes") if input_split_sizes is None \
+        else list(input_split_sizes)
+    outs = _check_splits([], rows, n, "output_split_sizes") if output_split_sizes is None \
+        else list(output_split_sizes)
+    return _wrap(ops.all_to_all_single(self, outs, ins, name))
+
+
+def all_to_all_single_autograd(self: torch.Tensor, output_split_sizes: list[int] | None,
+                               input_split_sizes: list[int] | None, group: RankTypes,
+                               tag: str = ""):
+    """`all_to_all_single`, whose op always carries its gradient (FC-32)."""
+    return all_to_all_single(self, output_split_sizes, input_split_sizes, group, tag)
+
+
+# --------------------------------------------------------------------------------------
+# broadcast, broadcast_
+# --------------------------------------------------------------------------------------
+def _check_src(src, size: int, group_name: str) -> int:
+    # `src` is a rank *within the group*, as upstream's c10d_functional kernels take it
+    # (torch.distributed.broadcast takes a global rank instead).
+    if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < size:
+        raise ValueError(f"src: {src!r} is not a group rank of group {group_name!r} of size "
+                         f"{size} (expected an int, 0 <= src < {size}; src counts ranks "
+                         f"within the group) [FC-22]")
+    return src
+
+
+def _check_broadcast(tensor, src, group_name):
+    """The group, after every check (FC-22, FC-30)."""
+    pg = _process_group(group_name)
+    _check_src(src, pg.size(), group_name)
+    _check_has_data(tensor, "input")
+    return pg
+
+
+def _start_broadcast(what, tensor, src, pg, group_name):
+    return _start(what, group_name, tensor, lambda: dist.broadcast(
+        tensor, group=pg, group_src=src, async_op=True))
+
+
+def _broadcast(tensor, src, group_name):
+    pg = _check_broadcast(tensor, src, group_name)
+    _agree("broadcast", pg, group_name, shapes=_shapes([tensor]), dtypes=_dtypes([tensor]),
+           src=src)
+    out = tensor.clone(memory_format=torch.contiguous_format)
+    return _start_broadcast("broadcast", out, src, pg, group_name)
+
+
+def _broadcast_fake(tensor, src, group_name):
+    _check_broadcast(tensor, src, group_name)
+    return torch.empty_like(tensor, memory_format=torch.contiguous_format)
+
+
+def _broadcast_inplace(tensor, src, group_name):
+    pg = _check_broadcast(tensor, src, group_name)
+    _check_contiguous(tensor, "input", "broadcast_")
+    _agree("broadcast_", pg, group_name, shapes=_shapes([tensor]), dtypes=_dtypes([tensor]),
+           src=src)
+    return _start_broadcast("broadcast_", tensor, src, pg, group_name)
+
+
+def _broadcast_inplace_fake(tensor, src, group_name):
+    _check_broadcast(tensor, src, group_name)
+    return tensor
+
+
+def _setup_broadcast(ctx, inputs, output):
+    ctx.src, ctx.group_name = inputs[1], inputs[2]
+
+
+def _backward_broadcast(ctx, grad):
+    # Only src's value reached the outputs: src gets every rank's gradient, others none.
+    g = _waited(ops.all_reduce(grad.contiguous(), "sum", ctx.group_name))
+    is_src = _process_group(ctx.group_name).rank() == ctx.src
+    return (g if is_src else torch.zeros_like(g)), None, None
+
+
+_define("broadcast", "(Tensor input, int src, str group_name) -> Tensor",
+        eager=_broadcast, fake=_broadcast_fake,
+        backward=_backward_broadcast, setup_context=_setup_broadcast)
+_define("broadcast_", "(Tensor(a!) input, int src, str group_name) -> Tensor(a!)",
+        eager=_broadcast_inplace, fake=_broadcast_inplace_fake)
+
+
+def broadcast(self: torch.Tensor, src: int, group: RankTypes, tag: str = ""):
+    """Every rank gets the value of group rank `src` (a rank within `group`, FC-22)."""
+    name = resolve_group_name(group, tag)
+    # The op's `int src` would turn a bool into 0 or 1: refuse it here (FC-22).
+    _check_src(src, group_size(name), name)
+    return _wrap(ops.broadcast(self, src, name))
+
+
+# --------------------------------------------------------------------------------------
+# wait_tensor
+# --------------------------------------------------------------------------------------
+def _wait_tensor_op(tensor):
+    # The op returns a copy, never its input (FC-5): functionalization treats a custom op's
+    # result as a fresh tensor, and AOTAutograd refuses custom ops whose results alias
+    # their inputs (an error under CI=1 in torch 2.13, announced as the future default).
+    # Upstream's own namespace is exempt from that check; refimpl's is not.
+    return _wait_tensor(tensor).clone()
+
+
+def _wait_tensor_fake(tensor):
+    return torch.empty_like(tensor)
+
+
+def _backward_wait(ctx, grad):
+    return grad
+
+
+_define("wait_tensor", "(Tensor tensor) -> Tensor", eager=_wait_tensor_op,
+        fake=_wait_tensor_fake, backward=_backward_wait, setup_context=_no_context)
+
+
+# --------------------------------------------------------------------------------------
+# wait_tensor_ (FC-35): the wait of lowered programs, completing its argument in place.
+# Lowered graphs run as they are (AOTAutograd never re-traces them), so their wait may
+# return its input, as upstream Inductor's wait kernel does; a wait then costs no memory
+# (MEM-4). Traced programs keep the copying `wait_tensor` (FC-5).
+# --------------------------------------------------------------------------------------
+def _wait_tensor_inplace(tensor):
+    return _wait_tensor(tensor)
+
+
+def _wait_tensor_inplace_fake(tensor):
+    return tensor
+
+
+_define("wait_tensor_", "(Tensor(a!) tensor) -> Tensor(a!)", eager=_wait_tensor_inplace,
+        fake=_wait_tensor_inplace_fake)
+
+
+def wait_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """Wait for the collective that produces `tensor`; in eager, return `tensor` (FC-5)."""
+    if isinstance(tensor, AsyncCollectiveTensor):
+        return tensor.wait()
+    return _waited(tensor)

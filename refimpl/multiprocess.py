@@ -10,12 +10,16 @@ answer within the timeout is killed and reported as `RankTimeout`, naming it.
 Worker groups are started once per world size and reused, since starting a process
 that imports torch costs seconds on a small machine. A group whose ranks failed or hung
 is torn down, and the next call starts a fresh one. Functions and arguments travel by
-pickle, so `fn` must be importable (defined at module level).
+pickle, so `fn` must be importable by the workers: defined at module level in a module
+file, not in `<stdin>`, `-c` or the REPL (refused at once, saying so). Environment
+variables named `REFIMPL_*` travel with every task, so a switch such as
+`REFIMPL_CHECK_COLLECTIVES=1` set in the caller holds on every rank (FC-28).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import multiprocessing
 import multiprocessing.connection
@@ -25,9 +29,13 @@ import sys
 import time
 import traceback
 
-__all__ = ["RankError", "RankTimeout", "run_on_ranks", "shutdown_all", "MAX_WORLD_SIZE"]
+__all__ = ["RankError", "RankTimeout", "run_on_ranks", "shutdown", "shutdown_all",
+           "MAX_WORKER_PROCESSES"]
 
-MAX_WORLD_SIZE = 8
+# How many worker processes (ranks) one call may start on this machine.
+MAX_WORKER_PROCESSES = 8
+# Environment variables that follow every task into the workers.
+FORWARDED_ENV_PREFIX = "REFIMPL_"
 DEFAULT_TIMEOUT_S = 120.0
 # After one rank fails, its peers are usually blocked in a collective that will never
 # complete; give them this long to report their own errors before the group is killed.
@@ -85,10 +93,23 @@ def _worker_main(rank, world_size, store_port, prefix, sys_path, conn):
 
 def _run_task(task: bytes) -> bytes:
     try:
-        fn, args, kwargs = pickle.loads(task)
+        env, fn, args, kwargs = pickle.loads(task)
+        _apply_env(env)
         return pickle.dumps(("ok", fn(*args, **kwargs)))
     except BaseException as exc:  # report everything, the caller decides
         return pickle.dumps(("err", type(exc).__name__, str(exc), traceback.format_exc()))
+
+
+def _forwarded_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIX)}
+
+
+def _apply_env(env: dict[str, str]) -> None:
+    """The caller's REFIMPL_* variables, exactly: set those it has, drop the others."""
+    for key in [k for k in os.environ if k.startswith(FORWARDED_ENV_PREFIX)]:
+        if key not in env:
+            del os.environ[key]
+    os.environ.update(env)
 
 
 class _WorkerGroup:
@@ -106,11 +127,16 @@ class _WorkerGroup:
         prefix = f"refimpl-harness-{os.getpid()}-{_WorkerGroup._generation}"
         ctx = _context()
         self.conns, self.procs = [], []
-        for rank in range(world_size):
+        with _main_without_fake_file():
+            self._start_workers(ctx, prefix)
+
+    def _start_workers(self, ctx, prefix: str) -> None:
+        for rank in range(self.world_size):
             parent_end, child_end = ctx.Pipe()
             proc = ctx.Process(
                 target=_worker_main,
-                args=(rank, world_size, self.store.port, prefix, list(sys.path), child_end),
+                args=(rank, self.world_size, self.store.port, prefix, list(sys.path),
+                      child_end),
                 daemon=True, name=f"refimpl-rank{rank}",
             )
             proc.start()
@@ -122,7 +148,7 @@ class _WorkerGroup:
         return all(p.is_alive() for p in self.procs)
 
     def run(self, fn, args, kwargs, timeout_s: float) -> list:
-        task = pickle.dumps((fn, args, kwargs))
+        task = pickle.dumps((_forwarded_env(), fn, args, kwargs))
         for conn in self.conns:
             conn.send_bytes(task)
         replies = self._collect(timeout_s)
@@ -182,6 +208,43 @@ class _WorkerGroup:
 _context_cache = None
 
 
+def _main_is_a_file() -> bool:
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    return path is not None and os.path.isfile(path)
+
+
+@contextlib.contextmanager
+def _main_without_fake_file():
+    """Workers re-import the caller's main module from its `__file__`; under `python -`
+    that is '<stdin>', which does not exist and kills every worker at start."""
+    main = sys.modules.get("__main__")
+    fake = getattr(main, "__file__", None) is not None and not _main_is_a_file()
+    saved = main.__file__ if fake else None
+    if fake:
+        del main.__file__
+    try:
+        yield
+    finally:
+        if fake:
+            main.__file__ = saved
+
+
+def _check_importable(fn) -> None:
+    """Workers find `fn` by module and name: refuse at once what they cannot import."""
+    qualname = getattr(fn, "__qualname__", "")
+    where = None
+    if getattr(fn, "__module__", None) == "__main__" and not _main_is_a_file():
+        where = "in a main module that is not a file (<stdin>, -c or the REPL)"
+    elif "<locals>" in qualname or "<lambda>" in qualname:
+        where = "inside a function or as a lambda"
+    if where:
+        raise ValueError(
+            f"fn: {qualname or fn!r} is defined {where}, so the worker processes cannot "
+            f"import it; define it at module level in a module file (run_on_ranks sends "
+            f"functions by module and name)")
+
+
 def _context():
     """A forkserver context with torch preloaded: fast, and safe to start from threads."""
     global _context_cache
@@ -200,8 +263,10 @@ def run_on_ranks(fn, world_size: int, *args, timeout: float = DEFAULT_TIMEOUT_S,
     Raises `RankError` for the lowest rank that raised, `RankTimeout` naming the ranks
     that did not answer within `timeout` seconds (they are killed).
     """
-    if not isinstance(world_size, int) or not 1 <= world_size <= MAX_WORLD_SIZE:
-        raise ValueError(f"world_size must be an int in 1..{MAX_WORLD_SIZE}, got {world_size!r}")
+    if not isinstance(world_size, int) or not 1 <= world_size <= MAX_WORKER_PROCESSES:
+        raise ValueError(f"world_size must be an int in 1..{MAX_WORKER_PROCESSES}, got "
+                         f"{world_size!r}")
+    _check_importable(fn)
     group = _groups.get(world_size)
     if group is None or not group.alive():
         if group is not None:
@@ -214,6 +279,14 @@ def run_on_ranks(fn, world_size: int, *args, timeout: float = DEFAULT_TIMEOUT_S,
         del _groups[world_size]
         group.shutdown(graceful=False)
         raise
+
+
+def shutdown(world_size: int) -> None:
+    """Stop the worker group of this size, if any; the next call starts a fresh one (for
+    callers that left its ranks out of step on purpose)."""
+    group = _groups.pop(world_size, None)
+    if group is not None:
+        group.shutdown(graceful=False)
 
 
 def shutdown_all():

@@ -2,7 +2,7 @@
 
 refimpl-specific checks (registry internals, messages naming SPEC IDs, a 100k-op leak
 test); the backend-neutral ones, gradients included, are conformance cases.
-FC-2, FC-5..FC-11, FC-13, FC-15, FC-17..FC-22, FC-24, FC-27.
+FC-2, FC-4..FC-11, FC-13, FC-15, FC-17..FC-22, FC-24, FC-27, FC-30.
 """
 
 from __future__ import annotations
@@ -185,6 +185,17 @@ def _bad_inputs():
         "src": lambda: fc.broadcast(x, 2, WORLD),
         "scatter_dims": lambda: fc.reduce_scatter_tensor_coalesced([x], "sum", [0, 1], WORLD),
         "no_grad_op": lambda: fc.all_reduce(torch.ones(2, requires_grad=True), "max", WORLD),
+        "reduce_op_none": lambda: fc.all_reduce(x, None, WORLD),
+        "reduce_op_enum": lambda: fc.all_reduce(x, dist.ReduceOp.SUM, WORLD),
+        "src_bool": lambda: fc.broadcast(x, True, WORLD),
+        "meta_input": lambda: fc.all_reduce(torch.ones(2, device="meta"), "sum", WORLD),
+        "out_device": lambda: fc.ops.all_gather_into_tensor_out(
+            x, 2, WORLD, out=torch.empty(8, 4, device="meta")),
+        "out_contiguous": lambda: fc.ops.all_gather_into_tensor_out(
+            x, 2, WORLD, out=torch.empty(4, 8).t()),
+        "in_place_contiguous": lambda: fc.ops.broadcast_(torch.ones(4, 2).t(), 0, WORLD),
+        "coalesced_member": lambda: fc.ops.all_reduce_coalesced(
+            [x, torch.ones(2, dtype=torch.int64)], "avg", WORLD),
     }
     errors = {name: _error_of(fn) for name, fn in checks.items()}
     # FC-27: nothing above communicated, so the group is still in step.
@@ -215,11 +226,19 @@ EXPECTED_ERRORS = {
     "src": ("ValueError", "src", "FC-22"),
     "scatter_dims": ("ValueError", "scatter_dim", "FC-20"),
     "no_grad_op": ("RuntimeError", "reduce_op", "FC-24"),
+    "reduce_op_none": ("ValueError", "reduce_op", "FC-17"),
+    "reduce_op_enum": ("ValueError", "reduce_op", "FC-17"),
+    "src_bool": ("ValueError", "src", "FC-22"),
+    "meta_input": ("ValueError", "input", "FC-30"),
+    "out_device": ("ValueError", "out", "FC-30"),
+    "out_contiguous": ("ValueError", "out", "FC-4"),
+    "in_place_contiguous": ("ValueError", "input", "FC-4"),
+    "coalesced_member": ("ValueError", "reduce_op", "FC-18"),
 }
 
 
 def test_bad_input_raises_naming_argument_and_rule_and_nothing_hangs():
-    """FC-13, FC-15, FC-17..FC-22, FC-24, FC-27."""
+    """FC-4, FC-13, FC-15, FC-17..FC-22, FC-24, FC-27, FC-30."""
     for rank, errors in enumerate(run_on_ranks(_bad_inputs, 2)):
         for name, (exc_type, arg, rule) in EXPECTED_ERRORS.items():
             message = errors[name]

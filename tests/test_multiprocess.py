@@ -79,3 +79,66 @@ def test_dead_rank_is_reported():
 def test_world_size_is_checked():
     with pytest.raises(ValueError, match="world_size"):
         run_on_ranks(_rank_and_sum, 9)
+
+
+def test_world_size_bound_is_the_worker_process_limit():
+    from refimpl.multiprocess import MAX_WORKER_PROCESSES
+
+    with pytest.raises(ValueError, match=f"1..{MAX_WORKER_PROCESSES}"):
+        run_on_ranks(_rank_and_sum, MAX_WORKER_PROCESSES + 1)
+
+
+def _run_python(args, stdin=""):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run([sys.executable, *args], input=stdin, capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+NOT_IMPORTABLE = """
+from refimpl.multiprocess import run_on_ranks
+def f():
+    return 1
+run_on_ranks(f, 2)
+"""
+
+
+@pytest.mark.parametrize("how", ["stdin", "-c"])
+def test_a_function_workers_cannot_import_is_refused_at_once(how):
+    proc = _run_python(["-"] if how == "stdin" else ["-c", NOT_IMPORTABLE],
+                       stdin=NOT_IMPORTABLE if how == "stdin" else "")
+    assert proc.returncode != 0
+    assert "ValueError: fn: 'f' is defined in a main module that is not a file" in proc.stderr
+    assert "cannot import it" in proc.stderr and "ProcessDied" not in proc.stderr
+
+
+def test_an_importable_function_runs_from_stdin():
+    """Workers re-import the caller's main module; '<stdin>' is none, and is skipped."""
+    code = ("from refimpl.multiprocess import run_on_ranks\n"
+            "import refimpl.functional_collectives as fc\n"
+            "print(run_on_ranks(fc.work_registry_size, 2))\n")
+    proc = _run_python(["-"], stdin=code)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().endswith("[0, 0]")
+
+
+def test_lambdas_and_local_functions_are_refused():
+    def local():
+        return 1
+
+    for fn in (lambda: 1, local):
+        with pytest.raises(ValueError, match="cannot import it"):
+            run_on_ranks(fn, 1)
+
+
+def _env_of_rank():
+    return os.environ.get("REFIMPL_TEST_FORWARDED")
+
+
+def test_refimpl_variables_follow_every_task(monkeypatch):
+    monkeypatch.setenv("REFIMPL_TEST_FORWARDED", "yes")
+    assert run_on_ranks(_env_of_rank, 2) == ["yes", "yes"]
+    monkeypatch.delenv("REFIMPL_TEST_FORWARDED")
+    assert run_on_ranks(_env_of_rank, 2) == [None, None]

@@ -29,7 +29,9 @@ def _functional_collectives():
 
     names = ["all_reduce", "all_gather_tensor", "reduce_scatter_tensor", "all_to_all_single",
              "broadcast", "all_reduce_coalesced", "all_gather_into_tensor_coalesced",
-             "reduce_scatter_tensor_coalesced", "wait_tensor", "AsyncCollectiveTensor"]
+             "reduce_scatter_tensor_coalesced", "wait_tensor", "AsyncCollectiveTensor",
+             "all_gather_tensor_autograd", "reduce_scatter_tensor_autograd",
+             "all_to_all_single_autograd"]
     ns = types.SimpleNamespace(**{n: getattr(ufc, n) for n in names})
     ns.ops = torch.ops._c10d_functional
     ns.resolve_group_name = ufc._resolve_group_name

@@ -1,14 +1,19 @@
 """Conformance: functional collectives (SPEC section 1, FC).
 
 Eager values of every op against the single-process oracle (every group form, dtype and
-world size 2 and 4), AsyncCollectiveTensor semantics, the observable work registry,
-bad inputs, gradients, and traced graphs as canonical goldens shared by all backends.
+world size 2 and 4, every rank), AsyncCollectiveTensor semantics, the observable work
+registry, bad inputs refused in eager and at trace time, gradients, traced graphs as
+canonical goldens shared by all backends, dead-code elimination, and errors between
+ranks: mismatched calls, disagreeing rank lists, peers that die or never come.
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
 import gc
+import os
+import time
 
 import pytest
 import torch
@@ -17,55 +22,320 @@ from expecttest import assert_expected_inline
 
 from conformance import funcol_cases, oracle
 from conformance.canonical import canonical_graph
-from conformance.funcol_cases import DTYPES, GROUP_FORMS, cases_for, funcol_api
+from conformance.funcol_cases import DTYPES, GROUP_FORMS, cases_for, funcol_api, waited
 from conformance.harness import run
+from refimpl.multiprocess import RankError
 
 WORLD_SIZES = [2, 4]
 VALUE_PARAMS = [(w, form, d, case) for w in WORLD_SIZES for form in GROUP_FORMS
                 for d in DTYPES for case in cases_for(DTYPES[d])]
+# refimpl's knobs for cases that make a peer miss on purpose (other backends ignore them).
+SHORT_CHECK_TIMEOUT = {"REFIMPL_CHECK_TIMEOUT_S": "1"}
+
+
+def _error(fn) -> tuple[str, str, bool]:
+    """(exception type name, message, is a ValueError) of `fn()`, or 'no error'."""
+    try:
+        waited(fn())
+    except Exception as exc:
+        return type(exc).__name__, str(exc), isinstance(exc, ValueError)
+    return "no error", "", False
+
+
+# ---- FC-1: the op library's schemas ----------------------------------------------------
+# Upstream `_c10d_functional`'s argument names, in order; "!" marks a mutated argument,
+# "*" a keyword-only one.
+SCHEMAS = {
+    "all_reduce": ["input", "reduce_op", "group_name"],
+    "all_reduce_": ["input!", "reduce_op", "group_name"],
+    "all_reduce_coalesced": ["inputs", "reduce_op", "group_name"],
+    "all_reduce_coalesced_": ["inputs!", "reduce_op", "group_name"],
+    "all_gather_into_tensor": ["input", "group_size", "group_name"],
+    "all_gather_into_tensor_coalesced": ["inputs", "group_size", "group_name"],
+    "all_gather_into_tensor_out": ["input", "group_size", "group_name", "*out!"],
+    "reduce_scatter_tensor": ["input", "reduce_op", "group_size", "group_name"],
+    "reduce_scatter_tensor_coalesced": ["inputs", "reduce_op", "group_size", "group_name"],
+    "all_to_all_single": ["input", "output_split_sizes", "input_split_sizes", "group_name"],
+    "broadcast": ["input", "src", "group_name"],
+    "broadcast_": ["input!", "src", "group_name"],
+    "wait_tensor": ["tensor"],
+}
+
+
+def _arguments(schema) -> list[str]:
+    def spelled(arg):
+        mutated = arg.alias_info is not None and arg.alias_info.is_write
+        return ("*" if arg.kwarg_only else "") + arg.name + ("!" if mutated else "")
+
+    return [spelled(a) for a in schema.arguments]
+
+
+@pytest.mark.spec("FC-1")
+@pytest.mark.parametrize("op", list(SCHEMAS))
+def test_op_schema(backend, op):
+    fc = backend.require("functional_collectives")
+    schema = getattr(fc.ops, op).default._schema
+    assert _arguments(schema) == SCHEMAS[op], f"{op}: {schema}"
+    mutable = any(a.endswith("!") for a in SCHEMAS[op])
+    assert schema.is_mutable == mutable, f"{op}: {schema}"
+
+
+# ---- FC-2: results are fresh, contiguous, and leave the input alone --------------------
+def _fresh_results(spec):
+    fc = funcol_api(spec)
+    me, n, world = dist.get_rank(), dist.get_world_size(), dist.group.WORLD
+    name = fc.resolve_group_name(world)
+    base = oracle.rank_input(me, (3, 2 * n), torch.float32, salt=11)
+    x = base.t()  # non-contiguous, 2n x 3
+    before = x.clone()
+    results = {
+        "all_reduce": fc.ops.all_reduce(x, "sum", name),
+        "all_gather_into_tensor": fc.ops.all_gather_into_tensor(x, n, name),
+        "reduce_scatter_tensor": fc.ops.reduce_scatter_tensor(x, "sum", n, name),
+        "all_to_all_single": fc.ops.all_to_all_single(x, [], [], name),
+        "broadcast": fc.ops.broadcast(x, n - 1, name),
+    }
+    facts = {}
+    for op, r in results.items():
+        r = fc.ops.wait_tensor(r)
+        facts[op] = (r.is_contiguous(),
+                     r.untyped_storage().data_ptr() != base.untyped_storage().data_ptr(), r)
+    return facts, torch.equal(x, before)
+
+
+@pytest.mark.spec("FC-2")
+def test_results_are_fresh_contiguous_tensors(backend):
+    backend.require("functional_collectives")
+    n = 2
+    xs = [oracle.rank_input(r, (3, 2 * n), torch.float32, salt=11).t() for r in range(n)]
+    want = {
+        "all_reduce": oracle.reduce(xs, "sum"), "all_gather_into_tensor": oracle.all_gather(xs),
+        "reduce_scatter_tensor": None,  # per rank, below
+        "all_to_all_single": None,
+        "broadcast": xs[n - 1],
+    }
+    for rank, (facts, input_unchanged) in enumerate(run(backend, _fresh_results, n)):
+        assert input_unchanged, f"rank {rank}: an out-of-place op modified its input"
+        want["reduce_scatter_tensor"] = oracle.reduce_scatter(xs, "sum", rank)
+        want["all_to_all_single"] = oracle.all_to_all_single(xs, rank)
+        for op, (contiguous, own_storage, value) in facts.items():
+            assert contiguous, f"rank {rank} {op}: result is not contiguous"
+            assert own_storage, f"rank {rank} {op}: result shares the input's storage"
+            assert torch.equal(value, want[op]), f"rank {rank} {op}: {value} != {want[op]}"
+
+
+# ---- FC-3: fake kernels: shapes, and the eager checks at trace time --------------------
+def _fake_shapes(spec):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fc = funcol_api(spec)
+    n = dist.get_world_size()
+    name = fc.resolve_group_name(dist.group.WORLD)
+    shapes = {}
+    with FakeTensorMode():
+        x = torch.empty(2 * n, 3, dtype=torch.bfloat16)
+        shapes["all_reduce"] = fc.ops.all_reduce(x, "sum", name)
+        shapes["all_gather_into_tensor"] = fc.ops.all_gather_into_tensor(x, n, name)
+        shapes["reduce_scatter_tensor"] = fc.ops.reduce_scatter_tensor(x, "sum", n, name)
+        shapes["all_to_all_single:empty"] = fc.ops.all_to_all_single(x, [], [], name)
+        outs = [2 * j + 2 for j in range(n)]  # rows received: more than the rows sent
+        shapes["all_to_all_single:uneven"] = fc.ops.all_to_all_single(x, outs, [2] * n, name)
+        shapes["broadcast"] = fc.ops.broadcast(x, 0, name)
+        shapes["wait_tensor"] = fc.ops.wait_tensor(x)
+        shapes["all_gather_into_tensor_coalesced"] = fc.ops.all_gather_into_tensor_coalesced(
+            [x, x[:1]], n, name)[1]
+        shapes["reduce_scatter_tensor_coalesced"] = fc.ops.reduce_scatter_tensor_coalesced(
+            [x, x[:n]], "sum", n, name)[1]
+    return {op: (str(t.dtype), list(t.shape)) for op, t in shapes.items()}
+
+
+N, BF16 = 2, "torch.bfloat16"
+FAKE_SHAPES = {
+    "all_reduce": (BF16, [2 * N, 3]), "all_gather_into_tensor": (BF16, [2 * N * N, 3]),
+    "reduce_scatter_tensor": (BF16, [2, 3]), "all_to_all_single:empty": (BF16, [2 * N, 3]),
+    "all_to_all_single:uneven": (BF16, [sum(2 * j + 2 for j in range(N)), 3]),
+    "broadcast": (BF16, [2 * N, 3]), "wait_tensor": (BF16, [2 * N, 3]),
+    "all_gather_into_tensor_coalesced": (BF16, [N, 3]),
+    "reduce_scatter_tensor_coalesced": (BF16, [1, 3]),
+}
 
 
 @functools.cache
-def _values(backend, world_size, form, dtype_name):
-    dtype = DTYPES[dtype_name]
-    return run(backend, funcol_cases.run_cases, world_size, form, dtype, cases_for(dtype))
+def _fake_shape_results(backend):
+    return run(backend, _fake_shapes, N)
 
 
-@pytest.mark.spec("FC-1", "FC-2", "FC-4", "FC-5", "FC-13", "FC-14", "FC-15", "FC-16", "FC-17",
-                  "FC-18", "FC-20", "FC-21", "FC-22", "FC-26", "CF-9")
-@pytest.mark.parametrize("world_size,form,dtype_name,case", [
-    pytest.param(*p, id="-".join(map(str, p)),
-                 marks=pytest.mark.xdist_group(f"values-{p[0]}-{p[1]}-{p[2]}"))
-    for p in VALUE_PARAMS])
-def test_eager_values(backend, world_size, form, dtype_name, case):
+@pytest.mark.spec("FC-3", "FC-21")
+@pytest.mark.parametrize("op", [pytest.param(o, marks=pytest.mark.xdist_group("fake-shapes"))
+                                for o in FAKE_SHAPES])
+def test_fake_kernels_give_result_shapes(backend, op):
     backend.require("functional_collectives")
-    dtype = DTYPES[dtype_name]
-    for rank, result in enumerate(_values(backend, world_size, form, dtype_name)):
-        if result is None:
-            continue  # not a member of this group
-        members, by_case, _ = result
-        status, got, input_unchanged = by_case[case]
-        where = f"rank {rank} {case} ({form}, {dtype_name}, world {world_size})"
-        assert status == "ok", f"{where}: {got}"
-        assert input_unchanged, f"{where}: the input was modified [FC-2]"
-        want = funcol_cases.expected(case, members, members.index(rank), dtype)
-        funcol_cases.assert_same(got, want, where)
+    for rank, shapes in enumerate(_fake_shape_results(backend)):
+        assert shapes[op] == FAKE_SHAPES[op], f"rank {rank} {op}: {shapes[op]}"
 
 
-def _fresh_rank_list(spec):
+# Each op traced with one bad argument: (rule, argument the error must name, call).
+# `x` is 4 x 4 float32, `xi` int64, `n` the group size, `g` the group name.
+TRACE_REFUSALS = {
+    "all_reduce-unknown_reduce_op": ("FC-17", "reduce_op",
+                                     lambda o, x, xi, n, g: o.all_reduce(x, "median", g)),
+    "all_reduce-avg_of_int": ("FC-18", "reduce_op",
+                              lambda o, x, xi, n, g: o.all_reduce(xi, "avg", g)),
+    "all_reduce-band_of_float": ("FC-18", "reduce_op",
+                                 lambda o, x, xi, n, g: o.all_reduce(x, "band", g)),
+    "all_reduce-unknown_group": ("FC-13", "group_name",
+                                 lambda o, x, xi, n, g: o.all_reduce(x, "sum", "no-such-group")),
+    "all_reduce_-avg_of_int": ("FC-18", "reduce_op",
+                               lambda o, x, xi, n, g: o.all_reduce_(xi, "avg", g)),
+    "all_reduce_coalesced-second_bad": (
+        "FC-18", "reduce_op", lambda o, x, xi, n, g: o.all_reduce_coalesced([x, xi], "avg", g)),
+    "all_reduce_coalesced_-second_bad": (
+        "FC-18", "reduce_op", lambda o, x, xi, n, g: o.all_reduce_coalesced_([x, xi], "avg", g)),
+    "all_gather-group_size_below": (
+        "FC-19", "group_size", lambda o, x, xi, n, g: o.all_gather_into_tensor(x, n - 1, g)),
+    "all_gather-group_size_above": (
+        "FC-19", "group_size", lambda o, x, xi, n, g: o.all_gather_into_tensor(x, n + 1, g)),
+    "all_gather-0d": ("FC-20", "input", lambda o, x, xi, n, g: o.all_gather_into_tensor(
+        x[0, 0], n, g)),
+    "all_gather_coalesced-group_size_below": (
+        "FC-19", "group_size",
+        lambda o, x, xi, n, g: o.all_gather_into_tensor_coalesced([x], n - 1, g)),
+    "all_gather_out-shape": ("FC-20", "out", lambda o, x, xi, n, g: o.all_gather_into_tensor_out(
+        x, n, g, out=x.new_empty(4 * n + 1, 4))),
+    "all_gather_out-dtype": ("FC-20", "out", lambda o, x, xi, n, g: o.all_gather_into_tensor_out(
+        x, n, g, out=xi.new_empty(4 * n, 4))),
+    "all_gather_out-device": ("FC-30", "out", lambda o, x, xi, n, g: o.all_gather_into_tensor_out(
+        x, n, g, out=torch.empty(4 * n, 4, device="meta"))),
+    "reduce_scatter-indivisible": (
+        "FC-20", "input", lambda o, x, xi, n, g: o.reduce_scatter_tensor(x[:3], "sum", n, g)),
+    "reduce_scatter-group_size_below": (
+        "FC-19", "group_size", lambda o, x, xi, n, g: o.reduce_scatter_tensor(x, "sum", n - 1, g)),
+    "reduce_scatter-unknown_reduce_op": (
+        "FC-17", "reduce_op", lambda o, x, xi, n, g: o.reduce_scatter_tensor(x, "median", n, g)),
+    "reduce_scatter-0d": (
+        "FC-20", "input", lambda o, x, xi, n, g: o.reduce_scatter_tensor(x[0, 0], "sum", n, g)),
+    "reduce_scatter_coalesced-second_indivisible": (
+        "FC-20", "input",
+        lambda o, x, xi, n, g: o.reduce_scatter_tensor_coalesced([x, x[:3]], "sum", n, g)),
+    "all_to_all-input_splits_sum": (
+        "FC-21", "input_split_sizes",
+        lambda o, x, xi, n, g: o.all_to_all_single(x, [2] * n, [1] * n, g)),
+    "all_to_all-input_splits_count": (
+        "FC-21", "input_split_sizes",
+        lambda o, x, xi, n, g: o.all_to_all_single(x, [2] * n, [4], g)),
+    "all_to_all-input_split_negative": (
+        "FC-21", "input_split_sizes",
+        lambda o, x, xi, n, g: o.all_to_all_single(x, [2] * n, [-1, 5] + [0] * (n - 2), g)),
+    "all_to_all-output_splits_count": (
+        "FC-21", "output_split_sizes",
+        lambda o, x, xi, n, g: o.all_to_all_single(x, [4], [2] * n, g)),
+    "all_to_all-output_split_negative": (
+        "FC-21", "output_split_sizes",
+        lambda o, x, xi, n, g: o.all_to_all_single(x, [-1, 5] + [0] * (n - 2), [2] * n, g)),
+    "all_to_all-empty_splits_indivisible": (
+        "FC-21", "split", lambda o, x, xi, n, g: o.all_to_all_single(x[:3], [], [], g)),
+    "all_to_all-0d": ("FC-21", "input", lambda o, x, xi, n, g: o.all_to_all_single(
+        x[0, 0], [], [], g)),
+    "broadcast-src_is_group_size": (
+        "FC-22", "src", lambda o, x, xi, n, g: o.broadcast(x, n, g)),
+    "broadcast-src_negative": ("FC-22", "src", lambda o, x, xi, n, g: o.broadcast(x, -1, g)),
+    "broadcast_-src_is_group_size": (
+        "FC-22", "src", lambda o, x, xi, n, g: o.broadcast_(x, n, g)),
+}
+TRACERS = ["make_fx", "FakeTensorMode"]
+
+
+def _apply(call, ops, x, xi, *, n, g):
+    return call(ops, x, xi, n, g)
+
+
+def _trace_refusals(spec):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
     fc = funcol_api(spec)
-    if dist.get_rank() == 1:
-        return None
-    # No group of ranks {0, 2} exists in a world of 3 until this call names it.
-    return fc.all_reduce(torch.full((2,), float(dist.get_rank())), "sum", [2, 0]).tolist()
+    n, g = dist.get_world_size(), fc.resolve_group_name(dist.group.WORLD)
+    registry = fc.work_registry_size
+    before = registry() if registry else None
+    outcomes = {}
+    for name, (_, _, call) in TRACE_REFUSALS.items():
+        x, xi = torch.ones(4, 4), torch.ones(4, 4, dtype=torch.int64)
+        traced = make_fx(functools.partial(_apply, call, fc.ops, n=n, g=g), tracing_mode="fake")
+        outcomes[(name, "make_fx")] = _error(lambda: traced(x, xi))
+        with FakeTensorMode():
+            fx, fxi = torch.ones(4, 4), torch.ones(4, 4, dtype=torch.int64)
+            outcomes[(name, "FakeTensorMode")] = _error(lambda: call(fc.ops, fx, fxi, n, g))
+    started = registry() - before if registry else 0
+    return outcomes, started
 
 
-@pytest.mark.spec("FC-15")
-def test_rank_list_creates_its_group(backend):
+@functools.cache
+def _trace_outcomes(backend):
+    return run(backend, _trace_refusals, 2)
+
+
+@pytest.mark.spec("FC-3", "FC-27")
+@pytest.mark.parametrize("tracer", TRACERS)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xdist_group("trace"))
+                                  for n in TRACE_REFUSALS])
+def test_bad_arguments_fail_at_trace_time(backend, name, tracer):
     backend.require("functional_collectives")
-    assert run(backend, _fresh_rank_list, 3) == [[2.0, 2.0], None, [2.0, 2.0]]
+    rule, arg, _ = TRACE_REFUSALS[name]
+    for rank, (outcomes, started) in enumerate(_trace_outcomes(backend)):
+        exc_type, message, is_value_error = outcomes[(name, tracer)]
+        where = f"rank {rank} {name} under {tracer} [{rule}, FC-3]"
+        assert exc_type != "no error", f"{where}: traced without error"
+        assert is_value_error, f"{where}: {exc_type}, not a ValueError: {message}"
+        assert arg in message, f"{where}: the message does not name {arg!r}: {message}"
+        assert started == 0, f"{where}: tracing started {started} collectives"
 
 
+# ---- FC-4: in-place ops write into their argument and return it ------------------------
+def _in_place(spec):
+    fc = funcol_api(spec)
+    me, n = dist.get_rank(), dist.get_world_size()
+    name = fc.resolve_group_name(dist.group.WORLD)
+    x = oracle.rank_input(me, (2, 3), torch.float32, salt=17)
+    facts = {}
+    y = x.clone()
+    r = fc.ops.all_reduce_(y, "sum", name)
+    fc.ops.wait_tensor(r)
+    facts["all_reduce_"] = (r.data_ptr() == y.data_ptr(), y)
+    y = x.clone()
+    r = fc.ops.broadcast_(y, n - 1, name)
+    fc.ops.wait_tensor(r)
+    facts["broadcast_"] = (r.data_ptr() == y.data_ptr(), y)
+    out = x.new_empty(2 * n, 3)
+    r = fc.ops.all_gather_into_tensor_out(x, n, name, out=out)
+    fc.ops.wait_tensor(r)
+    facts["all_gather_into_tensor_out"] = (r.data_ptr() == out.data_ptr(), out)
+    ys = [x.clone(), x * 2]
+    rs = fc.ops.all_reduce_coalesced_(ys, "max", name)
+    for t in rs:
+        fc.ops.wait_tensor(t)
+    same = [a.data_ptr() for a in rs] == [b.data_ptr() for b in ys]
+    facts["all_reduce_coalesced_"] = (same, torch.cat(ys))
+    return facts
+
+
+@pytest.mark.spec("FC-4")
+def test_in_place_ops_write_into_their_argument(backend):
+    backend.require("functional_collectives")
+    n = 2
+    xs = [oracle.rank_input(r, (2, 3), torch.float32, salt=17) for r in range(n)]
+    want = {
+        "all_reduce_": oracle.reduce(xs, "sum"), "broadcast_": xs[n - 1],
+        "all_gather_into_tensor_out": oracle.all_gather(xs),
+        "all_reduce_coalesced_": torch.cat([oracle.reduce(xs, "max"),
+                                            oracle.reduce([x * 2 for x in xs], "max")]),
+    }
+    for rank, facts in enumerate(run(backend, _in_place, n)):
+        for op, (returns_argument, value) in facts.items():
+            assert returns_argument, f"rank {rank} {op}: did not return its mutated argument"
+            assert torch.equal(value, want[op]), f"rank {rank} {op}: {value} != {want[op]}"
+
+
+# ---- FC-5, FC-9..FC-11: AsyncCollectiveTensor -------------------------------------------
 def _async_semantics(spec):
     fc = funcol_api(spec)
     x = torch.full((4,), float(dist.get_rank() + 1))
@@ -81,10 +351,13 @@ def _async_semantics(spec):
     facts["wait_plain"] = type(w) is torch.Tensor
     facts["wait_value"] = w.tolist()
     facts["tolist"] = fc.all_reduce(x, "min", dist.group.WORLD).tolist()
+    facts["numpy"] = fc.all_reduce(x, "sum", dist.group.WORLD).numpy().tolist()
     facts["repr_has_values"] = "2., 2., 2., 2." in repr(fc.all_reduce(x, "max",
                                                                           dist.group.WORLD))
     raw = fc.ops.all_reduce(x, "sum", dist.group.WORLD.group_name)
     facts["wait_returns_arg"] = fc.wait_tensor(raw) is raw
+    facts["wait_twice"] = fc.wait_tensor(raw).tolist()
+    facts["wait_nothing_pending"] = fc.wait_tensor(x) is x
     done = fc.ops.all_reduce(x, "sum", dist.group.WORLD.group_name)
     facts["op_wait_value"] = fc.ops.wait_tensor(done).tolist()
     return facts
@@ -97,126 +370,404 @@ def test_async_collective_tensor(backend):
         assert facts == {
             "async": True, "view_async": True, "use_plain": True, "value": [3.0] * 4,
             "input_unchanged": True, "wait_plain": True, "wait_value": [2.0] * 4,
-            "tolist": [1.0] * 4, "repr_has_values": True, "wait_returns_arg": True,
+            "tolist": [1.0] * 4, "numpy": [3.0] * 4, "repr_has_values": True,
+            "wait_returns_arg": True, "wait_twice": [3.0] * 4, "wait_nothing_pending": True,
             "op_wait_value": [3.0] * 4}
 
 
+# Every view op of FC-10, applied to a pending result of shape (2, 1, 3).
+VIEWS = {
+    "view": lambda y: y.view(6), "reshape": lambda y: y.reshape(3, 2),
+    "transpose": lambda y: y.transpose(0, 2), "permute": lambda y: y.permute(2, 0, 1),
+    "select": lambda y: y.select(0, 1), "slice": lambda y: y[1:],
+    "split": lambda y: y.split(1), "chunk": lambda y: y.chunk(2),
+    "narrow": lambda y: y.narrow(2, 1, 2), "squeeze": lambda y: y.squeeze(1),
+    "unsqueeze": lambda y: y.unsqueeze(0), "expand": lambda y: y.expand(2, 4, 3),
+    "as_strided": lambda y: y.as_strided((2,), (1,)), "flatten": lambda y: y.flatten(),
+    "unbind": lambda y: y.unbind(0), "detach": lambda y: y.detach(),
+    "alias": lambda y: torch.ops.aten.alias(y),
+}
+
+
+def _views(spec):
+    fc = funcol_api(spec)
+    me, registry = dist.get_rank(), fc.work_registry_size
+    x = oracle.rank_input(me, (2, 1, 3), torch.float32, salt=23)
+    facts = {}
+    for name, view in VIEWS.items():
+        y = fc.all_reduce(x, "sum", dist.group.WORLD)
+        pending = registry() if registry else None
+        v = view(y)
+        parts = list(v) if isinstance(v, (list, tuple)) else [v]
+        still_pending = registry() == pending if registry else True
+        is_async = all(isinstance(p, fc.AsyncCollectiveTensor) for p in parts)
+        values = [waited(p).clone() for p in parts]
+        facts[name] = (is_async, still_pending, values)
+    return facts
+
+
+@pytest.mark.spec("FC-10")
+@pytest.mark.parametrize("view", [pytest.param(v, marks=pytest.mark.xdist_group("views"))
+                                  for v in VIEWS])
+def test_view_ops_do_not_wait(backend, view):
+    backend.require("functional_collectives")
+    xs = [oracle.rank_input(r, (2, 1, 3), torch.float32, salt=23) for r in range(2)]
+    want = VIEWS[view](oracle.reduce(xs, "sum"))
+    want = list(want) if isinstance(want, (list, tuple)) else [want]
+    for rank, facts in enumerate(_view_facts(backend)):
+        is_async, still_pending, values = facts[view]
+        assert is_async, f"rank {rank}: {view} of a pending result is not pending"
+        assert still_pending, f"rank {rank}: {view} waited for the collective"
+        assert all(torch.equal(g, w) for g, w in zip(values, want, strict=True)), \
+            f"rank {rank}: {view}: {values} != {want}"
+
+
+@functools.cache
+def _view_facts(backend):
+    return run(backend, _views, 2)
+
+
+# ---- FC-6..FC-8, FC-26: the work registry ----------------------------------------------
 def _registry(spec):
     fc = funcol_api(spec)
-    count = fc.work_registry_size
+    count, world = fc.work_registry_size, dist.group.WORLD
+    name = fc.resolve_group_name(world)
     seen = {"start": count()}
-    y = fc.all_reduce(torch.ones(4), "sum", dist.group.WORLD)
+    y = fc.all_reduce(torch.ones(4), "sum", world)
     seen["issued"] = count()
     y.view(4)
     seen["after_view"] = count()
+    (y + 0).sum()
+    seen["after_use"] = count()
     y.wait()
     seen["after_wait"] = count()
-    raw = fc.ops.all_reduce(torch.ones(4), "sum", dist.group.WORLD.group_name)
+    raw = fc.ops.all_reduce(torch.ones(4), "sum", name)
     seen["raw_issued"] = count()
     fc.wait_tensor(raw)
     seen["after_wait_tensor"] = count()
-    fc.all_reduce(torch.empty(0), "sum", dist.group.WORLD)
+    fc.wait_tensor(raw)
+    seen["after_second_wait"] = count()
+    r = fc.all_reduce(torch.ones(1), "sum", world)
+    r.numpy()
+    seen["after_numpy"] = count()  # .numpy() waited: r, still alive, has no entry left
+    del r
+    # Results without storage complete before the op returns (FC-7); held, so that no
+    # finalizer hides an entry they left.
+    empties = [fc.all_reduce(torch.empty(0), "sum", world),
+               fc.all_gather_tensor(torch.empty(0, 3), 0, world)]
     seen["empty"] = count()
+    one = fc.all_reduce(torch.ones(1), "sum", world)  # one element: pending
+    seen["one_element"] = count()
+    del one, empties
     for i in range(4):
-        fc.all_reduce(torch.full((8,), float(i)), "sum", dist.group.WORLD)
+        fc.all_reduce(torch.full((8,), float(i)), "sum", world)
     gc.collect()
     seen["dropped"] = count()
-    seen["next"] = fc.all_reduce(torch.ones(2), "sum", dist.group.WORLD).tolist()
+    # A stale finalizer leaves alone the newer result that reuses its address (FC-8).
+    a = fc.all_reduce(torch.ones(4), "sum", world)
+    plain = a.wait()
+    fc.ops.all_reduce_(plain, "sum", name)  # a newer result at a's address
+    del a
+    gc.collect()
+    seen["after_stale_finalizer"] = count()
+    fc.wait_tensor(plain)
+    seen["stale_value"] = plain.tolist()
+    # Coalesced: one entry per member, all started before any is waited (FC-26).
+    parts = fc.all_reduce_coalesced([torch.ones(2), torch.ones(3), torch.ones(4)], "sum", world)
+    seen["coalesced_issued"] = count()
+    parts[1].wait()
+    seen["coalesced_one_waited"] = count()
+    seen["coalesced_values"] = [p.tolist() for p in parts]
+    seen["end"] = count()
+    seen["next"] = fc.all_reduce(torch.ones(2), "sum", world).tolist()
     return seen
 
 
-@pytest.mark.spec("FC-5", "FC-6", "FC-7", "FC-8")
+@pytest.mark.spec("FC-5", "FC-6", "FC-7", "FC-8", "FC-9", "FC-11", "FC-26")
 def test_work_registry(backend):
     backend.require("functional_collectives", "work_registry_size")
     for seen in run(backend, _registry, 2):
-        start = seen["start"]
-        assert seen == {"start": start, "issued": start + 1, "after_view": start + 1,
-                        "after_wait": start, "raw_issued": start + 1,
-                        "after_wait_tensor": start, "empty": start, "dropped": start,
-                        "next": [2.0, 2.0]}
+        s = seen["start"]
+        assert seen == {
+            "start": s, "issued": s + 1, "after_view": s + 1, "after_use": s,
+            "after_wait": s, "raw_issued": s + 1, "after_wait_tensor": s,
+            "after_second_wait": s, "after_numpy": s, "empty": s, "one_element": s + 1,
+            "dropped": s, "after_stale_finalizer": s + 1, "stale_value": [4.0] * 4,
+            "coalesced_issued": s + 3, "coalesced_one_waited": s + 2,
+            "coalesced_values": [[2.0] * 2, [2.0] * 3, [2.0] * 4], "end": s,
+            "next": [2.0, 2.0]}
 
 
+# ---- FC-13..FC-22, FC-24, FC-27, FC-30: bad input is refused in eager -------------------
+V, VTR = (ValueError,), (ValueError, TypeError, RuntimeError)
 BAD_INPUTS = {
-    # name: (SPEC rule, exception types accepted, word the message must contain)
-    "unknown_reduce_op": ("FC-17", (ValueError,), "median"),
-    "avg_of_integers": ("FC-18", (ValueError, TypeError, RuntimeError), "avg"),
-    "indivisible_scatter_dim": ("FC-20", (ValueError,), "divisible"),
-    "gather_dim_out_of_range": ("FC-20", (ValueError, IndexError), "dim"),
-    "unequal_rank_rows": ("FC-15", (ValueError,), "size"),
-    "duplicate_ranks": ("FC-15", (ValueError,), "duplicate"),
-    "unknown_group_name": ("FC-13", (ValueError,), "no-such-group"),
-    "bad_group_type": ("FC-13", (TypeError, ValueError), "group"),
-    "mismatched_group_size": ("FC-19", (ValueError, RuntimeError), "size"),
-    "bad_split_sizes": ("FC-21", (ValueError, RuntimeError), "split"),
-    "non_differentiable_reduction": ("FC-24", (RuntimeError,), "max"),
+    # name: (SPEC rule, exception types accepted, words the message must contain)
+    "unknown_reduce_op": ("FC-17", V, ["reduce_op"]),
+    "reduce_op_none": ("FC-17", V, ["reduce_op"]),
+    "reduce_op_enum": ("FC-17", V, ["reduce_op"]),
+    "reduce_scatter_unknown_reduce_op": ("FC-17", V, ["reduce_op"]),
+    "avg_of_integers": ("FC-18", VTR, ["avg"]),
+    "avg_of_bool": ("FC-18", VTR, ["avg"]),
+    "reduce_scatter_avg_of_integers": ("FC-18", VTR, ["avg"]),
+    "band_of_float": ("FC-18", VTR, ["band"]),
+    "bor_of_bfloat16": ("FC-18", VTR, ["bor"]),
+    "bxor_of_complex": ("FC-18", VTR, ["bxor"]),
+    "indivisible_scatter_dim": ("FC-20", V, ["divisible"]),
+    "indivisible_scatter_dim_1": ("FC-20", V, ["divisible"]),
+    "indivisible_raw_reduce_scatter": ("FC-20", V, ["divisible"]),
+    "gather_dim_is_ndim": ("FC-20", (ValueError, IndexError), ["gather_dim"]),
+    "gather_dim_below_minus_ndim": ("FC-20", (ValueError, IndexError), ["gather_dim"]),
+    "scatter_dim_is_ndim": ("FC-20", (ValueError, IndexError), ["scatter_dim"]),
+    "all_gather_of_0d": ("FC-20", V, ["dim"]),
+    "raw_all_gather_of_0d": ("FC-20", V, ["dim"]),
+    "raw_reduce_scatter_of_0d": ("FC-20", V, ["dim"]),
+    "unequal_rank_rows": ("FC-15", V, ["group", "size"]),
+    "duplicate_ranks": ("FC-15", V, ["group", "duplicate"]),
+    "rank_repeated_across_rows": ("FC-15", V, ["group", "duplicate"]),
+    "rank_is_world_size": ("FC-15", V, ["group", "outside"]),
+    "negative_rank": ("FC-15", V, ["group", "-1"]),
+    "empty_rank_list": ("FC-15", V, ["group", "empty"]),
+    "caller_not_in_rank_list": ("FC-15", V, ["group"]),
+    "mesh_2d_without_dim": ("FC-16", V, ["group", "dim"]),
+    "unknown_group_name": ("FC-13", V, ["no-such-group"]),
+    "bad_group_type": ("FC-13", (TypeError,), ["group"]),
+    "group_size_below": ("FC-19", V, ["group_size"]),
+    "group_size_above": ("FC-19", V, ["group_size"]),
+    "reduce_scatter_group_size_below": ("FC-19", V, ["group_size"]),
+    "coalesced_group_size_below": ("FC-19", V, ["group_size"]),
+    "input_splits_sum": ("FC-21", VTR, ["split"]),
+    "splits_count_below": ("FC-21", VTR, ["split"]),
+    "splits_count_above": ("FC-21", VTR, ["split"]),
+    "negative_input_split": ("FC-21", VTR, ["input_split_sizes"]),
+    "negative_output_split": ("FC-21", VTR, ["output_split_sizes"]),
+    "empty_splits_indivisible": ("FC-21", VTR, ["split"]),
+    "src_is_group_size": ("FC-22", V, ["src"]),
+    "src_negative": ("FC-22", V, ["src"]),
+    "src_bool": ("FC-22", V, ["src"]),
+    "raw_src_is_group_size": ("FC-22", V, ["src"]),
+    "out_wrong_shape": ("FC-20", V, ["out"]),
+    "out_wrong_dtype": ("FC-20", V, ["out"]),
+    "out_on_another_device": ("FC-30", V, ["out", "device"]),
+    "out_not_contiguous": ("FC-4", V, ["out", "contiguous"]),
+    "input_on_meta": ("FC-30", V, ["meta"]),
+    "raw_input_on_meta": ("FC-30", V, ["meta"]),
+    "reduce_scatter_on_meta": ("FC-30", V, ["meta"]),
+    "all_to_all_on_meta": ("FC-30", V, ["meta"]),
+    "broadcast_on_meta": ("FC-30", V, ["meta"]),
+    "all_reduce_coalesced_on_meta": ("FC-30", V, ["meta"]),
+    "all_reduce_in_place_not_contiguous": ("FC-4", V, ["contiguous"]),
+    "broadcast_in_place_not_contiguous": ("FC-4", V, ["contiguous"]),
+    "non_differentiable_reduction": ("FC-24", (RuntimeError,), ["max"]),
+    "non_differentiable_reduce_scatter": ("FC-24", (RuntimeError,), ["product"]),
+    "non_differentiable_raw_op": ("FC-24", (RuntimeError,), ["min"]),
+    "coalesced_second_member_bad": ("FC-27", VTR, ["avg"]),
+    "coalesced_in_place_second_member_bad": ("FC-27", VTR, ["avg"]),
+    "coalesced_in_place_second_not_contiguous": ("FC-27", V, ["contiguous"]),
+    "all_gather_coalesced_second_0d": ("FC-27", V, ["dim"]),
+    "reduce_scatter_coalesced_second_indivisible": ("FC-27", V, ["divisible"]),
+    "scatter_dims_count": ("FC-20", V, ["scatter_dim"]),
 }
+
+
+def _bad_call(fc, name):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    me, n, world = dist.get_rank(), dist.get_world_size(), dist.group.WORLD
+    g = fc.resolve_group_name(world)
+    x, xi = torch.ones(4, 4), torch.ones(4, 4, dtype=torch.int64)
+    grad = torch.ones(4, 4, requires_grad=True)
+    calls = {
+        "unknown_reduce_op": lambda: fc.all_reduce(x, "median", world),
+        "reduce_op_none": lambda: fc.all_reduce(x, None, world),
+        "reduce_op_enum": lambda: fc.all_reduce(x, dist.ReduceOp.SUM, world),
+        "reduce_scatter_unknown_reduce_op": lambda: fc.reduce_scatter_tensor(x, "median", 0,
+                                                                             world),
+        "avg_of_integers": lambda: fc.all_reduce(xi, "avg", world),
+        "avg_of_bool": lambda: fc.all_reduce(x > 0, "avg", world),
+        "reduce_scatter_avg_of_integers": lambda: fc.reduce_scatter_tensor(xi, "avg", 0, world),
+        "band_of_float": lambda: fc.all_reduce(x, "band", world),
+        "bor_of_bfloat16": lambda: fc.all_reduce(x.bfloat16(), "bor", world),
+        "bxor_of_complex": lambda: fc.all_reduce(x.to(torch.complex64), "bxor", world),
+        "indivisible_scatter_dim": lambda: fc.reduce_scatter_tensor(x[:3], "sum", 0, world),
+        "indivisible_scatter_dim_1": lambda: fc.reduce_scatter_tensor(x[:, :3], "sum", 1, world),
+        "indivisible_raw_reduce_scatter": lambda: fc.ops.reduce_scatter_tensor(
+            x[:3].contiguous(), "sum", n, g),
+        "gather_dim_is_ndim": lambda: fc.all_gather_tensor(x, 2, world),
+        "gather_dim_below_minus_ndim": lambda: fc.all_gather_tensor(x, -3, world),
+        "scatter_dim_is_ndim": lambda: fc.reduce_scatter_tensor(x, "sum", 2, world),
+        "all_gather_of_0d": lambda: fc.all_gather_tensor(torch.tensor(1.0), 0, world),
+        "raw_all_gather_of_0d": lambda: fc.ops.all_gather_into_tensor(torch.tensor(1.0), n, g),
+        "raw_reduce_scatter_of_0d": lambda: fc.ops.reduce_scatter_tensor(
+            torch.tensor(1.0), "sum", n, g),
+        "unequal_rank_rows": lambda: fc.all_reduce(x, "sum", [[0, 1], [2]]),
+        "duplicate_ranks": lambda: fc.all_reduce(x, "sum", [0, 0, 1]),
+        "rank_repeated_across_rows": lambda: fc.all_reduce(x, "sum", [[0, 1], [1, 0]]),
+        "rank_is_world_size": lambda: fc.all_reduce(x, "sum", [*range(n - 1), n]),
+        "negative_rank": lambda: fc.all_reduce(x, "sum", [-1, *range(n)]),
+        "empty_rank_list": lambda: fc.all_reduce(x, "sum", []),
+        "caller_not_in_rank_list": lambda: fc.all_reduce(x, "sum", [r for r in range(n)
+                                                                    if r != me]),
+        "mesh_2d_without_dim": lambda: fc.all_reduce(x, "sum", init_device_mesh("cpu", (n, 1))),
+        "unknown_group_name": lambda: fc.all_reduce(x, "sum", "no-such-group"),
+        "bad_group_type": lambda: fc.all_reduce(x, "sum", 2.5),
+        "group_size_below": lambda: fc.ops.all_gather_into_tensor(x, n - 1, g),
+        "group_size_above": lambda: fc.ops.all_gather_into_tensor(x, n + 1, g),
+        "reduce_scatter_group_size_below": lambda: fc.ops.reduce_scatter_tensor(
+            x, "sum", n - 1, g),
+        "coalesced_group_size_below": lambda: fc.ops.all_gather_into_tensor_coalesced(
+            [x], n - 1, g),
+        "input_splits_sum": lambda: fc.all_to_all_single(x, [2] * n, [1] * n, world),
+        "splits_count_below": lambda: fc.all_to_all_single(x, [4], [4], world),
+        "splits_count_above": lambda: fc.all_to_all_single(x, [1] * 4 + [0], [1] * 4 + [0],
+                                                           world),
+        "negative_input_split": lambda: fc.all_to_all_single(
+            x, [2] * n, [-1, 5] + [0] * (n - 2), world),
+        "negative_output_split": lambda: fc.all_to_all_single(
+            x, [-1, 5] + [0] * (n - 2), [2] * n, world),
+        "empty_splits_indivisible": lambda: fc.all_to_all_single(x[:3], None, None, world),
+        "src_is_group_size": lambda: fc.broadcast(x, n, world),
+        "src_negative": lambda: fc.broadcast(x, -1, world),
+        "src_bool": lambda: fc.broadcast(x, True, world),
+        "raw_src_is_group_size": lambda: fc.ops.broadcast(x, n, g),
+        "out_wrong_shape": lambda: fc.ops.all_gather_into_tensor_out(
+            x, n, g, out=x.new_empty(4 * n + 1, 4)),
+        "out_wrong_dtype": lambda: fc.ops.all_gather_into_tensor_out(
+            x, n, g, out=xi.new_empty(4 * n, 4)),
+        "out_on_another_device": lambda: fc.ops.all_gather_into_tensor_out(
+            x, n, g, out=torch.empty(4 * n, 4, device="meta")),
+        "out_not_contiguous": lambda: fc.ops.all_gather_into_tensor_out(
+            x, n, g, out=x.new_empty(4, 4 * n).t()),
+        "input_on_meta": lambda: fc.all_reduce(torch.ones(4, device="meta"), "sum", world),
+        "raw_input_on_meta": lambda: fc.ops.all_gather_into_tensor(
+            torch.ones(4, device="meta"), n, g),
+        "reduce_scatter_on_meta": lambda: fc.ops.reduce_scatter_tensor(
+            torch.ones(4, device="meta"), "sum", n, g),
+        "all_to_all_on_meta": lambda: fc.ops.all_to_all_single(
+            torch.ones(4, device="meta"), [], [], g),
+        "broadcast_on_meta": lambda: fc.ops.broadcast_(torch.ones(4, device="meta"), 0, g),
+        "all_reduce_coalesced_on_meta": lambda: fc.ops.all_reduce_coalesced(
+            [x, torch.ones(4, device="meta")], "sum", g),
+        "all_reduce_in_place_not_contiguous": lambda: fc.ops.all_reduce_(
+            torch.ones(4, 2).t(), "sum", g),
+        "broadcast_in_place_not_contiguous": lambda: fc.ops.broadcast_(
+            torch.ones(4, 2).t(), 0, g),
+        "non_differentiable_reduction": lambda: fc.all_reduce(grad, "max", world) * 1,
+        "non_differentiable_reduce_scatter": lambda: fc.reduce_scatter_tensor(
+            grad, "product", 0, world) * 1,
+        "non_differentiable_raw_op": lambda: fc.ops.all_reduce(grad, "min", g),
+        "coalesced_second_member_bad": lambda: fc.ops.all_reduce_coalesced([x, xi], "avg", g),
+        "coalesced_in_place_second_member_bad": lambda: fc.ops.all_reduce_coalesced_(
+            [x.clone(), xi.clone()], "avg", g),
+        "coalesced_in_place_second_not_contiguous": lambda: fc.ops.all_reduce_coalesced_(
+            [x.clone(), x.clone()[:, :2].t()], "sum", g),
+        "all_gather_coalesced_second_0d": lambda: fc.ops.all_gather_into_tensor_coalesced(
+            [x, torch.tensor(1.0)], n, g),
+        "reduce_scatter_coalesced_second_indivisible": lambda: (
+            fc.ops.reduce_scatter_tensor_coalesced([x, x[:3].contiguous()], "sum", n, g)),
+        "scatter_dims_count": lambda: fc.reduce_scatter_tensor_coalesced([x], "sum", [0, 1],
+                                                                         world),
+    }
+    return calls[name]
 
 
 def _bad_input(spec, name):
     fc = funcol_api(spec)
-    world = dist.group.WORLD
-    x = torch.ones(4, 4)
-    attempts = {
-        "unknown_reduce_op": lambda: fc.all_reduce(x, "median", world),
-        "avg_of_integers": lambda: fc.all_reduce(torch.ones(2, dtype=torch.int64), "avg", world),
-        "indivisible_scatter_dim": lambda: fc.reduce_scatter_tensor(torch.ones(3, 4), "sum", 0,
-                                                                    world),
-        "gather_dim_out_of_range": lambda: fc.all_gather_tensor(x, 5, world),
-        "unequal_rank_rows": lambda: fc.all_reduce(x, "sum", [[0, 1], [2]]),
-        "duplicate_ranks": lambda: fc.all_reduce(x, "sum", [0, 0, 1]),
-        "unknown_group_name": lambda: fc.all_reduce(x, "sum", "no-such-group"),
-        "bad_group_type": lambda: fc.all_reduce(x, "sum", 2.5),
-        "mismatched_group_size": lambda: fc.ops.all_gather_into_tensor(x, 3, world.group_name),
-        "bad_split_sizes": lambda: fc.all_to_all_single(x, [2, 2], [1, 1], world),
-        "non_differentiable_reduction": lambda: fc.all_reduce(
-            torch.ones(2, requires_grad=True), "max", world) * 1,
-    }
-    try:
-        result = attempts[name]()
-        if hasattr(result, "wait"):
-            result.wait()
-        outcome = ("no error", "")
-    except Exception as exc:
-        outcome = (type(exc).__name__, str(exc))
+    world, registry = dist.group.WORLD, fc.work_registry_size
+    before = registry() if registry else 0
+    exc_type, message, _ = _error(_bad_call(fc, name))
+    started = registry() - before if registry else 0
     # FC-27: the group is still in step.
     after = fc.all_reduce(torch.ones(1), "sum", world).wait().tolist()
-    return outcome, after
+    return (exc_type, message), started, after
 
 
-@pytest.mark.spec("FC-13", "FC-15", "FC-17", "FC-18", "FC-19", "FC-20", "FC-21", "FC-24", "FC-27")
+@pytest.mark.spec("FC-4", "FC-13", "FC-15", "FC-16", "FC-17", "FC-18", "FC-19", "FC-20",
+                  "FC-21", "FC-22", "FC-24", "FC-27", "FC-30")
 @pytest.mark.parametrize("name", list(BAD_INPUTS))
 def test_bad_input_is_refused(backend, name):
-    rule, types, word = BAD_INPUTS[name]
+    rule, types, words = BAD_INPUTS[name]
     backend.require("functional_collectives")
-    for (exc_type, message), after in run(backend, _bad_input, 2, name, timeout=60):
-        assert exc_type in {t.__name__ for t in types}, f"{name} [{rule}]: {exc_type} {message}"
-        assert word.lower() in message.lower(), (
-            f"{name} [{rule}]: message does not mention {word!r}: {message}")
-        assert after == [2.0], "FC-27: a refused call left the group out of step"
+    for rank, ((exc_type, message), started, after) in enumerate(
+            run(backend, _bad_input, 2, name, timeout=60)):
+        where = f"rank {rank} {name} [{rule}]"
+        assert exc_type in {t.__name__ for t in types}, f"{where}: {exc_type} {message}"
+        for word in words:
+            assert word.lower() in message.lower(), (
+                f"{where}: message does not mention {word!r}: {message}")
+        assert started == 0, f"{where}: the refused call left {started} started collectives"
+        assert after == [2.0], f"{where}: a refused call left the group out of step [FC-27]"
 
 
+# Inputs at the edge of a refusal that MUST be accepted: (rule, dtype, the call, oracle).
+ACCEPTED = {
+    "max_under_no_grad": ("FC-24", torch.float32, lambda fc, x, g: fc.all_reduce(
+        x.clone().requires_grad_(), "max", g), lambda xs, r: oracle.reduce(xs, "max")),
+    "product_without_grad": ("FC-24", torch.float32, lambda fc, x, g: fc.reduce_scatter_tensor(
+        x, "product", 0, g), lambda xs, r: oracle.reduce_scatter(xs, "product", r)),
+    "avg_of_complex": ("FC-18", torch.complex64, lambda fc, x, g: fc.all_reduce(x, "avg", g),
+                       lambda xs, r: sum(xs) / len(xs)),
+}
+
+
+def _accepted(spec, name):
+    fc = funcol_api(spec)
+    _, dtype, call, _ = ACCEPTED[name]
+    x = oracle.rank_input(dist.get_rank(), (4,), torch.float32, salt=29).to(dtype)
+    with torch.no_grad():  # max_under_no_grad: no autograd graph is recorded
+        return waited(call(fc, x, dist.group.WORLD))
+
+
+@pytest.mark.spec("FC-18", "FC-24")
+@pytest.mark.parametrize("name", list(ACCEPTED))
+def test_inputs_at_the_edge_of_a_refusal_are_accepted(backend, name):
+    backend.require("functional_collectives")
+    rule, dtype, _, want = ACCEPTED[name]
+    xs = [oracle.rank_input(r, (4,), torch.float32, salt=29).to(dtype) for r in range(2)]
+    for rank, got in enumerate(run(backend, _accepted, 2, name)):
+        assert torch.equal(got, want(xs, rank)), f"rank {rank} {name} [{rule}]: {got}"
+
+
+# ---- FC-23, FC-25, FC-32: gradients ----------------------------------------------------
 GRAD_OPS = ["all_gather", "reduce_scatter", "reduce_scatter_avg", "all_reduce",
-            "all_reduce_avg", "all_to_all", "broadcast"]
+            "all_reduce_avg", "all_to_all", "all_to_all_uneven", "broadcast",
+            "all_gather_autograd", "reduce_scatter_autograd", "all_to_all_autograd"]
 
 
-def _out_shape(op, n):
-    if op == "all_gather":
+def _rows_in(op, rank, n):
+    """Rows of rank `rank`'s input: all_to_all_uneven sends (i + 2j) % 3 rows to j."""
+    if op in ("all_to_all_uneven", "all_to_all_autograd"):
+        return sum(funcol_cases.split_sizes("uneven", rank, n)[0])
+    return 4
+
+
+def _out_shape(op, rank, n):
+    if op.startswith("all_gather"):
         return (4, 2 * n)
-    return (4 // n, 2) if op.startswith("reduce_scatter") else (4, 2)
+    if op.startswith("reduce_scatter"):
+        return (4 // n, 2)
+    if op in ("all_to_all_uneven", "all_to_all_autograd"):
+        return (sum(funcol_cases.split_sizes("uneven", rank, n)[1]), 2)
+    return (4, 2)
 
 
 def _gradient(spec, op, salt):
     fc = funcol_api(spec)
     me, n, world = dist.get_rank(), dist.get_world_size(), dist.group.WORLD
-    x = oracle.rank_input(me, (4, 2), torch.float64, salt=salt).requires_grad_()
-    w = oracle.rank_input(me, _out_shape(op, n), torch.float64, salt=salt + 1)
+    x = oracle.rank_input(me, (_rows_in(op, me, n), 2), torch.float64,
+                          salt=salt).requires_grad_()
+    w = oracle.rank_input(me, _out_shape(op, me, n), torch.float64, salt=salt + 1)
+    ins, outs = funcol_cases.split_sizes("uneven", me, n)
     y = {
         "all_gather": lambda: fc.all_gather_tensor(x, 1, world),
+        "all_gather_autograd": lambda: fc.all_gather_tensor_autograd(x, 1, world),
         "reduce_scatter": lambda: fc.reduce_scatter_tensor(x, "sum", 0, world),
+        "reduce_scatter_autograd": lambda: fc.reduce_scatter_tensor_autograd(x, "sum", 0, world),
         "reduce_scatter_avg": lambda: fc.reduce_scatter_tensor(x, "avg", 0, world),
         "all_reduce": lambda: fc.all_reduce(x, "sum", world),
         "all_reduce_avg": lambda: fc.all_reduce(x, "avg", world),
         "all_to_all": lambda: fc.all_to_all_single(x, None, None, world),
+        "all_to_all_uneven": lambda: fc.all_to_all_single(x, outs, ins, world),
+        "all_to_all_autograd": lambda: fc.all_to_all_single_autograd(x, outs, ins, world),
         "broadcast": lambda: fc.broadcast(x, 1, world),
     }[op]()
     (y * w).sum().backward()
@@ -224,22 +775,28 @@ def _gradient(spec, op, salt):
 
 
 def _expected_grad(op, rank, n, salt):
-    ws = [oracle.rank_input(r, _out_shape(op, n), torch.float64, salt=salt + 1)
+    ws = [oracle.rank_input(r, _out_shape(op, r, n), torch.float64, salt=salt + 1)
           for r in range(n)]
-    total = torch.stack(ws).sum(0)
-    if op == "all_gather":
-        return torch.chunk(total, n, dim=1)[rank]
+    if op.startswith("all_gather"):
+        return torch.chunk(torch.stack(ws).sum(0), n, dim=1)[rank]
     if op.startswith("reduce_scatter"):
         g = torch.cat(ws, dim=0)
         return g / n if op.endswith("avg") else g
     if op.startswith("all_reduce"):
+        total = torch.stack(ws).sum(0)
         return total / n if op.endswith("avg") else total
     if op == "all_to_all":
         return oracle.all_to_all_single(ws, rank)
+    if op in ("all_to_all_uneven", "all_to_all_autograd"):
+        # The gradient goes back the way the rows came: rank j's output splits are what
+        # it received, so they are what it sends back.
+        outs = [funcol_cases.split_sizes("uneven", r, n)[1] for r in range(n)]
+        return oracle.all_to_all_single(ws, rank, outs)
+    total = torch.stack(ws).sum(0)
     return total if rank == 1 else torch.zeros_like(total)  # broadcast from group rank 1
 
 
-@pytest.mark.spec("FC-23", "FC-25")
+@pytest.mark.spec("FC-23", "FC-25", "FC-32")
 @pytest.mark.parametrize("op", GRAD_OPS)
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_gradient(backend, op, world_size):
@@ -250,6 +807,71 @@ def test_gradient(backend, op, world_size):
         assert torch.equal(grad, want), f"{op} rank {rank}: {grad} != {want}"
 
 
+# ---- FC-33: no graph pass deletes a collective or a wait -------------------------------
+def _dead_code(spec, waited):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    fc = funcol_api(spec)
+    name = fc.resolve_group_name(dist.group.WORLD)
+
+    def program(x):
+        if waited:
+            fc.all_reduce(x, "sum", dist.group.WORLD)  # waited in the graph, result unused
+        else:
+            fc.ops.all_reduce(x, "sum", name)  # never waited, result unused
+        return x * 2
+
+    gm = make_fx(program, tracing_mode="fake")(torch.ones(4))
+    before = canonical_graph(gm)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return before, canonical_graph(gm)
+
+
+@pytest.mark.spec("FC-33", "FC-12")
+@pytest.mark.parametrize("waited", [True, False], ids=["waited", "unwaited"])
+def test_dead_code_elimination_keeps_collectives_and_waits(backend, waited):
+    backend.require("functional_collectives")
+    for rank, (before, after) in enumerate(run(backend, _dead_code, 2, waited)):
+        assert "funcol.all_reduce" in before, f"rank {rank}: nothing traced:\n{before}"
+        assert after == before, f"rank {rank}: DCE changed the graph:\n{before}\n--\n{after}"
+
+
+# ---- FC-34: any ProcessGroup, one written in Python included ---------------------------
+def _on_threaded_process_group(spec):
+    from torch.testing._internal.common_distributed import spawn_threads_and_init_comms
+
+    fc, n, results = funcol_api(spec), 4, {}
+
+    def body(_self):
+        me, group = dist.get_rank(), dist.group.WORLD
+        x = oracle.rank_input(me, (4, 4), torch.float32, salt=37)
+        results[me] = [waited(fc.all_reduce(x, "sum", group)),
+                       waited(fc.all_gather_tensor(x, 1, group)),
+                       waited(fc.reduce_scatter_tensor(x, "sum", 1, group)),
+                       waited(fc.all_to_all_single(x, None, None, group)),
+                       waited(fc.broadcast(x, n - 1, group))]
+
+    # Threads in this process, each a rank of upstream's ProcessLocalGroup.
+    spawn_threads_and_init_comms(body, world_size=n)(None)
+    return results
+
+
+@pytest.mark.spec("FC-34")
+def test_ops_run_on_a_process_group_written_in_python(backend):
+    backend.require("functional_collectives")
+    n = 4
+    xs = [oracle.rank_input(r, (4, 4), torch.float32, salt=37) for r in range(n)]
+    (results,) = run(backend, _on_threaded_process_group, 1)
+    for rank in range(n):
+        want = [oracle.reduce(xs, "sum"), oracle.all_gather(xs, 1),
+                oracle.reduce_scatter(xs, "sum", rank, 1), oracle.all_to_all_single(xs, rank),
+                xs[n - 1]]
+        for i, (got, w) in enumerate(zip(results[rank], want, strict=True)):
+            assert torch.equal(got, w), f"rank {rank} op {i}: {got} != {w}"
+
+
+# ---- FC-3, FC-12: traced graphs --------------------------------------------------------
 def program(fc, x, group):
     a = fc.all_reduce(x, "sum", group)
     b = fc.all_gather_tensor(a * 2, 0, group)
@@ -334,3 +956,173 @@ def test_compiled_fullgraph(backend):
 %17 = aten.cat([%15, %16], 1) : f32[4, 8]
 %18 = aten.relu(%17) : f32[4, 8]
 return [%18]""")
+
+
+# ---- FC-28: calls that differ between ranks --------------------------------------------
+# name: (what the message must name besides the differing rank, the call, by rank)
+MISMATCHES = {
+    "shapes": ("shape", lambda fc, me, g: fc.all_reduce(torch.ones(2 + me), "sum", g)),
+    "all_reduce_-shapes": ("shape", lambda fc, me, g: fc.ops.all_reduce_(
+        torch.ones(2 + me), "sum", fc.resolve_group_name(g))),
+    "all_reduce_coalesced-shapes": ("shape", lambda fc, me, g: fc.all_reduce_coalesced(
+        [torch.ones(2), torch.ones(2 + me)], "sum", g)[1]),
+    "all_gather-shapes": ("shape", lambda fc, me, g: fc.all_gather_tensor(
+        torch.ones(2, 1 + me), 0, g)),
+    "all_gather_out-shapes": ("shape", lambda fc, me, g: fc.ops.all_gather_into_tensor_out(
+        torch.ones(2, 1 + me), 2, fc.resolve_group_name(g), out=torch.empty(4, 1 + me))),
+    "all_gather_coalesced-shapes": ("shape", lambda fc, me, g: (
+        fc.all_gather_into_tensor_coalesced([torch.ones(2, 1 + me)], g)[0])),
+    "reduce_scatter-shapes": ("shape", lambda fc, me, g: fc.reduce_scatter_tensor(
+        torch.ones(2, 1 + me), "sum", 0, g)),
+    "reduce_scatter_coalesced-shapes": ("shape", lambda fc, me, g: (
+        fc.reduce_scatter_tensor_coalesced([torch.ones(2, 1 + me)], "sum", [0], g)[0])),
+    "all_to_all-trailing_shapes": ("shape", lambda fc, me, g: fc.all_to_all_single(
+        torch.ones(2, 1 + me), None, None, g)),
+    "broadcast-shapes": ("shape", lambda fc, me, g: fc.broadcast(torch.ones(2 + me), 0, g)),
+    "broadcast_-src": ("src", lambda fc, me, g: fc.ops.broadcast_(
+        torch.ones(2), me, fc.resolve_group_name(g))),
+    "dtypes": ("dtype", lambda fc, me, g: fc.all_reduce(
+        torch.ones(2, dtype=[torch.float32, torch.float64][me]), "sum", g)),
+    "op": ("op", lambda fc, me, g: fc.all_reduce(torch.ones(2), "sum", g) if me == 0
+           else fc.broadcast(torch.ones(2), 0, g)),
+    "reduce_op": ("reduce_op", lambda fc, me, g: fc.all_reduce(torch.ones(2), ["sum", "max"][me],
+                                                               g)),
+    "src": ("src", lambda fc, me, g: fc.broadcast(torch.ones(2), me, g)),
+    # Rank 0 expects 3 rows from rank 1, which sends it 2.
+    "split_sizes": ("split", lambda fc, me, g: fc.all_to_all_single(
+        torch.ones(4, 2), [[2, 3], [2, 2]][me], [2, 2], g)),
+}
+
+
+def _mismatch(spec, name):
+    fc = funcol_api(spec)
+    _, call = MISMATCHES[name]
+    # A group with a short timeout: a backend without the check fails fast, not in 60 s.
+    group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=5))
+    outcome = _error(lambda: call(fc, dist.get_rank(), group))
+    after = fc.all_reduce(torch.ones(1), "sum", group).wait().tolist()
+    return outcome, after
+
+
+@pytest.mark.spec("FC-28")
+@pytest.mark.parametrize("name", list(MISMATCHES))
+def test_mismatched_calls_raise_on_every_rank(backend, name):
+    backend.require("functional_collectives")
+    word, _ = MISMATCHES[name]
+    for rank, ((exc_type, message, is_value_error), after) in enumerate(
+            run(backend, _mismatch, 2, name, timeout=30)):
+        where = f"rank {rank} {name} [FC-28]"
+        assert is_value_error, f"{where}: {exc_type} {message}"
+        assert word in message and "rank 1" in message, f"{where}: {message}"
+        assert after == [2.0], f"{where}: the group is out of step after the refusal"
+
+
+def _late_peer(spec):
+    os.environ.update(SHORT_CHECK_TIMEOUT)
+    fc = funcol_api(spec)
+    group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=10))
+    if dist.get_rank() == 1:
+        return None  # never comes to the collective
+    start = time.monotonic()
+    outcome = _error(lambda: fc.all_reduce(torch.ones(2), "sum", group))
+    return outcome, time.monotonic() - start
+
+
+@pytest.mark.spec("FC-28")
+def test_a_peer_that_never_comes_is_named(backend):
+    backend.require("functional_collectives")
+    (exc_type, message, _), seconds = run(backend, _late_peer, 2, timeout=60)[0]
+    assert exc_type != "no error" and "rank 1" in message, f"{exc_type}: {message}"
+    assert seconds < 10, f"named after {seconds:.1f} s, not within the check's timeout"
+
+
+# ---- FC-29: a peer that dies or never comes during the collective ----------------------
+def _peer_dies(spec, dies):
+    os.environ["REFIMPL_CHECK_COLLECTIVES"] = "0"  # the failure is the backend's, not a check's
+    fc = funcol_api(spec)
+    group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=1))
+    if dist.get_rank() == 1:
+        if dies:
+            time.sleep(0.3)  # rank 0 is waiting in the collective by now
+            os._exit(0)
+        return None
+    fc.all_reduce(torch.ones(1000), "sum", group).wait()
+    return "no error"
+
+
+@pytest.mark.spec("FC-29")
+@pytest.mark.parametrize("dies", [True, False], ids=["dies", "never_comes"])
+def test_a_failed_peer_is_named(backend, dies):
+    backend.require("functional_collectives")
+    with pytest.raises(RankError) as info:
+        run(backend, _peer_dies, 2, dies, timeout=60)
+    err = info.value
+    assert err.rank == 0, f"rank 0 should report the failure: {err}"
+    for word in ("all_reduce", "[0, 1]", "rank 1"):
+        assert word in err.message, f"the error does not name {word!r}: {err.message}"
+
+
+# ---- FC-31: rank lists that disagree between ranks -------------------------------------
+def _disagreeing_rank_lists(spec):
+    os.environ.update(SHORT_CHECK_TIMEOUT)
+    fc = funcol_api(spec)
+    me = dist.get_rank()
+    mine = [me, (me + 1) % 3]  # [0, 1], [1, 2], [2, 0]
+    start = time.monotonic()
+    outcome = _error(lambda: fc.all_reduce(torch.ones(1), "sum", mine))
+    return outcome, time.monotonic() - start
+
+
+@pytest.mark.spec("FC-31", "FC-15")
+def test_disagreeing_rank_lists_end_in_an_error(backend):
+    backend.require("functional_collectives")
+    results = run(backend, _disagreeing_rank_lists, 3, timeout=20, restart_after=True)
+    for rank, ((exc_type, message, _), seconds) in enumerate(results):
+        mine, other = [rank, (rank + 1) % 3], (rank + 1) % 3
+        where = f"rank {rank}"
+        assert exc_type != "no error", f"{where}: no error"
+        assert str(sorted(mine)) in message and f"rank {other}" in message, \
+            f"{where}: the message names neither its list nor rank {other}: {message}"
+        assert seconds < 15, f"{where}: took {seconds:.1f} s"
+
+
+# ---- Values (FC-1, FC-2, FC-4, FC-13..FC-22, FC-26, FC-32) -----------------------------
+@functools.cache
+def _values(backend, world_size, form, dtype_name):
+    dtype = DTYPES[dtype_name]
+    return run(backend, funcol_cases.run_cases, world_size, form, dtype, cases_for(dtype))
+
+
+@pytest.mark.spec("FC-1", "FC-2", "FC-4", "FC-5", "FC-7", "FC-13", "FC-14", "FC-15", "FC-16",
+                  "FC-17", "FC-18", "FC-20", "FC-21", "FC-22", "FC-26", "FC-32", "CF-9")
+@pytest.mark.parametrize("world_size,form,dtype_name,case", [
+    pytest.param(*p, id="-".join(map(str, p)),
+                 marks=pytest.mark.xdist_group(f"values-{p[0]}-{p[1]}-{p[2]}"))
+    for p in VALUE_PARAMS])
+def test_eager_values(backend, world_size, form, dtype_name, case):
+    backend.require("functional_collectives")
+    dtype = DTYPES[dtype_name]
+    for rank, result in enumerate(_values(backend, world_size, form, dtype_name)):
+        if result is None:
+            continue  # not a member of this group
+        members, by_case, _ = result
+        status, got, input_unchanged = by_case[case]
+        where = f"rank {rank} {case} ({form}, {dtype_name}, world {world_size})"
+        assert status == "ok", f"{where}: {got}"
+        assert input_unchanged, f"{where}: the input was modified [FC-2]"
+        want = funcol_cases.expected(case, members, members.index(rank), dtype)
+        funcol_cases.assert_same(got, want, where)
+
+
+def _fresh_rank_list(spec):
+    fc = funcol_api(spec)
+    if dist.get_rank() == 1:
+        return None
+    # No group of ranks {0, 2} exists in a world of 3 until this call names it.
+    return fc.all_reduce(torch.full((2,), float(dist.get_rank())), "sum", [2, 0]).tolist()
+
+
+@pytest.mark.spec("FC-15")
+def test_rank_list_creates_its_group(backend):
+    backend.require("functional_collectives")
+    assert run(backend, _fresh_rank_list, 3) == [[2.0, 2.0], None, [2.0, 2.0]]

@@ -204,8 +204,8 @@ def test_comm_buffer_is_persistent(backend, fake_world):
 high-water 64 at %4""")
 
 
-# The lowered program's waits complete in place (FC-28): no copy, a wait costs nothing.
-@pytest.mark.spec("MEM-4", "FC-28", "CL-9")
+# The lowered program's waits complete in place (FC-35): no copy, a wait costs nothing.
+@pytest.mark.spec("MEM-4", "FC-35", "CL-9")
 def test_lowered_wait_costs_no_memory(backend, fake_world):
     gm = mp.lowered_waits()
     assert_expected_inline(plan_text(backend, gm), """\
@@ -297,7 +297,7 @@ def _index(gm, node):
     return list(gm.graph.nodes).index(node)
 
 
-@pytest.mark.spec("MEM-3", "MEM-5", "MEM-9", "MEM-12", "FC-29")
+@pytest.mark.spec("MEM-3", "MEM-5", "MEM-9", "MEM-12", "FC-36")
 def test_plan_matches_a_real_run(backend):
     """On 2 gloo ranks, every program's measured allocations and frees are the planned."""
     results = harness.run(backend, mp.measure_programs, 2, sorted(mp.PROGRAMS))
