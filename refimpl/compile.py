@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 import torch.fx
 
+from refimpl._fx import collective_name
 from refimpl.bucketing import bucket_all_gather, bucket_reduce_scatter
 from refimpl.comm_lowering import CommLoweringConfig, lower
 
@@ -230,6 +231,28 @@ _AOT_COMPILERS = {"fw_compiler": "forward", "bw_compiler": "backward",
                   "inference_compiler": "inference"}
 
 
+def _partition(joint_module, joint_inputs, **kwargs):
+    """AOTAutograd's default partitioner, minus the forward's collectives it copies into
+    the backward (E2E-2).
+
+    The partitioner copies into the backward every forward node whose inputs the backward
+    has, and keeps there what has side effects: every refimpl_c10d op does (FC-33), so a
+    forward collective on a value the backward recomputes (a logged loss) would be issued
+    twice per step. A collective or wait the joint graph tagged as forward, and that
+    nothing in the backward reads, is dropped from the backward: the forward issues it.
+    """
+    from torch._functorch.partitioners import default_partition
+
+    forward, backward = default_partition(joint_module, joint_inputs, **kwargs)
+    for node in reversed(list(backward.graph.nodes)):
+        if (collective_name(node) is not None and not node.users
+                and node.meta.get("partitioner_tag") == "is_forward"):
+            backward.graph.erase_node(node)
+    backward.graph.eliminate_dead_code()  # what computed only their inputs
+    backward.recompile()
+    return forward, backward
+
+
 class RefimplBackend:
     """A torch.compile backend: AOTAutograd, then refimpl's stages on every graph (E2E-2).
 
@@ -252,7 +275,7 @@ class RefimplBackend:
         self._dynamo_graphs += 1
         compilers = {arg: self._compiler(f"graph{index}_{kind}")
                      for arg, kind in _AOT_COMPILERS.items()}
-        return aot_autograd(**compilers)(gm, example_inputs)
+        return aot_autograd(**compilers, partition_fn=_partition)(gm, example_inputs)
 
     def _compiler(self, name: str):
         from torch._functorch.aot_autograd import make_boxed_func

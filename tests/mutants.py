@@ -697,6 +697,10 @@ E2E = [
            "if isinstance(cap, bool) or not isinstance(cap, (int, float)):",
            "if not isinstance(cap, (int, float)):",
            "bool is an int: bucket_cap_mb=True passes as a cap of 1 MiB"),
+    Mutant("e2e_forward_collectives_kept_in_backward", "E2E-2", "refimpl/compile.py",
+           "aot_autograd(**compilers, partition_fn=_partition)", "aot_autograd(**compilers)",
+           "the default partitioner alone: the backward re-issues the forward's collectives "
+           "whose inputs it can recompute (every refimpl op has side effects, FC-33)"),
     Mutant("e2e_zero_cap_accepted", "E2E-1", "refimpl/compile.py",
            "if not math.isfinite(cap) or cap <= 0:", "if not math.isfinite(cap) or cap < 0:",
            "a cap of 0 MiB accepted: every bucket would close before its first member"),
