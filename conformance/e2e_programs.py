@@ -224,3 +224,39 @@ def compare_on_rank(spec: str, model: Model, steps: int, options: dict, *,
     compiled = train(fc, model, steps, compiled_backend, grad=grad)
     counts = concept.stage_counts(compiled_backend) if concept.stage_counts else None
     return {"eager": eager, "compiled": compiled, "stage_counts": counts}
+
+
+def logged_compile(spec: str, model: Model, steps: int, options: dict) -> dict:
+    """Train compiled while a root handler keeps every log record at DEBUG (E2E-6).
+
+    Returns the records of the backend's logger (`compile_backend.logger`) as (level,
+    message) pairs, the handlers that logger had after compiling, its level, and the
+    names of the compiled graphs (from `stage_counts`)."""
+    import logging
+
+    from conformance.backends import get_backend
+
+    backend = get_backend(spec)
+    fc = backend.require("functional_collectives")
+    concept = backend.require("compile_backend", "logger")
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            if record.name == concept.logger:
+                records.append((record.levelno, record.getMessage()))
+
+    root, handler = logging.getLogger(), Keep(level=logging.DEBUG)
+    old_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        compiled_backend = concept.make(options)
+        train(fc, model, steps, compiled_backend)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_level)
+    logger = logging.getLogger(concept.logger)
+    graphs = list(concept.stage_counts(compiled_backend)) if concept.stage_counts else None
+    return {"records": records, "handlers": len(logger.handlers), "level": logger.level,
+            "graphs": graphs}

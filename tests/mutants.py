@@ -701,6 +701,13 @@ E2E = [
            "aot_autograd(**compilers, partition_fn=_partition)", "aot_autograd(**compilers)",
            "the default partitioner alone: the backward re-issues the forward's collectives "
            "whose inputs it can recompute (every refimpl op has side effects, FC-33)"),
+    Mutant("e2e_logger_of_the_package", "E2E-6", "refimpl/compile.py",
+           'logger = logging.getLogger("refimpl.compile")', 'logger = logging.getLogger("refimpl")',
+           "the package's logger instead of refimpl.compile: a user who filters "
+           "refimpl.compile sees nothing"),
+    Mutant("e2e_debug_text_at_info", "E2E-6", "refimpl/compile.py",
+           'logger.debug("%s after %s:\\n%s"', 'logger.info("%s after %s:\\n%s"',
+           "every stage's canonical text logged at INFO: one INFO line per graph no more"),
     Mutant("e2e_zero_cap_accepted", "E2E-1", "refimpl/compile.py",
            "if not math.isfinite(cap) or cap <= 0:", "if not math.isfinite(cap) or cap < 0:",
            "a cap of 0 MiB accepted: every bucket would close before its first member"),

@@ -32,4 +32,4 @@ def stage_counts(compiled) -> dict:
 
 def concept():
     return types.SimpleNamespace(make=make, exact=True, stages=("bucketing", "lowering"),
-                                 stage_counts=stage_counts)
+                                 stage_counts=stage_counts, logger="refimpl.compile")

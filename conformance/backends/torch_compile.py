@@ -49,4 +49,4 @@ def _inductor(compile_fx, patches, gm, example_inputs):
 
 def concept():
     return types.SimpleNamespace(make=make, exact=False, stages=("bucketing", "lowering"),
-                                 stage_counts=None)
+                                 stage_counts=None, logger=None)

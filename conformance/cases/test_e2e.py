@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from conformance import harness
-from conformance.e2e_programs import Model, compare_on_rank, parameter_shapes
+from conformance.e2e_programs import Model, compare_on_rank, logged_compile, parameter_shapes
 
 WORLD_SIZE = 2
 MiB = 1024 * 1024
@@ -255,3 +255,38 @@ def test_bad_config_is_refused(backend, bad):
 def test_smallest_cap_is_accepted(backend):
     """Any positive cap is valid, even one smaller than every collective (BK-3)."""
     backend.require("compile_backend").make({"bucket_cap_mb": 1e-9})
+
+
+# --------------------------------------------------------------------------------------
+# Logging (E2E-6)
+# --------------------------------------------------------------------------------------
+@pytest.mark.spec("E2E-6")
+def test_one_info_line_per_compiled_graph_and_the_text_of_every_stage_at_debug(backend):
+    """Under a root handler at DEBUG, one compiled training step logs, through the
+    backend's logger and on every rank: one INFO line per compiled graph naming it and
+    every stage that ran with its collectives, and at DEBUG one record per graph and stage
+    holding that stage's canonical text; the backend adds no handler and sets no level."""
+    backend.require("compile_backend", "logger")
+    options = {"bucket_cap_mb": 25.0, "lowering": {}, "reorder": None}
+    model = Model("mlp", dim=16, layers=2)
+    stages = ["traced", "bucketed", "lowered"]
+    for rank, result in enumerate(harness.run(backend, logged_compile, WORLD_SIZE, model, 1,
+                                              options)):
+        assert (result["handlers"], result["level"]) == (0, 0), \
+            f"rank {rank}: the backend configured its logger: {result}"
+        graphs = result["graphs"]
+        assert graphs == ["graph0_forward", "graph0_backward"], f"rank {rank}: {graphs}"
+        info = [m for level, m in result["records"] if level == 20]
+        assert len(info) == len(graphs), f"rank {rank}: INFO lines {info}"
+        for graph, line in zip(graphs, info, strict=True):
+            assert line.startswith(graph + ":"), f"rank {rank}: {line!r}"
+            assert all(f"{stage}:" in line for stage in stages), f"rank {rank}: {line!r}"
+        assert "all_gather_into_tensor_out" in info[0].split("bucketed:")[1], info[0]
+        debug = [m for level, m in result["records"] if level == 10]
+        assert len(debug) == len(graphs) * len(stages), f"rank {rank}: {len(debug)} DEBUG"
+        for message, (graph, stage) in zip(debug, [(g, s) for g in graphs for s in stages],
+                                           strict=True):
+            head, _, text = message.partition("\n")
+            assert graph in head and stage in head, f"rank {rank}: {head!r}"
+            assert "return" in text and ("funcol." in text or "refimpl" in text), \
+                f"rank {rank}: the DEBUG record of {graph} {stage} holds no graph text"
