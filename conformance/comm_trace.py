@@ -131,7 +131,7 @@ def comm_trace_of_graph(gm: torch.fx.GraphModule) -> list[CommEvent]:
         if not is_comm_op(node.target):
             continue
         name = op_name(node.target).split(".", 1)[1]
-        if name == "wait_tensor":
+        if name in ("wait_tensor", "wait_tensor_"):  # copying or in place (FC-5, FC-28)
             (source,) = _tensor_nodes(node.args[0])
             buffers.alias(node, source)
             events.append(CommEvent("wait", inputs=[f"b{buffers.of(source)}"]))

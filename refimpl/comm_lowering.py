@@ -139,7 +139,7 @@ class _Builder:
 
 
 def _waits_of(node: torch.fx.Node) -> list[torch.fx.Node]:
-    return [u for u in node.users if _op_name(u) == "wait_tensor"]
+    return [u for u in node.users if _op_name(u) in ("wait_tensor", "wait_tensor_")]
 
 
 def _replace(old: torch.fx.Node, new: torch.fx.Node) -> None:
@@ -436,11 +436,21 @@ class _Lowering:
         "broadcast": broadcast, "broadcast_": broadcast_,
     }
 
+    def complete_in_place(self):
+        """refimpl's waits become `wait_tensor_`, which completes its argument in place
+        (FC-28): the lowered program pays no copy per wait (CL-9). Upstream's wait
+        already returns its argument."""
+        for node in self.graph.nodes:
+            if node.target is torch.ops.refimpl_c10d.wait_tensor.default:
+                node.target = torch.ops.refimpl_c10d.wait_tensor_.default
+                node.meta["val"] = _val(node.args[0])
+
     def run(self):
         for node in list(self.graph.nodes):
             rule = self.RULES.get(_op_name(node))
             if rule is not None and node.graph is self.graph:
                 rule(self, node)
+        self.complete_in_place()
         self.keep_outputs_out_of_comm_buffers()
 
 

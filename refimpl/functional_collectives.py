@@ -248,12 +248,13 @@ _versions = itertools.count()
 
 
 class _Completion:
-    """A started collective plus what must happen once it finished (e.g. avg's divide)."""
+    """A started collective plus what must happen once it finished (e.g. avg's divide),
+    and the tensors it reads in flight, referenced until it is waited (FC-29)."""
 
-    __slots__ = ("work", "finish")
+    __slots__ = ("work", "finish", "reads")
 
-    def __init__(self, work, finish):
-        self.work, self.finish = work, finish
+    def __init__(self, work, finish, reads=()):
+        self.work, self.finish, self.reads = work, finish, reads
 
     def wait(self):
         self.work.wait()
@@ -309,12 +310,21 @@ def _allreduce_opts(op: str):
     return opts
 
 
-def _start(tensor, work, op="sum", size=1):
-    """Register `work` as producing `tensor`; avg divides the sum once it is done (FC-18)."""
-    if op == "avg":
-        work = _Completion(work, lambda: tensor.div_(size))
+def _start(tensor, work, op="sum", size=1, reads=()):
+    """Register `work` as producing `tensor`; avg divides the sum once it is done (FC-18).
+
+    `reads`: the input tensors the collective communicates, kept referenced until it is
+    waited, whether or not the process group copied them (gloo's reduce_scatter does): an
+    in-flight collective owns its buffers (FC-29, MEM-5)."""
+    if op == "avg" or reads:
+        work = _Completion(work, (lambda: tensor.div_(size)) if op == "avg" else _no_finish,
+                           tuple(reads))
     _register_work(tensor, work)
     return tensor
+
+
+def _no_finish():
+    return None
 
 
 def _all_reduce_(tensor, reduce_op, group_name):
@@ -354,7 +364,7 @@ def _all_gather_into_tensor_out(tensor, group_size, group_name, *, out):
     if list(out.shape) != expected or out.dtype != tensor.dtype or not out.is_contiguous():
         raise ValueError(f"out: expected a contiguous {tensor.dtype} tensor of shape "
                          f"{expected}, got {out.dtype} {list(out.shape)} [FC-20]")
-    return _start(out, pg._allgather_base(out, tensor.contiguous()))
+    return _start(out, pg._allgather_base(out, tensor.contiguous()), reads=(tensor,))
 
 
 def _all_gather_into_tensor(tensor, group_size, group_name):
@@ -380,7 +390,8 @@ def _reduce_scatter_tensor(tensor, reduce_op, group_size, group_name):
     out = tensor.new_empty(_scattered_shape(tensor.shape, group_size))
     opts = dist.ReduceScatterOptions()
     opts.reduceOp = _REDUCE_OPS[op]
-    return _start(out, pg._reduce_scatter_base(out, tensor.contiguous(), opts), op, group_size)
+    return _start(out, pg._reduce_scatter_base(out, tensor.contiguous(), opts), op, group_size,
+                  reads=(tensor,))
 
 
 def _reduce_scatter_tensor_coalesced(tensors, reduce_op, group_size, group_name):
@@ -416,7 +427,7 @@ def _all_to_all_single(tensor, output_split_sizes, input_split_sizes, group_name
     out = tensor.new_empty([rows, *tensor.shape[1:]])
     work = pg.alltoall_base(out, tensor.contiguous(), list(output_split_sizes),
                             list(input_split_sizes), dist.AllToAllOptions())
-    return _start(out, work)
+    return _start(out, work, reads=(tensor,))
 
 
 def _check_src(src, group_name) -> int:
@@ -454,6 +465,28 @@ def _wait_tensor_op(tensor):
     # their inputs (an error under CI=1 in torch 2.13, announced as the future default).
     # Upstream's own namespace is exempt from that check; refimpl's is not.
     return _wait_tensor(tensor).clone()
+
+
+# --------------------------------------------------------------------------------------
+# wait_tensor_ (FC-28): the wait of lowered programs, completing its argument in place.
+# Lowered graphs run as they are (AOTAutograd never re-traces them), so their wait may
+# return its input, as upstream Inductor's wait kernel does; a wait then costs no memory
+# (MEM-4). Traced programs keep the copying `wait_tensor` (FC-5).
+# --------------------------------------------------------------------------------------
+_lib.define("wait_tensor_(Tensor(a!) tensor) -> Tensor(a!)")
+
+
+def _wait_tensor_inplace(tensor):
+    return _wait_tensor(tensor)
+
+
+for _key in ("CPU", "CUDA"):
+    _lib.impl("wait_tensor_", _wait_tensor_inplace, _key)
+
+
+@torch.library.register_fake(f"{LIBRARY}::wait_tensor_", lib=_lib)
+def _(tensor):
+    return tensor
 
 
 _EAGER_KERNELS = {

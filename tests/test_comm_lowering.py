@@ -127,14 +127,14 @@ def test_cl4_non_contiguous_inplace_target_reduces_a_copy_and_copies_back(fake_w
     gm = make_fx(lowering_rank._transposed_all_reduce_, tracing_mode="fake")(x)
     assert targets(lower(gm)) == [
         "aten.t.default", "aten.clone.default", "refimpl_c10d.all_reduce_.default",
-        "refimpl_c10d.wait_tensor.default", "aten.copy_.default"]
+        "refimpl_c10d.wait_tensor_.default", "aten.copy_.default"]
 
 
 def test_cl4_non_contiguous_broadcast_target_copies_back(fake_world):
     gm = make_fx(lowering_rank._transposed_broadcast_, tracing_mode="fake")(torch.ones(3, 2))
     assert targets(lower(gm)) == [
         "aten.t.default", "aten.clone.default", "refimpl_c10d.broadcast_.default",
-        "refimpl_c10d.wait_tensor.default", "aten.copy_.default"]
+        "refimpl_c10d.wait_tensor_.default", "aten.copy_.default"]
 
 
 def test_cl4_non_contiguous_inplace_target_without_wait_is_refused(fake_world):

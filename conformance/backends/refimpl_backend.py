@@ -35,8 +35,9 @@ def _make() -> Backend:
         "lowering": _lowering(),
         "reorder": _optional("refimpl.reorder"),
         "memory": _optional("refimpl.memory"),
+        "simulator": _optional("refimpl.simulator"),
         "symmetric_memory": _optional("refimpl.symmetric_memory"),
-    }, notes={"reorder": "not built yet", "memory": "not built yet"})
+    }, notes={"reorder": "not built yet"})
 
 
 backend = _make()

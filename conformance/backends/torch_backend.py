@@ -45,8 +45,12 @@ def _make() -> Backend:
         "lowering": _adapter("torch_lowering"),
         "reorder": _adapter("torch_reorder"),
         "memory": _adapter("torch_memory"),
+        "simulator": None,
         "symmetric_memory": _adapter("torch_symm_mem"),
     }, notes={"reorder": "adapter not written yet", "memory": "adapter not written yet",
+             "simulator": "upstream has no simulator of a given node order: its overlap "
+                          "scheduler accounts exposed time only inside its own scheduling "
+                          "loop, and comms.py's estimates work on Inductor scheduler nodes",
              "symmetric_memory": "upstream implements it for CUDA only"})
 
 

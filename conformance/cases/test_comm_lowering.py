@@ -78,9 +78,9 @@ wait b2""")
 %0 = input : f32[4]
 %1 = aten.clone(%0, memory_format=torch.contiguous_format) : f32[4]
 %2 = funcol.all_reduce_(%1, 'sum', ranks[0,1]) : f32[4]
-%3 = funcol.wait_tensor(%2) : f32[4]
+%3 = funcol.wait_tensor_(%2) : f32[4]
 %4 = funcol.all_gather_into_tensor(%0, 2, ranks[0,1]) : f32[8]
-%5 = funcol.wait_tensor(%4) : f32[8]
+%5 = funcol.wait_tensor_(%4) : f32[8]
 return [%3, %5]""")
     check_numerics(backend, "ar_graph_input", [(4,)])
 
@@ -96,7 +96,7 @@ wait b0""")
 %0 = input : f32[4]
 %1 = aten.mul.Tensor(%0, 2) : f32[4]
 %2 = funcol.all_reduce_(%1, 'sum', ranks[0,1]) : f32[4]
-%3 = funcol.wait_tensor(%2) : f32[4]
+%3 = funcol.wait_tensor_(%2) : f32[4]
 return %3""")
     check_numerics(backend, "ar_intermediate", [(4,)])
 
@@ -113,7 +113,7 @@ wait b0""")
 %1 = aten.mul.Tensor(%0, 2) : f32[4]
 %2 = aten.clone(%1, memory_format=torch.contiguous_format) : f32[4]
 %3 = funcol.all_reduce_(%2, 'sum', ranks[0,1]) : f32[4]
-%4 = funcol.wait_tensor(%3) : f32[4]
+%4 = funcol.wait_tensor_(%3) : f32[4]
 %5 = aten.add.Tensor(%4, %1) : f32[4]
 return %5""")
     check_numerics(backend, "ar_intermediate_shared", [(4,)])
@@ -130,7 +130,7 @@ wait b0""")
 %0 = input : f32[4]
 %1 = aten.mul.Tensor(%0, 2) : f32[4]
 %2 = funcol.all_reduce_(%1, 'sum', ranks[0,1]) : f32[4]
-%3 = funcol.wait_tensor(%2) : f32[4]
+%3 = funcol.wait_tensor_(%2) : f32[4]
 %4 = aten.add.Tensor(%2, 1) : f32[4]
 return %4""")
     check_numerics(backend, "ar_inplace", [(4,)])
@@ -152,8 +152,8 @@ wait b1""")
 %4 = funcol.all_reduce_coalesced_([%3, %2], 'sum', ranks[0,1]) : (f32[4], f32[2, 3])
 %5 = getitem(%4, 0) : f32[4]
 %6 = getitem(%4, 1) : f32[2, 3]
-%7 = funcol.wait_tensor(%5) : f32[4]
-%8 = funcol.wait_tensor(%6) : f32[2, 3]
+%7 = funcol.wait_tensor_(%5) : f32[4]
+%8 = funcol.wait_tensor_(%6) : f32[2, 3]
 return [%7, %8]""")
     check_numerics(backend, "ar_coalesced", [(4,), (2, 3)])
 
@@ -168,7 +168,7 @@ wait b1""")
         assert_expected_inline(graph, """\
 %0 = input : f32[4, 2]
 %1 = funcol.all_gather_into_tensor(%0, 2, ranks[0,1]) : f32[8, 2]
-%2 = funcol.wait_tensor(%1) : f32[8, 2]
+%2 = funcol.wait_tensor_(%1) : f32[8, 2]
 return %2""")
     check_numerics(backend, "all_gather", [(4, 2)])
 
@@ -183,7 +183,7 @@ wait b1""")
         assert_expected_inline(graph, """\
 %0 = input : f32[4, 2]
 %1 = funcol.reduce_scatter_tensor(%0, 'sum', 2, ranks[0,1]) : f32[2, 2]
-%2 = funcol.wait_tensor(%1) : f32[2, 2]
+%2 = funcol.wait_tensor_(%1) : f32[2, 2]
 return %2""")
     check_numerics(backend, "reduce_scatter", [(4, 2)])
 
@@ -198,7 +198,7 @@ wait b1""")
         assert_expected_inline(graph, """\
 %0 = input : f32[4, 2]
 %1 = funcol.all_to_all_single(%0, [2, 2], [2, 2], ranks[0,1]) : f32[4, 2]
-%2 = funcol.wait_tensor(%1) : f32[4, 2]
+%2 = funcol.wait_tensor_(%1) : f32[4, 2]
 return %2""")
     check_numerics(backend, "all_to_all", [(4, 2)])
 
@@ -217,8 +217,8 @@ wait b3""")  # noqa: E501
 %2 = funcol.all_gather_into_tensor_coalesced([%0, %1], 2, ranks[0,1]) : (f32[8], f32[4, 3])
 %3 = getitem(%2, 0) : f32[8]
 %4 = getitem(%2, 1) : f32[4, 3]
-%5 = funcol.wait_tensor(%3) : f32[8]
-%6 = funcol.wait_tensor(%4) : f32[4, 3]
+%5 = funcol.wait_tensor_(%3) : f32[8]
+%6 = funcol.wait_tensor_(%4) : f32[4, 3]
 return [%5, %6]""")
     check_numerics(backend, "all_gather_coalesced", [(4,), (2, 3)])
 
@@ -238,8 +238,8 @@ wait b3""")  # noqa: E501
 %2 = funcol.reduce_scatter_tensor_coalesced([%0, %1], 'sum', 2, ranks[0,1]) : (f32[2], f32[1, 3])
 %3 = getitem(%2, 0) : f32[2]
 %4 = getitem(%2, 1) : f32[1, 3]
-%5 = funcol.wait_tensor(%3) : f32[2]
-%6 = funcol.wait_tensor(%4) : f32[1, 3]
+%5 = funcol.wait_tensor_(%3) : f32[2]
+%6 = funcol.wait_tensor_(%4) : f32[1, 3]
 return [%5, %6]""")
     check_numerics(backend, "reduce_scatter_coalesced", [(4,), (2, 3)])
 
@@ -255,7 +255,7 @@ wait b1""")
 %0 = input : f32[4]
 %1 = aten.new_empty(%0, [8], pin_memory=False) : f32[8]
 %2 = funcol.all_gather_into_tensor_out(%0, 2, ranks[0,1], out=%1) : f32[8]
-%3 = funcol.wait_tensor(%2) : f32[8]
+%3 = funcol.wait_tensor_(%2) : f32[8]
 %4 = aten.mul.Tensor(%2, 1) : f32[8]
 return %4""")
     check_numerics(backend, "all_gather_out", [(4,)])
@@ -273,7 +273,7 @@ wait b0""")
 %1 = aten.add.Tensor(%0, 1) : f32[4]
 %2 = aten.clone(%1, memory_format=torch.contiguous_format) : f32[4]
 %3 = funcol.broadcast_(%2, 1, ranks[0,1]) : f32[4]
-%4 = funcol.wait_tensor(%3) : f32[4]
+%4 = funcol.wait_tensor_(%3) : f32[4]
 return %4""")
     check_numerics(backend, "broadcast", [(4,)])
 
@@ -289,7 +289,7 @@ wait b0""")
 %0 = input : f32[4]
 %1 = aten.add.Tensor(%0, 1) : f32[4]
 %2 = funcol.broadcast_(%1, 1, ranks[0,1]) : f32[4]
-%3 = funcol.wait_tensor(%2) : f32[4]
+%3 = funcol.wait_tensor_(%2) : f32[4]
 %4 = aten.mul.Tensor(%2, 1) : f32[4]
 return %4""")
     check_numerics(backend, "broadcast_inplace", [(4,)])

@@ -1,0 +1,314 @@
+"""Conformance section "memory" (SPEC.md section 5, MEM).
+
+Each case plans one program of conformance/memory_programs.py with the backend's
+`plan_memory` and compares, against an inline golden, every alloc / free event (the
+buffer named by the node that allocates it, its bytes) and the live bytes after each
+node, which the case sums from the events itself; the backend's `peak_bytes` must equal
+that high-water mark. The goldens were derived by hand from the rules they name (the
+comment above each says how). Graphs are traced on a fake process group of 2.
+
+`test_plan_matches_a_real_run` is the independent check of the rules against reality:
+on 2 gloo ranks it runs every program, traced with the backend's own ops, node by node,
+watches every storage (conformance/memory_programs.py's `measure_run`, which shares no
+code with refimpl), and requires the measured allocations and frees to be the planned
+ones at the same nodes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+from expecttest import assert_expected_inline
+
+from conformance import harness
+from conformance import memory_programs as mp
+
+
+@pytest.fixture
+def fake_world():
+    """A fake process group of 2 in this process for tracing, unless one exists already."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    elif dist.get_world_size() != 2:
+        pytest.fail(f"memory cases need a world of 2, found {dist.get_world_size()}")
+    yield
+    if created:
+        dist.destroy_process_group()
+
+
+def plan_text(backend, gm, order=None) -> str:
+    ns = backend.require("memory", "plan_memory")
+    plan = ns.plan_memory(gm, order) if order is not None else ns.plan_memory(gm)
+    text = mp.memory_text(gm, plan)
+    high = int(text.rsplit("high-water ", 1)[1].split()[0])
+    assert plan.peak_bytes == high, f"peak_bytes {plan.peak_bytes} != high-water {high}"
+    return text
+
+
+# Inputs are counted from the start and never freed (MEM-6). The gather's input is held
+# until its wait (MEM-5); refimpl's wait copies (MEM-4): +96. The copy-outs are views
+# plus clones; the gathered buffer dies at its last alias's last use (MEM-3), the clone
+# that feeds `w2 * 2`; outputs stay (MEM-7).
+@pytest.mark.spec("MEM-1", "MEM-3", "MEM-4", "MEM-5", "MEM-6", "MEM-7", "MEM-9")
+def test_all_gather_copy_out(backend, fake_world):
+    gm = mp.traced("all_gather_copy_out")
+    assert_expected_inline(plan_text(backend, gm), """\
+%0 input                           +48 %0                       live 48
+%1 funcol.all_gather_into_tensor   +96 %1                       live 144
+%2 funcol.wait_tensor              +96 %2 -96 %1                live 144
+%5 aten.clone                      +64 %5                       live 208
+%7 aten.clone                      +32 %7 -96 %2                live 144
+%8 aten.mul.Tensor                 +64 %8 -64 %5                live 144
+%9 aten.mul.Tensor                 +32 %9 -32 %7                live 144
+high-water 240 at %2""")
+
+
+# The pad is a new buffer (64 B), held by the reduce_scatter until its wait (MEM-5); the
+# result is copied by the wait; the output is a view of the copy (MEM-2, MEM-7).
+@pytest.mark.spec("MEM-2", "MEM-4", "MEM-5", "MEM-7")
+def test_reduce_scatter_with_padding(backend, fake_world):
+    gm = mp.traced("reduce_scatter_padded")
+    assert_expected_inline(plan_text(backend, gm), """\
+%0 input                           +48 %0                       live 48
+%1 aten.constant_pad_nd            +64 %1                       live 112
+%2 funcol.reduce_scatter_tensor    +32 %2                       live 144
+%3 funcol.wait_tensor              +32 %3 -32 %2 -64 %1         live 80
+%5 aten.mul.Tensor                 +32 %5 -32 %3                live 80
+high-water 176 at %3""")
+
+
+# all_reduce_ renames its argument (MEM-2): no allocation; the wait's copy is read by
+# nobody, so it is allocated and freed at the wait (MEM-9); `y + 1` reads y after the
+# wait, so y lives until then.
+@pytest.mark.spec("MEM-2", "MEM-3", "MEM-4", "MEM-9")
+def test_all_reduce_in_place_on_an_intermediate(backend, fake_world):
+    gm = mp.traced("all_reduce_inplace")
+    assert_expected_inline(plan_text(backend, gm), """\
+%0 input                           +16 %0                       live 16
+%1 aten.mul.Tensor                 +16 %1                       live 32
+%3 funcol.wait_tensor              +16 %3 -16 %3                live 32
+%4 aten.add.Tensor                 +16 %4 -16 %1                live 32
+high-water 48 at %3""")
+
+
+# Two non-overlapping views of one buffer, both mutated (the seed's case): one buffer of
+# 32 B, counted once, freed after the last use of its last alias (MEM-2, MEM-3).
+@pytest.mark.spec("MEM-2", "MEM-3")
+def test_mutated_views_of_one_buffer(backend, fake_world):
+    gm = mp.traced("mutated_views")
+    assert_expected_inline(plan_text(backend, gm), """\
+%0 input                           +32 %0                       live 32
+%1 aten.mul.Tensor                 +32 %1                       live 64
+%6 funcol.wait_tensor              +16 %6 -16 %6                live 64
+%7 aten.mul.Tensor                 +16 %7 -32 %1                live 48
+high-water 80 at %6""")
+
+
+# The gathered buffer is read after the wait: it lives until `sum`, not until the wait.
+@pytest.mark.spec("MEM-3", "MEM-4", "MEM-5")
+def test_wait_input_read_after_the_wait(backend, fake_world):
+    gm = mp.traced("read_after_wait")
+    assert_expected_inline(plan_text(backend, gm), """\
+%0 input                           +16 %0                       live 16
+%1 funcol.all_gather_into_tensor   +32 %1                       live 48
+%2 funcol.wait_tensor              +32 %2                       live 80
+%3 aten.add.Tensor                 +32 %3 -32 %2                live 80
+%4 aten.sum                        +4 %4 -32 %1                 live 52
+high-water 112 at %3""")
+
+
+# The input is mutated and returned, also as a view: one input buffer, never freed,
+# never counted twice (MEM-6, MEM-7). The out-of-place all_reduce copies at issue.
+@pytest.mark.spec("MEM-2", "MEM-6", "MEM-7")
+def test_output_aliases_an_input(backend, fake_world):
+    gm = mp.traced("output_aliases_input")
+    assert_expected_inline(plan_text(backend, gm), """\
+%0 input                           +16 %0                       live 16
+%3 funcol.all_reduce               +16 %3                       live 32
+%4 funcol.wait_tensor              +16 %4 -16 %3                live 32
+high-water 48 at %4""")
+
+
+# Per member of a coalesced all_gather, its input is held until its own wait (MEM-5).
+@pytest.mark.spec("MEM-5")
+def test_coalesced_members_are_held_until_their_own_wait(backend, fake_world):
+    gm = mp.traced("coalesced_members")
+    assert_expected_inline(plan_text(backend, gm), """\
+%0 input                           +8 %0                        live 8
+%1 input                           +12 %1                       live 20
+%2 aten.mul.Tensor                 +8 %2                        live 28
+%3 aten.mul.Tensor                 +12 %3                       live 40
+%4 funcol.all_gather_into_tensor_coalesced +16 %4 +24 %4                live 80
+%7 funcol.wait_tensor              +16 %7 -16 %4 -8 %2          live 72
+%8 aten.add.Tensor                 +16 %8 -16 %7                live 72
+%9 funcol.wait_tensor              +24 %9 -24 %4 -12 %3         live 60
+%10 aten.add.Tensor                +24 %10 -24 %9               live 60
+high-water 96 at %7""")
+
+
+# all_to_all holds its input until the wait; broadcast (out of place) does not (MEM-5).
+@pytest.mark.spec("MEM-5")
+def test_all_to_all_holds_its_input_broadcast_does_not(backend, fake_world):
+    gm = mp.traced("all_to_all_and_broadcast")
+    assert_expected_inline(plan_text(backend, gm), """\
+%0 input                           +16 %0                       live 16
+%1 aten.mul.Tensor                 +16 %1                       live 32
+%2 funcol.all_to_all_single        +16 %2                       live 48
+%3 funcol.wait_tensor              +16 %3 -16 %2 -16 %1         live 32
+%4 aten.add.Tensor                 +16 %4 -16 %3                live 32
+%5 funcol.broadcast                +16 %5 -16 %4                live 32
+%6 funcol.wait_tensor              +16 %6 -16 %5                live 32
+%7 aten.mul.Tensor                 +16 %7 -16 %6                live 32
+high-water 64 at %3""")
+
+
+# A value nobody reads is freed at the node that allocates it (MEM-3, MEM-9).
+@pytest.mark.spec("MEM-3", "MEM-9")
+def test_dead_value(backend, fake_world):
+    gm = mp.traced("dead_value")
+    assert_expected_inline(plan_text(backend, gm), """\
+%0 input                           +16 %0                       live 16
+%1 aten.add.Tensor                 +16 %1                       live 32
+%2 aten.mul.Tensor                 +16 %2 -16 %2                live 32
+%3 funcol.all_reduce               +16 %3 -16 %1                live 32
+%4 funcol.wait_tensor              +16 %4 -16 %3                live 32
+high-water 48 at %2""")
+
+
+# The bucketed FSDP block: one flat bf16 buffer written by the copy-in, gathered with
+# all_gather_into_tensor_out into it (a rename, MEM-2), held until the wait (MEM-5).
+@pytest.mark.spec("MEM-2", "MEM-4", "MEM-5", "BK-8")
+def test_bucketed_fsdp_block(backend, fake_world):
+    gm = mp.bucketed_fsdp_block()
+    assert_expected_inline(plan_text(backend, gm), """\
+%0 input                           +32 %0                       live 32
+%1 input                           +48 %1                       live 80
+%2 input                           +64 %2                       live 144
+%3 aten.empty.memory_format        +80 %3                       live 224
+%7 aten.cat                        +80 %7                       live 304
+%8 aten.copy_                      -80 %7                       live 224
+%10 funcol.wait_tensor             +80 %10 -80 %3               live 224
+%15 aten.clone                     +32 %15                      live 256
+%17 aten.clone                     +48 %17 -80 %10              live 224
+%19 aten._to_copy                  +64 %19 -32 %15              live 256
+%20 aten.mm                        +64 %20 -64 %19              live 256
+%21 aten._to_copy                  +96 %21 -48 %17              live 304
+%22 aten.mm                        +96 %22 -96 %21              live 304
+high-water 400 at %22""")
+
+
+# Lowered one-shot: the comm buffer is allocated, written by the producer's out= (a
+# rename) and never freed (MEM-8); the blocking kernel's result is an ordinary buffer.
+@pytest.mark.spec("MEM-8", "CL-11")
+def test_comm_buffer_is_persistent(backend, fake_world):
+    gm = mp.lowered_one_shot()
+    assert_expected_inline(plan_text(backend, gm), """\
+%0 input                           +16 %0                       live 16
+%1 symm_mem.empty_strided_p2p      +16 %1                       live 32
+%3 symm_mem.one_shot_all_reduce    +16 %3                       live 48
+%4 aten.add.Tensor                 +16 %4 -16 %3                live 48
+high-water 64 at %4""")
+
+
+# The lowered program's waits complete in place (FC-28): no copy, a wait costs nothing.
+@pytest.mark.spec("MEM-4", "FC-28", "CL-9")
+def test_lowered_wait_costs_no_memory(backend, fake_world):
+    gm = mp.lowered_waits()
+    assert_expected_inline(plan_text(backend, gm), """\
+%0 input                           +48 %0                       live 48
+%1 funcol.all_gather_into_tensor   +96 %1                       live 144
+%5 aten.clone                      +64 %5                       live 208
+%7 aten.clone                      +32 %7 -96 %1                live 144
+%8 aten.mul.Tensor                 +64 %8 -64 %5                live 144
+%9 aten.mul.Tensor                 +32 %9 -32 %7                live 144
+high-water 240 at %7""")
+
+
+# Upstream's wait returns its input (MEM-4): a rename, unlike refimpl's traced wait.
+@pytest.mark.spec("MEM-4")
+def test_upstream_wait_is_a_rename(backend, fake_world):
+    import torch
+
+    gm = mp.traced("all_gather_copy_out", ops=torch.ops._c10d_functional)
+    assert_expected_inline(plan_text(backend, gm), """\
+%0 input                           +48 %0                       live 48
+%1 funcol.all_gather_into_tensor   +96 %1                       live 144
+%5 aten.clone                      +64 %5                       live 208
+%7 aten.clone                      +32 %7 -96 %1                live 144
+%8 aten.mul.Tensor                 +64 %8 -64 %5                live 144
+%9 aten.mul.Tensor                 +32 %9 -32 %7                live 144
+high-water 240 at %7""")
+
+
+def _raised_second_gather(gm):
+    """two_layers with the second all_gather issued before the first matmul."""
+    nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    second = [n for n in nodes if "all_gather" in str(n.target)][1]
+    first_mm = next(n for n in nodes if "mm" in str(n.target))
+    rest = [n for n in nodes if n is not second]
+    at = rest.index(first_mm)
+    return rest[:at] + [second] + rest[at:]
+
+
+# Program order, then the second gather raised above the first matmul: its input and
+# output are in flight across the matmul, which raises the high-water mark (MEM-5, MEM-10).
+@pytest.mark.spec("MEM-5", "MEM-10", "MEM-11")
+def test_raising_an_all_gather_costs_memory(backend, fake_world):
+    import torch
+
+    gm = mp.traced("two_layers", ops=torch.ops._c10d_functional)  # waits are renames
+    assert_expected_inline(plan_text(backend, gm), """\
+%0 input                           +32 %0                       live 32
+%1 input                           +32 %1                       live 64
+%2 input                           +32 %2                       live 96
+%3 funcol.all_gather_into_tensor   +64 %3                       live 160
+%6 aten.mm                         +32 %6 -64 %3                live 128
+%7 funcol.all_gather_into_tensor   +64 %7                       live 192
+%10 aten.mm                        +32 %10 -32 %6 -64 %7        live 128
+high-water 224 at %10""")
+    assert_expected_inline(plan_text(backend, gm, _raised_second_gather(gm)), """\
+%0 input                           +32 %0                       live 32
+%1 input                           +32 %1                       live 64
+%2 input                           +32 %2                       live 96
+%3 funcol.all_gather_into_tensor   +64 %3                       live 160
+%7 funcol.all_gather_into_tensor   +64 %7                       live 224
+%6 aten.mm                         +32 %6 -64 %3                live 192
+%10 aten.mm                        +32 %10 -32 %6 -64 %7        live 128
+high-water 256 at %6""")
+
+
+@pytest.mark.spec("MEM-11")
+def test_an_invalid_order_is_refused(backend, fake_world):
+    ns = backend.require("memory", "plan_memory")
+    gm = mp.traced("two_layers")
+    nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    for bad in (list(reversed(nodes)), nodes[:-1], nodes + nodes[-1:]):
+        with pytest.raises(ValueError, match="order"):
+            ns.plan_memory(gm, bad)
+
+
+@pytest.mark.spec("MEM-1")
+def test_buffer_kinds(backend, fake_world):
+    ns = backend.require("memory", "plan_memory")
+    for gm, want in [(mp.lowered_one_shot(), ["input", "comm_buffer", "intermediate",
+                                              "output"]),
+                     (mp.traced("output_aliases_input"), ["input", "intermediate",
+                                                          "output"])]:
+        plan = ns.plan_memory(gm)
+        kinds = [b.kind for b in sorted(plan.buffers, key=lambda b: _index(gm, b.alloc_node))]
+        assert kinds == want, kinds
+
+
+def _index(gm, node):
+    return list(gm.graph.nodes).index(node)
+
+
+@pytest.mark.spec("MEM-3", "MEM-5", "MEM-9", "MEM-12", "FC-29")
+def test_plan_matches_a_real_run(backend):
+    """On 2 gloo ranks, every program's measured allocations and frees are the planned."""
+    results = harness.run(backend, mp.measure_programs, 2, sorted(mp.PROGRAMS))
+    for rank, mismatches in enumerate(results):
+        assert not mismatches, f"rank {rank}:\n" + "\n".join(mismatches)

@@ -1,0 +1,383 @@
+"""Conformance section "simulator" (SPEC.md section 8, SIM).
+
+Costs are checked against the formulas of SPEC section 8, written out again in each case
+with round numbers (a profile of alpha 10 us, beta 100 bytes/us, ...), never read from the
+backend. Timelines are goldens under pinned costs, so they depend on nothing measured:
+four orders of one program (two FSDP layers on a world of 4, a reduce_scatter on a
+subgroup of 2), each event's stream, start and end, and the totals. Graphs are traced on
+a fake process group of 4.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import xml.etree.ElementTree as ET
+
+import pytest
+import torch
+import torch.distributed as dist
+from expecttest import assert_expected_inline
+
+from conformance import memory_programs as mp
+
+
+@pytest.fixture
+def world4():
+    """A fake world of 4 and the name of its subgroup [0, 1]."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    elif dist.get_world_size() != 4:
+        pytest.fail(f"simulator cases need a world of 4, found {dist.get_world_size()}")
+    yield dist.new_group([0, 1]).group_name
+    if created:
+        dist.destroy_process_group()
+
+
+def sim(backend):
+    return backend.require("simulator", "simulate", "CostModel", "HardwareProfile", "LinkCost")
+
+
+def nodes_of(gm, fragment):
+    return [n for n in gm.graph.nodes if fragment in str(n.target)]
+
+
+# --------------------------------------------------------------------------------------
+# Costs
+# --------------------------------------------------------------------------------------
+ALPHA = {2: 10.0, 4: 7.0}
+BETA = {2: 100.0, 4: 50.0}
+
+
+def _profile(ns, **overrides):
+    fields = dict(name="round numbers", flops_per_us={"default": 1000.0, "bfloat16": 4000.0},
+                  memory_bytes_per_us=100.0,
+                  links={n: ns.LinkCost(ALPHA[n], BETA[n]) for n in (2, 4)},
+                  op_overhead_us=1.0)
+    fields.update(overrides)
+    return ns.HardwareProfile(**fields)
+
+
+def ring(n, nbytes):
+    return (n - 1) * ALPHA[n] + (n - 1) / n * nbytes / BETA[n]
+
+
+@pytest.mark.spec("SIM-1", "SIM-2", "SIM-4")
+def test_collective_costs(backend, world4):
+    """Each collective on groups of 4 and 2: the alpha-beta ring formulas, waits free."""
+    ns = sim(backend)
+    gm = mp.traced_every_collective(world4)
+    tl = ns.simulate(gm, ns.CostModel(_profile(ns)))
+    durations = {e.node.name: e.end_us - e.start_us for e in tl.events
+                 if e.stream != "compute"}
+    x = 8 * 16 * 4  # bytes of the input
+    want = []
+    for n in (4, 2):
+        want += [ring(n, x * n),                                 # all_gather: its result
+                 ring(n, x),                                     # reduce_scatter: its input
+                 2 * ring(n, x),                                 # all_reduce
+                 ring(n, x),                                     # all_to_all
+                 (n - 1) * ALPHA[n] + x / BETA[n]]               # broadcast: pipelined
+    got = [durations[n.name] for n in gm.graph.nodes if n.name in durations]
+    assert got == pytest.approx(want), (got, want)
+    # Each collective is waited at once: its wait blocks exactly until it ends, at no cost.
+    ends = {e.node: e.end_us for e in tl.events}
+    for e in tl.events:
+        if "wait_tensor" in str(e.node.target):
+            assert e.end_us == pytest.approx(ends[e.node.args[0]])
+    assert tl.comm_time_us == pytest.approx(sum(want))
+    assert tl.exposed_comm_us == pytest.approx(sum(want))
+
+
+@pytest.mark.spec("SIM-3", "SIM-4")
+def test_compute_is_a_roofline(backend, world4):
+    ns = sim(backend)
+
+    def program(a, b, c, img, weight, h, k):
+        m = a @ b                                   # 2*8*16*4 FLOPs
+        s = m + 1                                   # memory-bound
+        v = s.view(-1)                              # a view: free
+        bf = h @ k                                  # bf16: its own peak
+        conv = torch.nn.functional.conv2d(img, weight)  # flop_counter's formula
+        e = torch.empty(3, 3)                       # allocates only
+        return v, bf, conv, e, torch.addmm(c, a, b)
+
+    inputs = [torch.randn(8, 16), torch.randn(16, 4), torch.randn(8, 4),
+              torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3),
+              torch.randn(8, 8, dtype=torch.bfloat16), torch.randn(8, 8, dtype=torch.bfloat16)]
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(program, tracing_mode="fake")(*inputs)
+    tl = ns.simulate(gm, ns.CostModel(_profile(ns)))
+    got = {e.node.target: e.end_us - e.start_us for e in tl.events
+           if _dtype(e.node) != torch.bfloat16}
+    aten = torch.ops.aten
+    mm_bytes = (8 * 16 + 16 * 4 + 8 * 4) * 4
+    assert got[aten.mm.default] == pytest.approx(1 + max(2 * 8 * 16 * 4 / 1000, mm_bytes / 100))
+    assert got[aten.add.Tensor] == pytest.approx(1 + 2 * 8 * 4 * 4 / 100)
+    assert got[aten.view.default] == 0.0
+    assert got[aten.empty.memory_format] == 0.0
+    conv_flops = 2 * 1 * 3 * 3 * 3 * 2 * 3 * 3  # 2 N Cout Hout Wout Cin kh kw
+    conv_bytes = (1 * 2 * 5 * 5 + 3 * 2 * 3 * 3 + 1 * 3 * 3 * 3) * 4
+    assert got[aten.convolution.default] == pytest.approx(
+        1 + max(conv_flops / 1000, conv_bytes / 100))
+    bf_node = [n for n in nodes_of(gm, "aten.mm") if n.meta["val"].dtype == torch.bfloat16][0]
+    bf = [e for e in tl.events if e.node is bf_node][0]
+    assert bf.end_us - bf.start_us == pytest.approx(
+        1 + max(2 * 8 * 8 * 8 / 4000, 3 * 8 * 8 * 2 / 100))
+    addmm_bytes = (8 * 4 + 8 * 16 + 16 * 4 + 8 * 4) * 4
+    assert got[aten.addmm.default] == pytest.approx(
+        1 + max(2 * 8 * 16 * 4 / 1000, addmm_bytes / 100))
+
+
+def _dtype(node):
+    val = node.meta.get("val")
+    return val.dtype if isinstance(val, torch.Tensor) else None
+
+
+@pytest.mark.spec("SIM-1")
+def test_pinned_durations(backend, world4):
+    ns = sim(backend)
+    gm = mp.traced_layered(world4)
+    mm = nodes_of(gm, "aten.mm")[0]
+    ag = nodes_of(gm, "all_gather")[0]
+    wait = nodes_of(gm, "wait_tensor")[0]
+    tl = ns.simulate(gm, ns.CostModel(_profile(ns), pinned={mm.name: 123.0, ag.name: 7.5,
+                                                             wait.name: 2.0}))
+    by = {e.node: e for e in tl.events}
+    assert by[mm].end_us - by[mm].start_us == 123.0
+    assert by[ag].end_us - by[ag].start_us == 7.5
+    assert by[wait].end_us == by[ag].end_us + 2.0  # blocked until the gather, then 2 us
+    with pytest.raises(ValueError, match="pinned"):
+        ns.simulate(gm, ns.CostModel(pinned={"no_such_node": 1.0}))
+    for bad in (-1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="pinned"):
+            ns.CostModel(pinned={mm.name: bad})
+
+
+@pytest.mark.spec("SIM-11")
+def test_profiles(backend, world4):
+    ns = sim(backend)
+    profile = _profile(ns, links={0: ns.LinkCost(3.0, 30.0), 2: ns.LinkCost(10.0, 100.0)})
+    assert profile.link(2).alpha_us == 10.0
+    assert profile.link(4).alpha_us == 3.0  # no entry for 4: the default, key 0
+    with pytest.raises(ValueError, match="profile"):
+        _profile(ns, links={2: ns.LinkCost(1.0, 1.0)}).link(4)
+    again = ns.HardwareProfile.from_json(profile.to_json())
+    assert again == profile
+    gm = mp.traced_layered(world4)
+    default = ns.simulate(gm).step_time_us
+    preset = ns.simulate(gm, ns.CostModel(ns.H100_NVLINK_8)).step_time_us
+    assert default == preset > 0
+    h100 = ns.H100_NVLINK_8
+    assert h100.source and h100.link(8).beta_bytes_per_us > 0
+    assert h100.flops_rate(torch.bfloat16) > h100.flops_rate(torch.float32)
+
+
+# --------------------------------------------------------------------------------------
+# Timelines under pinned costs
+# --------------------------------------------------------------------------------------
+def _pins(gm):
+    """mm 30 us each, the cast-free `grad * 2` 5 us, all_gathers 20 us, reduce_scatter 25."""
+    pins = {}
+    for n in gm.graph.nodes:
+        target = str(n.target)
+        if "aten.mm" in target:
+            pins[n.name] = 30.0
+        elif "aten.mul" in target:
+            pins[n.name] = 5.0
+        elif "all_gather" in target:
+            pins[n.name] = 20.0
+        elif "reduce_scatter" in target:
+            pins[n.name] = 25.0
+    return pins
+
+
+def _orders(gm):
+    """The program order and three others of `layered`."""
+    body = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    ag1, ag2 = nodes_of(gm, "all_gather")
+    w1, w2, wr = nodes_of(gm, "wait_tensor")
+    mm1, mm2 = nodes_of(gm, "aten.mm")
+    (mul,) = nodes_of(gm, "aten.mul")
+    (rs,) = nodes_of(gm, "reduce_scatter")
+    views = nodes_of(gm, "aten.view")
+
+    def prefetch():  # the second gather issued as soon as the first is waited
+        rest = [n for n in body if n is not ag2]
+        return rest[:rest.index(w1) + 1] + [ag2] + rest[rest.index(w1) + 1:]
+
+    everything_first = [mul, ag1, ag2, rs, w1, views[0], mm1, w2, views[1], mm2, wr]
+    rs_first = [mul, rs, ag1, w1, views[0], mm1, ag2, w2, views[1], mm2, wr]
+    return {"program": body, "prefetch": prefetch(), "collectives_first": everything_first,
+            "reduce_scatter_first": rs_first}
+
+
+def timeline(backend, gm, order):
+    ns = sim(backend)
+    tl = ns.simulate(gm, ns.CostModel(pinned=_pins(gm)), order)
+    return mp.timeline_text(gm, tl)
+
+
+@pytest.mark.spec("SIM-5", "SIM-6", "SIM-7", "SIM-8")
+def test_timeline_program_order(backend, world4):
+    """Every collective waited at once: all 65 us of communication exposed."""
+    gm = mp.traced_layered(world4)
+    assert_expected_inline(timeline(backend, gm, _orders(gm)["program"]), """\
+%4 funcol.all_gather_into_tensor   comm ranks[0,1,2,3]     0.0   20.0
+%5 funcol.wait_tensor              compute                 0.0   20.0
+%6 aten.view                       compute                20.0   20.0
+%7 aten.mm                         compute                20.0   50.0
+%8 funcol.all_gather_into_tensor   comm ranks[0,1,2,3]    50.0   70.0
+%9 funcol.wait_tensor              compute                50.0   70.0
+%10 aten.view                      compute                70.0   70.0
+%11 aten.mm                        compute                70.0  100.0
+%12 aten.mul.Tensor                compute               100.0  105.0
+%13 funcol.reduce_scatter_tensor   comm ranks[0,1]       105.0  130.0
+%14 funcol.wait_tensor             compute               105.0  130.0
+step 130.0 us, comm 65.0 us, exposed 65.0 us, overlap 0.000, peak 288 B""")
+
+
+@pytest.mark.spec("SIM-5", "SIM-6", "SIM-7", "SIM-8")
+def test_timeline_prefetch(backend, world4):
+    """The second gather overlaps the first matmul."""
+    gm = mp.traced_layered(world4)
+    assert_expected_inline(timeline(backend, gm, _orders(gm)["prefetch"]), """\
+%4 funcol.all_gather_into_tensor   comm ranks[0,1,2,3]     0.0   20.0
+%5 funcol.wait_tensor              compute                 0.0   20.0
+%8 funcol.all_gather_into_tensor   comm ranks[0,1,2,3]    20.0   40.0
+%6 aten.view                       compute                20.0   20.0
+%7 aten.mm                         compute                20.0   50.0
+%9 funcol.wait_tensor              compute                50.0   50.0
+%10 aten.view                      compute                50.0   50.0
+%11 aten.mm                        compute                50.0   80.0
+%12 aten.mul.Tensor                compute                80.0   85.0
+%13 funcol.reduce_scatter_tensor   comm ranks[0,1]        85.0  110.0
+%14 funcol.wait_tensor             compute                85.0  110.0
+step 110.0 us, comm 65.0 us, exposed 45.0 us, overlap 0.308, peak 288 B""")
+
+
+@pytest.mark.spec("SIM-6", "SIM-7", "SIM-8")
+def test_timeline_collectives_first(backend, world4):
+    """One group's gathers run one after another; the other group's scatter alongside."""
+    gm = mp.traced_layered(world4)
+    assert_expected_inline(timeline(backend, gm, _orders(gm)["collectives_first"]), """\
+%12 aten.mul.Tensor                compute                 0.0    5.0
+%4 funcol.all_gather_into_tensor   comm ranks[0,1,2,3]     5.0   25.0
+%8 funcol.all_gather_into_tensor   comm ranks[0,1,2,3]    25.0   45.0
+%13 funcol.reduce_scatter_tensor   comm ranks[0,1]         5.0   30.0
+%5 funcol.wait_tensor              compute                 5.0   25.0
+%6 aten.view                       compute                25.0   25.0
+%7 aten.mm                         compute                25.0   55.0
+%9 funcol.wait_tensor              compute                55.0   55.0
+%10 aten.view                      compute                55.0   55.0
+%11 aten.mm                        compute                55.0   85.0
+%14 funcol.wait_tensor             compute                85.0   85.0
+step 85.0 us, comm 65.0 us, exposed 20.0 us, overlap 0.692, peak 416 B""")
+
+
+@pytest.mark.spec("SIM-6", "SIM-7", "SIM-8")
+def test_timeline_reduce_scatter_first(backend, world4):
+    """The subgroup's scatter runs while the world's first gather runs and is waited."""
+    gm = mp.traced_layered(world4)
+    assert_expected_inline(timeline(backend, gm, _orders(gm)["reduce_scatter_first"]), """\
+%12 aten.mul.Tensor                compute                 0.0    5.0
+%13 funcol.reduce_scatter_tensor   comm ranks[0,1]         5.0   30.0
+%4 funcol.all_gather_into_tensor   comm ranks[0,1,2,3]     5.0   25.0
+%5 funcol.wait_tensor              compute                 5.0   25.0
+%6 aten.view                       compute                25.0   25.0
+%7 aten.mm                         compute                25.0   55.0
+%8 funcol.all_gather_into_tensor   comm ranks[0,1,2,3]    55.0   75.0
+%9 funcol.wait_tensor              compute                55.0   75.0
+%10 aten.view                      compute                75.0   75.0
+%11 aten.mm                        compute                75.0  105.0
+%14 funcol.wait_tensor             compute               105.0  105.0
+step 105.0 us, comm 65.0 us, exposed 40.0 us, overlap 0.385, peak 384 B""")
+
+
+@pytest.mark.spec("SIM-8", "MEM-10")
+def test_timeline_peak_is_the_memory_plan_of_the_same_order(backend, world4):
+    ns = sim(backend)
+    memory = backend.require("memory", "plan_memory")
+    gm = mp.traced_layered(world4)
+    for order in _orders(gm).values():
+        tl = ns.simulate(gm, ns.CostModel(pinned=_pins(gm)), order)
+        assert tl.peak_bytes == memory.plan_memory(gm, order).peak_bytes
+
+
+@pytest.mark.spec("SIM-5", "SIM-7")
+def test_blocking_one_shot_all_reduce(backend):
+    """A one-shot all-reduce has no wait: the compute stream waits for it."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        ns = sim(backend)
+        gm = mp.lowered_one_shot()
+        pins = {n.name: 10.0 for n in gm.graph.nodes if n.op == "call_function"}
+        tl = ns.simulate(gm, ns.CostModel(pinned=pins))
+        assert_expected_inline(mp.timeline_text(gm, tl), """\
+%1 symm_mem.empty_strided_p2p      compute                 0.0   10.0
+%2 aten.mul.out                    compute                10.0   20.0
+%3 symm_mem.one_shot_all_reduce    comm ranks[0,1]        20.0   30.0
+%4 aten.add.Tensor                 compute                30.0   40.0
+step 40.0 us, comm 10.0 us, exposed 10.0 us, overlap 0.000, peak 64 B""")
+    finally:
+        if created:
+            dist.destroy_process_group()
+
+
+@pytest.mark.spec("SIM-5", "MEM-11")
+def test_an_invalid_order_is_refused(backend, world4):
+    ns = sim(backend)
+    gm = mp.traced_layered(world4)
+    body = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    for bad in (list(reversed(body)), body[1:], body + body[:1]):
+        with pytest.raises(ValueError, match="order"):
+            ns.simulate(gm, ns.CostModel(pinned=_pins(gm)), bad)
+
+
+# --------------------------------------------------------------------------------------
+# Pictures
+# --------------------------------------------------------------------------------------
+@pytest.mark.spec("SIM-9")
+def test_chrome_trace(backend, world4, tmp_path):
+    ns = sim(backend)
+    gm = mp.traced_layered(world4)
+    tl = ns.simulate(gm, ns.CostModel(pinned=_pins(gm)), _orders(gm)["collectives_first"])
+    path = tmp_path / "trace.json"
+    tl.to_chrome_trace(path)
+    trace = json.loads(path.read_text())["traceEvents"]
+    threads = {e["tid"]: e["args"]["name"] for e in trace
+               if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert sorted(threads.values()) == sorted({e.stream for e in tl.events})
+    spans = sorted((threads[e["tid"]], e["name"], e["ts"], e["ts"] + e["dur"])
+                   for e in trace if e["ph"] == "X")
+    want = sorted((e.stream, e.node.name, e.start_us, e.end_us) for e in tl.events
+                  if e.end_us > e.start_us)
+    assert [s[:2] for s in spans] == [w[:2] for w in want]
+    assert all(a[2:] == pytest.approx(b[2:]) for a, b in zip(spans, want, strict=True))
+    memory = [e for e in trace if e["ph"] == "C" and e["name"] == "memory"]
+    assert max(e["args"]["live_bytes"] for e in memory) <= tl.peak_bytes
+    assert memory and all(e["args"]["live_bytes"] >= 0 for e in memory)
+
+
+@pytest.mark.spec("SIM-10")
+def test_svg(backend, world4, tmp_path):
+    ns = sim(backend)
+    gm = mp.traced_layered(world4)
+    tl = ns.simulate(gm, ns.CostModel(pinned=_pins(gm)), _orders(gm)["prefetch"])
+    path = tmp_path / "timeline.svg"
+    tl.to_svg(path)
+    root = ET.parse(path).getroot()
+    svg = "{http://www.w3.org/2000/svg}"
+    assert root.tag == f"{svg}svg"
+    titles = [t.text for t in root.iter(f"{svg}title")]
+    drawn = {e.node.name for e in tl.events if e.end_us > e.start_us}
+    assert {t.split()[0] for t in titles} == drawn
+    assert any(el.tag == f"{svg}polyline" for el in root.iter())
