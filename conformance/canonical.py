@@ -17,8 +17,8 @@ import inspect
 import torch
 import torch.fx
 
-# Namespaces whose ops are the functional collectives of some backend.
-COLLECTIVE_NAMESPACES = ("refimpl_c10d", "_c10d_functional", "_c10d_functional_autograd")
+from refimpl._fx import COLLECTIVE_NAMESPACES  # ops of any backend's functional collectives
+
 # Op namespaces and Python modules of symmetric memory (refimpl's and upstream's).
 SYMM_MEM_NAMESPACES = ("refimpl_symm_mem", "symm_mem")
 SYMM_MEM_MODULES = ("refimpl.symmetric_memory", "torch.distributed._symmetric_memory")

@@ -13,9 +13,11 @@ results reach it, and each open bucket knows which buckets it reaches, so "does 
 candidate depend on the open bucket?" is one AND, and merging never creates a cycle,
 even across keys (BK-4). The rewrite is one stable topological pass: the merged
 collective sits where the bucket's last member was, and only nodes that depend on a
-member's result move after its wait (BK-7). Both passes cost O(N log N) in graph size.
+member's result move after its wait (BK-7); every node of a merged bucket is tagged with
+its FSDP block (BK-17). Both passes cost O(N log N) in graph size. Candidates with bad
+arguments are refused before anything is rewritten (BK-16).
 
-Implements SPEC.md section "Bucketing": BK-1 .. BK-15.
+Implements SPEC.md section "Bucketing": BK-1 .. BK-17.
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 
-import refimpl.functional_collectives  # noqa: F401  (registers torch.ops.refimpl_c10d)
+import refimpl.functional_collectives as fc
+from refimpl import _fx
 
 __all__ = ["bucket_all_gather", "bucket_reduce_scatter", "bucket_all_reduce", "plan_buckets",
-           "Bucket", "KINDS"]
+           "Bucket", "KINDS", "BLOCK_META"]
 
 logger = logging.getLogger("refimpl.bucketing")
 
@@ -41,17 +44,12 @@ aten = torch.ops.aten
 refimpl_ops = torch.ops.refimpl_c10d
 MiB = 1024 * 1024
 CapFn = Callable[[int], float]
+# node.meta key of every node of a merged bucket: (block kind, block index) (BK-17).
+BLOCK_META = "refimpl_block"
 
-# Collectives are recognized in refimpl's namespace and in upstream's, so one pass can be
+# Collectives are recognized in refimpl's namespaces and in upstream's, so one pass can be
 # compared with upstream's on the same graphs (BK-1); merged collectives are refimpl's.
-_NAMESPACES = (torch.ops.refimpl_c10d, torch.ops._c10d_functional)
-
-
-def _overloads(name: str) -> frozenset:
-    return frozenset(getattr(ns, name).default for ns in _NAMESPACES)
-
-
-_WAITS = _overloads("wait_tensor")
+_WAITS = _fx.overloads("wait_tensor")
 _CASTS = frozenset({aten._to_copy.default, torch.ops.prims.convert_element_type.default})
 
 
@@ -62,51 +60,37 @@ _CASTS = frozenset({aten._to_copy.default, torch.ops.prims.convert_element_type.
 class Kind:
     name: str
     targets: frozenset
-    group_arg: int             # position of group_name in the op's args
-    reduce_arg: int | None     # position of reduce_op, if the op reduces
+    reduces: bool  # whether the op takes a reduce_op (part of the key, BK-2)
 
 
 KINDS = {
-    "all_gather": Kind("all_gather", _overloads("all_gather_into_tensor"), 2, None),
-    "reduce_scatter": Kind("reduce_scatter", _overloads("reduce_scatter_tensor"), 3, 1),
-    "all_reduce": Kind("all_reduce", _overloads("all_reduce"), 2, 1),
+    "all_gather": Kind("all_gather", _fx.overloads("all_gather_into_tensor"), False),
+    "reduce_scatter": Kind("reduce_scatter", _fx.overloads("reduce_scatter_tensor"), True),
+    "all_reduce": Kind("all_reduce", _fx.overloads("all_reduce"), True),
 }
 
 
 def _val(node: torch.fx.Node) -> torch.Tensor:
-    val = node.meta.get("val")
+    """A candidate's (or its input's) fake value, of static shape (BK-1)."""
+    val = _fx.fake_value(node, "BK-1")
     if not isinstance(val, torch._subclasses.FakeTensor):
-        raise ValueError(f"gm: node {node.name} has no FakeTensor in meta['val']; trace the "
-                         f"graph with make_fx(tracing_mode='fake') or torch.compile [BK-1]")
+        raise ValueError(f"gm: node {node.name!r} has no FakeTensor in meta['val']; trace "
+                         f"the graph with make_fx(tracing_mode='fake') or torch.compile [BK-1]")
     if not all(isinstance(s, int) for s in val.shape):
-        raise ValueError(f"gm: node {node.name} has symbolic shape {tuple(val.shape)}; "
+        raise ValueError(f"gm: node {node.name!r} has symbolic shape {tuple(val.shape)}; "
                          f"bucketing needs static shapes [BK-1]")
     return val
 
 
-def _group_name(node: torch.fx.Node, kind: Kind) -> str:
-    name = node.args[kind.group_arg]
-    if not isinstance(name, str):
-        raise ValueError(f"gm: {node.name} names its group by {type(name).__name__}, not a "
-                         f"constant group name str [BK-1]")
-    return name
+@dataclass(frozen=True)
+class _Call:
+    """A candidate's checked arguments (BK-1, BK-16)."""
 
-
-def _bucket_key(node: torch.fx.Node, kind: Kind, mixed_dtypes: bool) -> tuple:
-    """Candidates share a bucket only if their keys are equal (BK-2)."""
-    key: tuple = (_group_name(node, kind),)
-    if kind.reduce_arg is not None:
-        key += (str(node.args[kind.reduce_arg]).lower(),)
-    if not mixed_dtypes:
-        key += (_val(node).dtype,)
-    return key
-
-
-def _size_bytes(node: torch.fx.Node, kind: Kind) -> int:
-    """What a member adds to its bucket: the larger of its input and output (BK-3)."""
-    out = _val(node)
-    inp = _val(node.args[0])
-    return max(out.numel() * out.element_size(), inp.numel() * inp.element_size())
+    input: torch.fx.Node
+    group_name: str
+    group_size: int
+    ranks: tuple        # the group's global ranks, ascending (FC-14)
+    reduce_op: str | None
 
 
 def _is_candidate(node: torch.fx.Node, kind: Kind) -> bool:
@@ -117,6 +101,64 @@ def _is_candidate(node: torch.fx.Node, kind: Kind) -> bool:
         return False
     (user,) = node.users
     return user.op == "call_function" and user.target in _WAITS and user.args[0] is node
+
+
+class _Groups:
+    """Group names resolved once per pass: name -> global ranks (BK-16)."""
+
+    def __init__(self):
+        self.ranks: dict[str, tuple] = {}
+
+    def of(self, node: torch.fx.Node, name) -> tuple:
+        if not isinstance(name, str):
+            raise ValueError(f"gm: node {node.name!r} names its group by "
+                             f"{type(name).__name__}, not a constant group name str [BK-1]")
+        if name not in self.ranks:
+            try:
+                self.ranks[name] = tuple(fc.group_ranks(name))
+            except ValueError:
+                raise ValueError(f"gm: node {node.name!r}: group_name {name!r} names no "
+                                 f"process group of this process [BK-16]") from None
+        return self.ranks[name]
+
+
+def _check_call(node: torch.fx.Node, kind: Kind, groups: _Groups) -> _Call:
+    """A candidate's arguments, refused unless the op itself would accept them (BK-16)."""
+    args = _fx.arguments(node, "BK-16")
+    ranks = groups.of(node, args["group_name"])
+    size = args.get("group_size", len(ranks))
+    if size != len(ranks):
+        raise ValueError(f"gm: node {node.name!r}: group_size {size!r} does not match the "
+                         f"size {len(ranks)} of group {args['group_name']!r} [BK-16]")
+    reduce_op = None
+    if kind.reduces:
+        reduce_op = args["reduce_op"]
+        if not isinstance(reduce_op, str) or reduce_op.lower() not in _fx.REDUCE_OPS:
+            raise ValueError(f"gm: node {node.name!r}: reduce_op {reduce_op!r} is not one of "
+                             f"{list(_fx.REDUCE_OPS)} [BK-16]")
+    inp = args["input"]
+    if not isinstance(inp, torch.fx.Node):
+        raise ValueError(f"gm: node {node.name!r}: input is {type(inp).__name__}, not a node "
+                         f"of the graph [BK-16]")
+    _val(inp)
+    return _Call(inp, args["group_name"], size, ranks, reduce_op)
+
+
+def _bucket_key(node: torch.fx.Node, call: _Call, mixed_dtypes: bool) -> tuple:
+    """Candidates share a bucket only if their keys are equal (BK-2)."""
+    key: tuple = (call.group_name,)
+    if call.reduce_op is not None:
+        key += (call.reduce_op.lower(),)
+    if not mixed_dtypes:
+        key += (_val(node).dtype,)
+    return key
+
+
+def _size_bytes(node: torch.fx.Node, call: _Call) -> int:
+    """What a member adds to its bucket: the larger of its input and output (BK-3)."""
+    out = _val(node)
+    inp = _val(call.input)
+    return max(out.numel() * out.element_size(), inp.numel() * inp.element_size())
 
 
 # --------------------------------------------------------------------------------------
@@ -131,8 +173,18 @@ class Bucket:
     cap_bytes: int
     bit: int
     members: list = field(default_factory=list)
+    calls: list = field(default_factory=list)  # each member's checked arguments (_Call)
     size_bytes: int = 0
     reaches: int = 0  # bitset of the buckets this bucket's results reach (while open)
+
+    @property
+    def inputs(self) -> list[torch.fx.Node]:
+        return [call.input for call in self.calls]
+
+    @property
+    def call(self) -> _Call:
+        """What every member shares: group, its size and ranks, reduce op (the key)."""
+        return self.calls[0]
 
 
 def _cap_bytes(cap_fn: CapFn, index: int) -> int:
@@ -149,6 +201,7 @@ class _Planner:
 
     def __init__(self, kind: Kind, cap_fn: CapFn, mixed_dtypes: bool):
         self.kind, self.cap_fn, self.mixed_dtypes = kind, cap_fn, mixed_dtypes
+        self.groups = _Groups()
         self.open: dict[tuple, Bucket] = {}
         self.buckets: list[Bucket] = []
         self.skipped = 0
@@ -167,8 +220,9 @@ class _Planner:
         return self.buckets
 
     def _admit(self, node: torch.fx.Node, upstream: int) -> Bucket | None:
-        key = _bucket_key(node, self.kind, self.mixed_dtypes)
-        size = _size_bytes(node, self.kind)
+        call = _check_call(node, self.kind, self.groups)
+        key = _bucket_key(node, call, self.mixed_dtypes)
+        size = _size_bytes(node, call)
         bucket = self.open.get(key)
         if bucket is not None and upstream & (bucket.bit | bucket.reaches):
             # Merging would make the bucket wait for itself (BK-4).
@@ -184,6 +238,7 @@ class _Planner:
         elif bucket is None:
             bucket = self._new_bucket(key, 0)
         bucket.members.append(node)
+        bucket.calls.append(call)
         bucket.size_bytes += size
         if upstream:
             # New edges: every bucket feeding `node` now reaches this bucket; so does every
@@ -211,8 +266,9 @@ def plan_buckets(gm: torch.fx.GraphModule, kind: str, bucket_cap_mb_by_bucket_id
 
 
 # --------------------------------------------------------------------------------------
-# Building new nodes with cheap metadata. Fake-tensor dispatch costs ~0.3 ms per op on a
-# small machine; shapes of these few ops are simple, so vals are made directly.
+# Building a bucket's layout nodes with cheap metadata. Fake-tensor dispatch costs ~0.3 ms
+# per op on a small machine; shapes of these few ops are simple, so vals are made by hand
+# (comm_lowering's builder, by contrast, runs each op's fake kernel).
 # --------------------------------------------------------------------------------------
 def _contiguous_strides(shape) -> list[int]:
     strides, step = [], 1
@@ -236,11 +292,18 @@ _NODE_NAMES = {
 }
 
 
-class _Builder:
-    def __init__(self, graph: torch.fx.Graph, like: torch.Tensor):
+class _LayoutBuilder:
+    """Creates one bucket's nodes at the graph's insertion point, fake values made by hand.
+
+    Every node it creates is tagged with the bucket's FSDP block (BK-17): the kind of the
+    bucket until the merged wait, the kind's `_wait` block from the wait on.
+    """
+
+    def __init__(self, graph: torch.fx.Graph, like: torch.Tensor, block: tuple[str, int]):
         self.graph = graph
         self.fake_mode = like.fake_mode
         self.device = like.device
+        self.block = block
 
     def fake(self, shape, dtype, strides=None) -> torch.Tensor:
         shape = [int(s) for s in shape]
@@ -255,6 +318,7 @@ class _Builder:
         node = self.graph.create_node("call_function", target, tuple(args), kwargs or {},
                                       name=name)
         node.meta["val"] = val
+        node.meta[BLOCK_META] = self.block
         self.last = node
         return node
 
@@ -292,38 +356,39 @@ class _Builder:
         return [self.call(operator.getitem, (parts, i), val=v) for i, v in enumerate(pieces)]
 
     def wait(self, node: torch.fx.Node) -> torch.fx.Node:
+        kind, index = self.block
+        self.block = (f"{kind}_wait", index)  # the wait opens the bucket's wait block
         return self.call(refimpl_ops.wait_tensor.default, (node,), val=node.meta["val"])
 
 
 # --------------------------------------------------------------------------------------
 # Merged collectives (BK-8 .. BK-13)
 # --------------------------------------------------------------------------------------
-def _group_index(group_name: str) -> int:
-    """This rank's index in the group: its position among the group's sorted ranks."""
+def _group_index(bucket: Bucket, needed_for: str, rule: str) -> int:
+    """This rank's index in the bucket's group: its position among the group's sorted
+    global ranks (rank 3 of [1, 3] is index 1), which `needed_for` depends on."""
     import torch.distributed as dist
 
-    from refimpl.functional_collectives import group_ranks
-
-    if not dist.is_initialized():
-        raise ValueError(f"gm: the all_gather bucket of group {group_name!r} needs this "
-                         f"rank's index in the group, but no process group is initialized; "
-                         f"run the pass on the rank, or pass use_out_variant=False [BK-8]")
-    ranks = group_ranks(group_name)
-    if dist.get_rank() not in ranks:
-        raise ValueError(f"gm: rank {dist.get_rank()} is not in group {group_name!r} "
-                         f"(ranks {ranks}) of an all_gather it would merge [BK-8]")
-    return ranks.index(dist.get_rank())
+    call = bucket.call
+    me = dist.get_rank()
+    if me not in call.ranks:
+        raise ValueError(f"gm: node {bucket.members[-1].name!r}: {needed_for} needs this "
+                         f"rank's index in group {call.group_name!r} (ranks "
+                         f"{list(call.ranks)}), and rank {me} is not in it; run the pass on "
+                         f"a rank of the group [{rule}]")
+    return call.ranks.index(me)
 
 
-def _absorbable_cast(node: torch.fx.Node, member: torch.fx.Node) -> bool:
-    """A floating-point cast used only by this all_gather: the bucket's copy does it (BK-9)."""
+def _absorbable_cast(node: torch.fx.Node) -> bool:
+    """A floating-point cast whose only user is the all_gather it feeds: the bucket's copy
+    can do it (BK-9)."""
     if node.op != "call_function" or node.target not in _CASTS or len(node.users) != 1:
         return False
     if node.target is aten._to_copy.default and set(node.kwargs) - {"dtype"}:
         return False
     src = node.args[0]
     return (isinstance(src, torch.fx.Node) and src.meta["val"].dtype.is_floating_point
-            and node.meta["val"].dtype.is_floating_point and member.args[0] is node)
+            and node.meta["val"].dtype.is_floating_point)
 
 
 @dataclass
@@ -333,21 +398,18 @@ class _MergeOptions:
     batch_casts: bool = True
 
 
-def _absorbs_cast(member: torch.fx.Node, opts: _MergeOptions) -> bool:
-    """Whether the bucket's copy-in does the cast feeding this all_gather (BK-9)."""
-    return (opts.batch_casts and not opts.mixed_dtypes
-            and _absorbable_cast(member.args[0], member))
+def _absorbs_cast(inp: torch.fx.Node, opts: _MergeOptions) -> bool:
+    """Whether the bucket's copy-in does the cast producing this all_gather input (BK-9)."""
+    return opts.batch_casts and not opts.mixed_dtypes and _absorbable_cast(inp)
 
 
 def _all_gather_sources(bucket: Bucket, opts: _MergeOptions) -> list[torch.fx.Node]:
     """What the copy-in reads: each member's input, or the source of its absorbed cast."""
-    return [ag.args[0].args[0] if _absorbs_cast(ag, opts) else ag.args[0]
-            for ag in bucket.members]
+    return [inp.args[0] if _absorbs_cast(inp, opts) else inp for inp in bucket.inputs]
 
 
-def _merge_all_gather(b: _Builder, bucket: Bucket, opts: _MergeOptions) -> list:
-    first = bucket.members[0]
-    group_size, name = first.args[1], first.args[2]
+def _merge_all_gather(b: _LayoutBuilder, bucket: Bucket, opts: _MergeOptions) -> list:
+    group_size, name = bucket.call.group_size, bucket.call.group_name
     out_vals = [_val(ag) for ag in bucket.members]
     sources = _all_gather_sources(bucket, opts)
     if opts.mixed_dtypes:
@@ -359,7 +421,8 @@ def _merge_all_gather(b: _Builder, bucket: Bucket, opts: _MergeOptions) -> list:
         sizes = [s.meta["val"].numel() for s in sources]
     total = sum(sizes)
     if opts.use_out_variant:
-        index = _group_index(name)
+        index = _group_index(bucket, "the copy-in of an all_gather bucket (use_out_variant)",
+                             "BK-8")
         buf = b.call(aten.empty.memory_format, ([group_size * total],),
                      {"dtype": dtype, "device": b.device, "pin_memory": False},
                      val=b.fake([group_size * total], dtype))
@@ -402,7 +465,7 @@ def _promoted(nodes) -> torch.dtype:
     return dtype
 
 
-def _bytes_view(b: _Builder, flat: torch.fx.Node) -> torch.fx.Node:
+def _bytes_view(b: _LayoutBuilder, flat: torch.fx.Node) -> torch.fx.Node:
     val = flat.meta["val"]
     if val.dtype == torch.uint8:
         return flat
@@ -410,7 +473,7 @@ def _bytes_view(b: _Builder, flat: torch.fx.Node) -> torch.fx.Node:
                   val=b.fake([val.numel() * val.element_size()], torch.uint8))
 
 
-def _dtype_view(b: _Builder, node: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
+def _dtype_view(b: _LayoutBuilder, node: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
     val = node.meta["val"]
     if dtype == torch.uint8:
         return node
@@ -423,14 +486,13 @@ def _padded_rows(rows: int, group_size: int) -> int:
     return -(-rows // group_size) * group_size
 
 
-def _merge_reduce_scatter(b: _Builder, bucket: Bucket, opts: _MergeOptions) -> list:
-    first = bucket.members[0]
-    reduce_op, group_size, name = first.args[1], first.args[2], first.args[3]
-    dtype = _val(first).dtype
+def _merge_reduce_scatter(b: _LayoutBuilder, bucket: Bucket, opts: _MergeOptions) -> list:
+    call = bucket.call
+    reduce_op, group_size, name = call.reduce_op, call.group_size, call.group_name
+    dtype = _val(bucket.members[0]).dtype
     laid_out, sizes, shapes, real_rows = [], [], [], []
-    for rs in bucket.members:
-        inp = rs.args[0]
-        val = _val(rs.args[0])
+    for inp in bucket.inputs:
+        val = _val(inp)
         rows = _padded_rows(val.shape[0], group_size)
         if rows != val.shape[0]:
             # Pad dim 0 to a multiple of the group size so every rank's chunk lines up.
@@ -456,26 +518,26 @@ def _merge_reduce_scatter(b: _Builder, bucket: Bucket, opts: _MergeOptions) -> l
     for piece, shape, rows in zip(b.split(waited, sizes, 0), shapes, real_rows, strict=True):
         out = b.view(piece, shape)
         if rows % group_size:
-            out = _unpad(b, out, rows, group_size, name)
+            out = _unpad(b, out, rows, bucket)
         outs.append(out)
     return outs
 
 
-def _unpad(b: _Builder, out: torch.fx.Node, rows: int, group_size: int, name: str):
+def _unpad(b: _LayoutBuilder, out: torch.fx.Node, rows: int, bucket: Bucket):
     """This rank's chunk of a padded input: the rows of its index that are real data."""
     chunk = out.meta["val"].shape[0]
-    start = _group_index(name) * chunk
+    start = _group_index(bucket, "cutting a padded reduce_scatter input's chunk",
+                         "BK-10") * chunk
     keep = max(0, min(chunk, rows - start))
     shape = [keep, *out.meta["val"].shape[1:]]
     return b.call(aten.slice.Tensor, (out, 0, 0, keep),
                   val=b.fake(shape, out.meta["val"].dtype, list(out.meta["val"].stride())))
 
 
-def _merge_all_reduce(b: _Builder, bucket: Bucket, opts: _MergeOptions) -> list:
-    first = bucket.members[0]
-    reduce_op, name = first.args[1], first.args[2]
-    dtype = _val(first).dtype
-    flats = [b.flat(ar.args[0]) for ar in bucket.members]
+def _merge_all_reduce(b: _LayoutBuilder, bucket: Bucket, opts: _MergeOptions) -> list:
+    reduce_op, name = bucket.call.reduce_op, bucket.call.group_name
+    dtype = _val(bucket.members[0]).dtype
+    flats = [b.flat(inp) for inp in bucket.inputs]
     sizes = [f.meta["val"].numel() for f in flats]
     cat = b.cat(flats, 0, dtype)
     reduced = b.call(refimpl_ops.all_reduce.default, (cat, reduce_op, name),
@@ -504,11 +566,11 @@ def _stable_order(nodes: list, kind: Kind, buckets: list[Bucket], opts: _MergeOp
     bucket_inputs: dict[Bucket, list[torch.fx.Node]] = {}
     for bucket in buckets:
         sources = (_all_gather_sources(bucket, opts) if kind.name == "all_gather"
-                   else [m.args[0] for m in bucket.members])
-        for member, source in zip(bucket.members, sources, strict=True):
+                   else bucket.inputs)
+        for member, inp, source in zip(bucket.members, bucket.inputs, sources, strict=True):
             unit_of[member] = unit_of[next(iter(member.users))] = bucket
-            if source is not member.args[0]:
-                unit_of[member.args[0]] = bucket  # the absorbed cast
+            if source is not inp:
+                unit_of[inp] = bucket  # the absorbed cast
         bucket_inputs[bucket] = sources
 
     def priority(unit) -> int:
@@ -545,6 +607,7 @@ def _rewrite(gm: torch.fx.GraphModule, kind: Kind, buckets: list[Bucket],
     """Relink the graph's nodes in the stable order, building each bucket in its place."""
     graph = gm.graph
     order = _stable_order(list(graph.nodes), kind, buckets, opts)
+    block_index = _first_free_block_index(graph, kind.name)
     dead: list[torch.fx.Node] = []
     replacement: dict[torch.fx.Node, torch.fx.Node] = {}  # old wait -> member's new output
     cursor = None
@@ -554,15 +617,17 @@ def _rewrite(gm: torch.fx.GraphModule, kind: Kind, buckets: list[Bucket],
                 cursor.append(unit)  # moves `unit` right after `cursor`
             cursor = unit
             continue
-        builder = _Builder(graph, _val(unit.members[0]))  # this bucket's device and fake mode
+        # One builder per bucket: its device and fake mode, its block (BK-17).
+        builder = _LayoutBuilder(graph, _val(unit.members[0]), (kind.name, block_index))
+        block_index += 1
         with graph.inserting_before(cursor.next):
             outs = _MERGERS[kind.name](builder, unit, opts)
-        for member, out in zip(unit.members, outs, strict=True):
+        for member, inp, out in zip(unit.members, unit.inputs, outs, strict=True):
             wait = next(iter(member.users))
             replacement[wait] = out
             dead += [wait, member]
-            if kind.name == "all_gather" and _absorbs_cast(member, opts):
-                dead.append(member.args[0])
+            if kind.name == "all_gather" and _absorbs_cast(inp, opts):
+                dead.append(inp)
         cursor = builder.last
     _replace_uses(replacement)
     for node in dead:
@@ -570,6 +635,13 @@ def _rewrite(gm: torch.fx.GraphModule, kind: Kind, buckets: list[Bucket],
     graph.lint()
     if recompile:
         gm.recompile()
+
+
+def _first_free_block_index(graph: torch.fx.Graph, kind: str) -> int:
+    """Blocks of `kind` are numbered on from those an earlier pass left in the graph."""
+    used = [n.meta[BLOCK_META][1] for n in graph.nodes
+            if n.meta.get(BLOCK_META, ("", 0))[0] == kind]
+    return max(used) + 1 if used else 0
 
 
 def _replace_uses(replacement: dict[torch.fx.Node, torch.fx.Node]) -> None:

@@ -11,9 +11,9 @@ group with symmetric memory becomes a one-shot all-reduce whose input producer w
 straight into a comm buffer; comm buffers carry an `alloc_id` that is the same on every
 rank and in every call, distinct between buffers and graphs, and they never take part in
 ordinary buffer reuse (CL-10..CL-14). The lowered graph computes the same values as the
-original (CL-15).
+original (CL-15). Bad configs and collectives on unknown groups are refused (CL-16).
 
-Implements SPEC.md section "Comm lowering": CL-1 .. CL-15.
+Implements SPEC.md section "Comm lowering": CL-1 .. CL-16.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import torch
 import torch.fx
 from torch._guards import detect_fake_mode
 
+from refimpl import _fx
+
 __all__ = [
     "CommLoweringConfig", "CommBufferError", "lower", "comm_buffer_refusal",
     "realize_as_comm_buffer", "comm_buffers", "graph_fingerprint", "COMM_BUFFER_META",
@@ -34,7 +36,6 @@ __all__ = [
 COMM_BUFFER_META = "comm_buffer"
 # node.meta key set on the clone feeding an in-place all_reduce under overlap reordering.
 NO_FUSE_META = "no_fuse"
-COLLECTIVE_NAMESPACES = ("refimpl_c10d", "_c10d_functional")
 aten = torch.ops.aten
 
 
@@ -57,6 +58,25 @@ class CommLoweringConfig:
     force_one_shot_all_reduce: bool = False
     alloc_id_namespace: str = ""
 
+    def __post_init__(self):
+        """Refuse a field of the wrong type or range when the config is made (CL-16)."""
+        for name in ("auto_select", "reorder_for_compute_comm_overlap",
+                     "force_one_shot_all_reduce"):
+            _require_type(name, getattr(self, name), bool)
+        _require_type("alloc_id_namespace", self.alloc_id_namespace, str)
+        threshold = self.one_shot_all_reduce_threshold_bytes
+        _require_type("one_shot_all_reduce_threshold_bytes", threshold, int)
+        if threshold < 0:
+            raise ValueError(f"one_shot_all_reduce_threshold_bytes: expected a byte count "
+                             f">= 0, got {threshold} [CL-16]")
+
+
+def _require_type(name: str, value, expected: type) -> None:
+    # bool is an int to isinstance; a flag passed as a threshold (or 1 as a flag) is a slip.
+    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+        raise TypeError(f"{name}: expected {expected.__name__}, got {type(value).__name__} "
+                        f"{value!r} [CL-16]")
+
 
 class CommBufferError(ValueError):
     """A buffer that was asked to be a comm buffer (or one-shot input) cannot be one."""
@@ -65,28 +85,14 @@ class CommBufferError(ValueError):
 # --------------------------------------------------------------------------------------
 # Small graph helpers
 # --------------------------------------------------------------------------------------
-def _op_name(node: torch.fx.Node) -> str | None:
-    """`all_reduce` for a collective of either namespace, else None."""
-    target = node.target
-    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
-        return None
-    if target.namespace not in COLLECTIVE_NAMESPACES:
-        return None
-    return target._schema.name.split("::", 1)[1]
-
-
 def _ops_of(node: torch.fx.Node):
     """The op namespace of a collective node: lowered kernels stay in it."""
     return getattr(torch.ops, node.target.namespace)
 
 
-def _val(node):
-    if isinstance(node, torch.fx.Node):
-        if "val" not in node.meta:
-            raise ValueError(f"gm: node {node.name!r} has no meta['val']; lower needs a graph "
-                             f"traced with fake values (make_fx, torch.compile) [CL-1]")
-        return node.meta["val"]
-    return node
+def _val(arg):
+    """The fake value of a node argument (CL-1); any other argument as it is."""
+    return _fx.fake_value(arg, "CL-1") if isinstance(arg, torch.fx.Node) else arg
 
 
 def _is_contiguous(node: torch.fx.Node) -> bool:
@@ -102,13 +108,14 @@ def _is_fresh_intermediate(node: torch.fx.Node) -> bool:
     """Produced in the graph by a non-collective op into storage that nothing else owns."""
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
         return False
-    if node.target.namespace in COLLECTIVE_NAMESPACES or _returns_alias(node.target):
+    if node.target.namespace in _fx.COLLECTIVE_NAMESPACES or _returns_alias(node.target):
         return False  # a view, an in-place result or a wait aliases another buffer
     return isinstance(node.meta.get("val"), torch.Tensor)
 
 
-class _Builder:
-    """Inserts nodes before an anchor and gives each its fake value."""
+class _FakeKernelBuilder:
+    """Inserts nodes before an anchor; each gets its fake value by running the op's fake
+    kernel (bucketing's builder, by contrast, makes its few shapes by hand)."""
 
     def __init__(self, graph: torch.fx.Graph):
         self.graph = graph
@@ -139,7 +146,7 @@ class _Builder:
 
 
 def _waits_of(node: torch.fx.Node) -> list[torch.fx.Node]:
-    return [u for u in node.users if _op_name(u) in ("wait_tensor", "wait_tensor_")]
+    return [u for u in node.users if _fx.is_wait(u)]
 
 
 def _replace(old: torch.fx.Node, new: torch.fx.Node) -> None:
@@ -241,7 +248,7 @@ def realize_as_comm_buffer(node: torch.fx.Node, group_name: str, alloc_id: int) 
 
     val = node.meta["val"]
     stride = torch._prims_common.make_contiguous_strides_for(val.shape)
-    builder = _Builder(node.graph)
+    builder = _FakeKernelBuilder(node.graph)
     with builder.fake_mode:
         buf_val = torch.empty_strided(val.shape, stride, dtype=val.dtype, device=val.device)
     buffer = builder.call(
@@ -301,7 +308,7 @@ class _Lowering:
         self.config = config
         self.fingerprint = graph_fingerprint(gm)
         self.graph = gm.graph
-        self.build = _Builder(self.graph)
+        self.build = _FakeKernelBuilder(self.graph)
         self.next_buffer = 0
 
     # ---- selection ------------------------------------------------------------------
@@ -447,25 +454,42 @@ class _Lowering:
 
     def run(self):
         for node in list(self.graph.nodes):
-            rule = self.RULES.get(_op_name(node))
-            if rule is not None and node.graph is self.graph:
+            rule = self.RULES.get(_fx.collective_name(node))
+            if rule is not None:
                 rule(self, node)
         self.complete_in_place()
         self.keep_outputs_out_of_comm_buffers()
 
 
+def _check_group(node: torch.fx.Node) -> None:
+    """A collective's group must be a process group of this process (CL-16)."""
+    from refimpl.functional_collectives import group_ranks
+
+    args = _fx.arguments(node, "CL-16")
+    if "group_name" not in args:
+        return  # a wait
+    try:
+        group_ranks(args["group_name"])
+    except (ValueError, TypeError):
+        raise ValueError(f"gm: node {node.name!r} ({node.target}): group_name "
+                         f"{args['group_name']!r} names no process group of this process "
+                         f"[CL-16]") from None
+
+
 def _check_traced(gm: torch.fx.GraphModule) -> None:
-    """Collectives must be op overloads whose tensor arguments carry fake values (CL-1)."""
+    """Collectives must be op overloads whose tensor arguments carry fake values (CL-1),
+    on groups this process knows (CL-16)."""
     for node in gm.graph.nodes:
         target = node.target
         if (isinstance(target, torch._ops.OpOverloadPacket)
-                and target._qualified_op_name.split("::")[0] in COLLECTIVE_NAMESPACES):
+                and target._qualified_op_name.split("::")[0] in _fx.COLLECTIVE_NAMESPACES):
             raise ValueError(f"gm: node {node.name!r} calls the packet {target} with no "
                              f"overload and no meta['val']; lower needs a graph traced with "
                              f"fake values (make_fx, torch.compile) [CL-1]")
-        if _op_name(node) is not None:
+        if _fx.collective_name(node) is not None:
             _val(node)
             torch.fx.node.map_arg(node.args, _val)
+            _check_group(node)
 
 
 def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

@@ -52,11 +52,30 @@ def plan_of(program: str, kind: str, cap, dtype=torch.float32, args=None, mixed=
         return cap(i) if callable(cap) else cap
 
     buckets = [b.members for b in bk.plan_buckets(gm, kind, caps, mixed_dtypes=mixed)]
-    sizes = [[bk._size_bytes(n, bk.KINDS[kind]) for n in b] for b in buckets]
-    keys = [[bk._bucket_key(n, bk.KINDS[kind], mixed) for n in b] for b in buckets]
-    keys = [[(str(k[0]),) + tuple(str(x) for x in k[1:]) for k in ks] for ks in keys]
+    sizes = [[member_bytes(n) for n in b] for b in buckets]
+    keys = [[member_key(n, mixed) for n in b] for b in buckets]
     return {"names": [[n.name for n in b] for b in buckets], "sizes": sizes, "keys": keys,
             "asked": asked}
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def member_bytes(node) -> int:
+    """A member's size as BK-3 states it: the larger of its input and output, in bytes."""
+    return max(_nbytes(node.meta["val"]), _nbytes(node.args[0].meta["val"]))
+
+
+def member_key(node, mixed: bool) -> tuple:
+    """A member's key as BK-2 states it: group, reduce op (if any), dtype (unless mixed)."""
+    schema = [a.name for a in node.target._schema.arguments]
+    key = [str(node.args[schema.index("group_name")])]
+    if "reduce_op" in schema:
+        key.append(str(node.args[schema.index("reduce_op")]).lower())
+    if not mixed:
+        key.append(str(node.meta["val"].dtype))
+    return tuple(key)
 
 
 def bucketed_text(program: str, pass_name: str, dtype=torch.float32, options=None, args=None,
@@ -251,7 +270,7 @@ def property_check(steps, n_inputs: int, caps_bytes) -> dict:
         gm = bp.trace(program, inputs)
         for bucket in bk.plan_buckets(gm, kind, caps):
             report["merged"] += len(bucket.members)
-            size = sum(bk._size_bytes(m, bk.KINDS[kind]) for m in bucket.members)
+            size = sum(member_bytes(m) for m in bucket.members)
             if size > caps(bucket.index) * 1024 * 1024:
                 report["problems"].append(f"{kind}: bucket {bucket.index} holds {size} bytes")
             if _ancestors_within(bucket.members):

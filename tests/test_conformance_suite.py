@@ -218,9 +218,9 @@ return %3""")
 
         self.assertExpectedInline(
             format_comm_trace(comm_trace_of_graph(_graph_with("refimpl_c10d"))), """\
-all_reduce out-of-place group<unknown> sum in=b0:f32[2, 3] out=b1:f32[2, 3]
+all_reduce out-of-place group<unknown> sum in=b0:f32[2, 3]=input out=b1:f32[2, 3]
 wait b1
-all_reduce_ in-place group<unknown> avg in=b2:f32[2, 3]
+all_reduce_ in-place group<unknown> avg in=b2:f32[2, 3]=copy(b1)
 wait b2""")
 
 

@@ -7,7 +7,12 @@ generated wrapper code with `torch._inductor.utils.run_and_get_code`, and reads 
 `torch.ops._c10d_functional.*` / `torch.ops.symm_mem.*` call of it, in order, into
 `conformance.comm_trace.CommEvent`s. Buffer shapes and dtypes come from the
 `empty_strided_cpu`, `assert_size_stride` (2.14: `assert_tensor_metadata`) and
-`rand_strided` (graph inputs) lines of the same code.
+`rand_strided` (graph inputs) lines of the same code. A buffer's origin
+(conformance/comm_trace.py) comes from the code too: the names `call` unpacks from `args`
+are graph inputs, `reinterpret_tensor` makes a view, and a buffer that a C++ kernel writes
+(an `out_ptr` parameter) is a copy of input `in_ptrI` when everything the kernel stores
+there is a value loaded from `in_ptrI` and nothing else, and computed otherwise (an
+`in_out_ptr` is always computed).
 
 Options (a dict, the same keys as refimpl's CommLoweringConfig) map onto
 `torch._inductor.config`: `auto_select` and `one_shot_all_reduce_threshold_bytes` onto
@@ -25,14 +30,13 @@ import warnings
 import torch
 
 from conformance.canonical import group_label, tensor_label
-from conformance.comm_trace import CommEvent
+from conformance.comm_trace import BufferLabels, CommEvent, Origin
 
 _CONFIG_KEYS = {
     "auto_select": "_collective.auto_select",
     "one_shot_all_reduce_threshold_bytes": "_collective.one_shot_all_reduce_threshold_bytes",
     "reorder_for_compute_comm_overlap": "reorder_for_compute_comm_overlap",
 }
-_NAMESPACES = {"_c10d_functional": "_c10d_functional", "symm_mem": "symm_mem"}
 _CALL = re.compile(r"^(?:(\w+) = )?torch\.ops\.(_c10d_functional|symm_mem)\.(\w+)\.(\w+)\((.*)\)$")
 _EMPTY = re.compile(r"^(\w+) = empty_strided_\w+\(\(([^)]*)\), \([^)]*\), torch\.(\w+)\)")
 # torch 2.14 checks a fallback op's output with assert_tensor_metadata (size, stride, dtype).
@@ -42,6 +46,12 @@ _ALIAS = re.compile(r"^(\w+) = (\w+); del \w+\s*# reuse")
 _RAND_ARG = re.compile(r"^\s*(\w+) = rand_strided\(\(([^)]*)\), \([^)]*\), device='\w+', "
                        r"dtype=torch\.(\w+)\)")
 _REINTERPRET = re.compile(r"^(\w+) = reinterpret_tensor\((\w+), \(([^)]*)\),")
+_INPUTS = re.compile(r"^([\w, ]+) = args$")
+_KERNEL_DEF = re.compile(r"^(\w+) = async_compile\.cpp_pybinding\(\[([^\]]*)\], r'''")
+_KERNEL_CALL = re.compile(r"^(\w+)\(([\w, ]*)\)$")
+_KERNEL_PARAM = re.compile(r"(?:const )?[\w:<>]+\* (\w+)")
+_TMP_DEF = re.compile(r"auto (tmp\d+) = (.*);")
+_STORE = re.compile(r"(tmp\d+)\.store\((\w+)|(\w+)\[.*\] = (tmp\d+);")
 
 
 def _inductor_patches(options: dict) -> dict:
@@ -76,29 +86,74 @@ def _shape(text: str) -> list[int]:
     return [int(s) for s in text.replace(" ", "").split(",") if s]
 
 
+def _cpp_kernels(code_lines: list[str]) -> dict[str, list[tuple[str, str | None]]]:
+    """Each C++ kernel's parameters in order: (name, the in_ptr it is a copy of, or None)."""
+    kernels, name, body = {}, None, []
+    for line in code_lines:
+        if m := _KERNEL_DEF.match(line):
+            name, body = m.group(1), []
+        elif name is not None and line.startswith("'''"):
+            kernels[name] = _kernel_parameters(body)
+            name = None
+        elif name is not None:
+            body.append(line)
+    return kernels
+
+
+def _kernel_parameters(body: list[str]) -> list[tuple[str, str | None]]:
+    """What each output parameter of one kernel holds: a copy of which in_ptr, if any."""
+    signature = " ".join(body[:body.index("{")] if "{" in body else body[:1])
+    params = _KERNEL_PARAM.findall(signature)
+    loaded: dict[str, str | None] = {}      # tmp -> the in_ptr it is a plain load of
+    copied: dict[str, set] = {p: set() for p in params}
+    for line in body:
+        if m := _TMP_DEF.search(line):
+            sources = set(re.findall(r"in_ptr\d+", m.group(2)))
+            plain = len(sources) == 1 and not re.search(r"tmp\d+", m.group(2))
+            loaded[m.group(1)] = sources.pop() if plain else None
+        for m in _STORE.finditer(line):
+            tmp, ptr = (m.group(1), m.group(2)) if m.group(1) else (m.group(4), m.group(3))
+            if ptr in copied:
+                copied[ptr].add(loaded.get(tmp))
+    return [(p, next(iter(copied[p])) if len(copied[p]) == 1 and p.startswith("out_ptr")
+             else None) for p in params]
+
+
 class _CodeReader:
     """Reads wrapper code into comm events; buffers numbered by first use in an event."""
 
-    def __init__(self, lines: list[str], arg_lines: list[str]):
+    def __init__(self, lines: list[str], code_lines: list[str]):
         self.meta: dict[str, tuple[torch.dtype, list[int]]] = {}
-        self.ids: dict[str, int] = {}
-        self.next = 0
+        self.origins: dict[str, Origin] = {}
+        self.buffers = BufferLabels(lambda name: self.origins.get(name, ("computed", None)))
         # The graph inputs, as the module's own `get_args` rebuilds them.
-        for m in filter(None, map(_RAND_ARG.match, arg_lines)):
+        for m in filter(None, map(_RAND_ARG.match, code_lines)):
             self.meta[m.group(1)] = (getattr(torch, m.group(3)), _shape(m.group(2)))
         self.shapes = {m.group(1): _shape(m.group(2))
                        for m in map(_ASSERT.match, lines) if m}
+        self.kernels = _cpp_kernels(code_lines)
         self.lines = lines
 
-    def label(self, name: str) -> str:
+    @property
+    def ids(self) -> dict:
+        return self.buffers.ids
+
+    def label(self, name: str, as_input: bool = False) -> str:
         dtype, shape = self.meta.get(name, (torch.float32, self.shapes.get(name, [])))
-        return f"b{self.id(name)}:{tensor_label(torch.empty(shape, dtype=dtype, device='meta'))}"
+        text = tensor_label(torch.empty(shape, dtype=dtype, device="meta"))
+        return self.buffers.label(name, text, as_input)
 
     def id(self, name: str) -> int:
-        if name not in self.ids:
-            self.ids[name] = self.next
-            self.next += 1
-        return self.ids[name]
+        return self.buffers.id(name)
+
+    def kernel_call(self, kernel: str, names: list[str]) -> None:
+        """A C++ kernel writes its out_ptr and in_out_ptr arguments: copies, or computed."""
+        params = self.kernels[kernel]
+        argument = {param: name for (param, _), name in zip(params, names, strict=True)}
+        for (param, copy_of), name in zip(params, names, strict=True):
+            if "out_ptr" in param:
+                self.origins[name] = (("copy", argument[copy_of]) if copy_of is not None
+                                      else ("computed", None))
 
     def events(self) -> list[CommEvent]:
         events = []
@@ -112,11 +167,18 @@ class _CodeReader:
     def track_buffers(self, line: str) -> None:
         if m := _EMPTY.match(line):
             self.meta[m.group(1)] = (getattr(torch, m.group(3)), _shape(m.group(2)))
+        elif m := _INPUTS.match(line):
+            for name in filter(None, (n.strip() for n in m.group(1).split(","))):
+                self.origins[name] = ("input", None)
         elif m := _ALIAS.match(line):
+            # Storage reuse: a new buffer in a dead one's memory; its writer says what it is.
             self.meta[m.group(1)] = self.meta.get(m.group(2), (torch.float32, []))
         elif m := _REINTERPRET.match(line):
             dtype = self.meta.get(m.group(2), (torch.float32, []))[0]
             self.meta[m.group(1)] = (dtype, _shape(m.group(3)))
+            self.origins[m.group(1)] = ("view", m.group(2))
+        elif (m := _KERNEL_CALL.match(line)) and m.group(1) in self.kernels:
+            self.kernel_call(m.group(1), [n.strip() for n in m.group(2).split(",")])
         elif m := _GETITEM.match(line):
             name, source, index = m.group(1), m.group(2), int(m.group(3))
             if isinstance(self.ids.get(source), list):
@@ -153,7 +215,7 @@ class _CodeReader:
         inplace = bool(written) and not any(a.kwarg_only and a.alias_info is not None
                                             for a in schema.arguments)
         event = CommEvent(name, group=group, inplace=inplace, extra=extra)
-        event.inputs = [self.label(n) for n in inputs]
+        event.inputs = [self.label(n, as_input=True) for n in inputs]
         if written:
             event.outputs = [self.label(n) for n in written]
         else:
@@ -168,11 +230,11 @@ class _CodeReader:
             for i, source in enumerate(inputs):
                 dtype = self.meta.get(source, (torch.float32, []))[0]
                 shape = self._getitem_shape(result, i)
-                ids.append(self.next)
+                ids.append(self.buffers.fresh())
                 self.meta[f"{result}[{i}]"] = (dtype, shape)
-                labels.append(f"b{self.next}:"
+                labels.append(f"b{ids[-1]}:"
                               f"{tensor_label(torch.empty(shape, dtype=dtype, device='meta'))}")
-                self.next += 1
+            self.buffers.shown.update(ids)
             self.ids[result] = ids
             return labels
         self.meta[result] = (dtype, self.shapes.get(result, []))

@@ -35,7 +35,7 @@ def test_all_gather_fsdp_params(backend):
     result = run_case(backend, 2, "fsdp_all_gather", AG, program_args={"rows": (3, 1, 2)})
     assert result["collectives"] == (3, 1)
     assert_expected_inline(result["comm_trace"], """\
-all_gather_into_tensor_out out-of-place ranks[0,1] in=b0:f32[18] out=b1:f32[36]
+all_gather_into_tensor_out out-of-place ranks[0,1] in=b0:f32[18]=view(b1=computed) out=b1:f32[36]
 wait b1""")
 
 
@@ -131,11 +131,11 @@ def test_caps_are_asked_per_bucket_index(backend):
     result = run_case(backend, 2, "fsdp_all_gather", AG, cap_mb=caps)
     assert result["collectives"] == (6, 3)
     assert_expected_inline(result["comm_trace"], """\
-all_gather_into_tensor_out out-of-place ranks[0,1] in=b0:f32[24] out=b1:f32[48]
+all_gather_into_tensor_out out-of-place ranks[0,1] in=b0:f32[24]=view(b1=computed) out=b1:f32[48]
 wait b1
-all_gather_into_tensor_out out-of-place ranks[0,1] in=b2:f32[15] out=b3:f32[30]
+all_gather_into_tensor_out out-of-place ranks[0,1] in=b2:f32[15]=view(b3=computed) out=b3:f32[30]
 wait b3
-all_gather_into_tensor_out out-of-place ranks[0,1] in=b4:f32[24] out=b5:f32[48]
+all_gather_into_tensor_out out-of-place ranks[0,1] in=b4:f32[24]=view(b5=computed) out=b5:f32[48]
 wait b5""")
 
 
@@ -150,11 +150,11 @@ def test_dependent_all_gathers(backend):
     result = run_case(backend, 2, "chain", AG)
     assert result["collectives"] == (5, 3)
     assert_expected_inline(result["comm_trace"], """\
-all_gather_into_tensor_out out-of-place ranks[0,1] in=b0:f32[6] out=b1:f32[12]
+all_gather_into_tensor_out out-of-place ranks[0,1] in=b0:f32[6]=view(b1=computed) out=b1:f32[12]
 wait b1
-all_gather_into_tensor out-of-place ranks[0,1] in=b2:f32[2] out=b3:f32[4]
+all_gather_into_tensor out-of-place ranks[0,1] in=b2:f32[2]=computed out=b3:f32[4]
 wait b3
-all_gather_into_tensor out-of-place ranks[0,1] in=b4:f32[2] out=b5:f32[4]
+all_gather_into_tensor out-of-place ranks[0,1] in=b4:f32[2]=computed out=b5:f32[4]
 wait b5""")
 
 
@@ -178,8 +178,8 @@ def test_reduce_scatter_fsdp_grads(backend):
                       program_args={"rows_per_rank": (1, 3, 2)})
     assert result["collectives"] == (3, 1)
     assert_expected_inline(result["comm_trace"], """\
-reduce_scatter_tensor out-of-place ranks[0,1] sum in=b0:f32[24] out=b1:f32[12]
-wait b1""")
+reduce_scatter_tensor out-of-place ranks[0,1] sum in=b0:f32[24]=view(b1=computed) out=b2:f32[12]
+wait b2""")
 
 
 @pytest.mark.spec("BK-7", "BK-10")
@@ -241,5 +241,5 @@ def test_all_reduce(backend):
     result = run_case(backend, 2, "all_reduces", AR)
     assert result["collectives"] == (3, 1)
     assert_expected_inline(result["comm_trace"], """\
-all_reduce out-of-place ranks[0,1] sum in=b0:f32[12] out=b1:f32[12]
+all_reduce out-of-place ranks[0,1] sum in=b0:f32[12]=computed out=b1:f32[12]
 wait b1""")

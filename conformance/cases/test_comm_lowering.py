@@ -68,7 +68,7 @@ def check_numerics(backend, name, shapes, options=None, world_size=2):
 @pytest.mark.spec("CL-1", "CL-2", "CL-9", "CL-15")
 def test_all_reduce_of_graph_input_is_cloned(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "ar_graph_input", [(4,)]), """\
-all_reduce_ in-place ranks[0,1] sum in=b0:f32[4]
+all_reduce_ in-place ranks[0,1] sum in=b0:f32[4]=copy(b1=input)
 wait b0
 all_gather_into_tensor out-of-place ranks[0,1] in=b1:f32[4] out=b2:f32[8]
 wait b2""")
@@ -88,7 +88,7 @@ return [%3, %5]""")
 @pytest.mark.spec("CL-3", "CL-9", "CL-15")
 def test_all_reduce_of_unshared_intermediate_runs_in_place(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "ar_intermediate", [(4,)]), """\
-all_reduce_ in-place ranks[0,1] sum in=b0:f32[4]
+all_reduce_ in-place ranks[0,1] sum in=b0:f32[4]=computed
 wait b0""")
     graph = lowered_text(backend, "ar_intermediate", [(4,)])
     if graph is not None:
@@ -104,7 +104,7 @@ return %3""")
 @pytest.mark.spec("CL-2", "CL-3", "CL-15")
 def test_all_reduce_of_shared_intermediate_is_cloned(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "ar_intermediate_shared", [(4,)]), """\
-all_reduce_ in-place ranks[0,1] sum in=b0:f32[4]
+all_reduce_ in-place ranks[0,1] sum in=b0:f32[4]=copy(b1=computed)
 wait b0""")
     graph = lowered_text(backend, "ar_intermediate_shared", [(4,)])
     if graph is not None:
@@ -122,7 +122,7 @@ return %5""")
 @pytest.mark.spec("CL-4", "CL-9", "CL-15")
 def test_all_reduce_inplace_stays_in_place(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "ar_inplace", [(4,)]), """\
-all_reduce_ in-place ranks[0,1] sum in=b0:f32[4]
+all_reduce_ in-place ranks[0,1] sum in=b0:f32[4]=computed
 wait b0""")
     graph = lowered_text(backend, "ar_inplace", [(4,)])
     if graph is not None:
@@ -139,9 +139,9 @@ return %4""")
 @pytest.mark.spec("CL-5", "CL-3", "CL-9", "CL-15")
 def test_all_reduce_coalesced_becomes_clones_plus_inplace(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "ar_coalesced", [(4,), (2, 3)]), """\
-all_reduce_coalesced_ in-place ranks[0,1] sum in=b0:f32[4],b1:f32[2, 3]
+all_reduce_coalesced_ in-place ranks[0,1] sum in=b0:f32[4]=copy(b1=input),b2:f32[2, 3]=computed
 wait b0
-wait b1""")
+wait b2""")
     graph = lowered_text(backend, "ar_coalesced", [(4,), (2, 3)])
     if graph is not None:
         assert_expected_inline(graph, """\
@@ -161,7 +161,7 @@ return [%7, %8]""")
 @pytest.mark.spec("CL-6", "CL-9", "CL-15")
 def test_all_gather_is_out_of_place(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "all_gather", [(4, 2)]), """\
-all_gather_into_tensor out-of-place ranks[0,1] in=b0:f32[4, 2] out=b1:f32[8, 2]
+all_gather_into_tensor out-of-place ranks[0,1] in=b0:f32[4, 2]=input out=b1:f32[8, 2]
 wait b1""")
     graph = lowered_text(backend, "all_gather", [(4, 2)])
     if graph is not None:
@@ -176,7 +176,7 @@ return %2""")
 @pytest.mark.spec("CL-6", "CL-9", "CL-15")
 def test_reduce_scatter_is_out_of_place(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "reduce_scatter", [(4, 2)]), """\
-reduce_scatter_tensor out-of-place ranks[0,1] sum in=b0:f32[4, 2] out=b1:f32[2, 2]
+reduce_scatter_tensor out-of-place ranks[0,1] sum in=b0:f32[4, 2]=input out=b1:f32[2, 2]
 wait b1""")
     graph = lowered_text(backend, "reduce_scatter", [(4, 2)])
     if graph is not None:
@@ -191,7 +191,7 @@ return %2""")
 @pytest.mark.spec("CL-6", "CL-9", "CL-15")
 def test_all_to_all_single_is_out_of_place(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "all_to_all", [(4, 2)]), """\
-all_to_all_single out-of-place ranks[0,1] in=b0:f32[4, 2] out=b1:f32[4, 2]
+all_to_all_single out-of-place ranks[0,1] in=b0:f32[4, 2]=input out=b1:f32[4, 2]
 wait b1""")
     graph = lowered_text(backend, "all_to_all", [(4, 2)])
     if graph is not None:
@@ -206,7 +206,7 @@ return %2""")
 @pytest.mark.spec("CL-6", "CL-9", "CL-15")
 def test_coalesced_all_gather_is_out_of_place(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "all_gather_coalesced", [(4,), (2, 3)]), """\
-all_gather_into_tensor_coalesced out-of-place ranks[0,1] in=b0:f32[4],b1:f32[2, 3] out=b2:f32[8],b3:f32[4, 3]
+all_gather_into_tensor_coalesced out-of-place ranks[0,1] in=b0:f32[4]=input,b1:f32[2, 3]=input out=b2:f32[8],b3:f32[4, 3]
 wait b2
 wait b3""")  # noqa: E501
     graph = lowered_text(backend, "all_gather_coalesced", [(4,), (2, 3)])
@@ -227,7 +227,7 @@ return [%5, %6]""")
 def test_coalesced_reduce_scatter_is_out_of_place(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "reduce_scatter_coalesced", [(4,), (2, 3)]),
                            """\
-reduce_scatter_tensor_coalesced out-of-place ranks[0,1] sum in=b0:f32[4],b1:f32[2, 3] out=b2:f32[2],b3:f32[1, 3]
+reduce_scatter_tensor_coalesced out-of-place ranks[0,1] sum in=b0:f32[4]=input,b1:f32[2, 3]=input out=b2:f32[2],b3:f32[1, 3]
 wait b2
 wait b3""")  # noqa: E501
     graph = lowered_text(backend, "reduce_scatter_coalesced", [(4,), (2, 3)])
@@ -247,7 +247,7 @@ return [%5, %6]""")
 @pytest.mark.spec("CL-7", "CL-9", "CL-15")
 def test_all_gather_out_writes_into_out(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "all_gather_out", [(4,)]), """\
-all_gather_into_tensor_out out-of-place ranks[0,1] in=b0:f32[4] out=b1:f32[8]
+all_gather_into_tensor_out out-of-place ranks[0,1] in=b0:f32[4]=input out=b1:f32[8]
 wait b1""")
     graph = lowered_text(backend, "all_gather_out", [(4,)])
     if graph is not None:
@@ -264,7 +264,7 @@ return %4""")
 @pytest.mark.spec("CL-8", "CL-9", "CL-15")
 def test_broadcast_becomes_clone_plus_inplace(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "broadcast", [(4,)]), """\
-broadcast_ in-place ranks[0,1] in=b0:f32[4]
+broadcast_ in-place ranks[0,1] in=b0:f32[4]=copy(b1=computed)
 wait b0""")
     graph = lowered_text(backend, "broadcast", [(4,)])
     if graph is not None:
@@ -281,7 +281,7 @@ return %4""")
 @pytest.mark.spec("CL-8", "CL-9", "CL-15")
 def test_broadcast_inplace_stays_in_place(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "broadcast_inplace", [(4,)]), """\
-broadcast_ in-place ranks[0,1] in=b0:f32[4]
+broadcast_ in-place ranks[0,1] in=b0:f32[4]=computed
 wait b0""")
     graph = lowered_text(backend, "broadcast_inplace", [(4,)])
     if graph is not None:
@@ -299,7 +299,7 @@ return %4""")
 @pytest.mark.spec("CL-10", "CL-11", "CL-9", "CL-15")
 def test_small_sum_all_reduce_goes_one_shot(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "ar_small_intermediate", [(4,)], ONE_SHOT), """\
-one_shot_all_reduce out-of-place ranks[0,1] sum in=b0:f32[4] out=b1:f32[4]""")
+one_shot_all_reduce out-of-place ranks[0,1] sum in=b0:f32[4]=computed out=b1:f32[4]""")
     graph = lowered_text(backend, "ar_small_intermediate", [(4,)], ONE_SHOT)
     if graph is not None:
         assert_expected_inline(graph, """\
@@ -315,7 +315,7 @@ return %4""")  # noqa: E501
 @pytest.mark.spec("CL-14", "CL-10", "CL-9", "CL-15")
 def test_small_sum_all_reduce_inplace_goes_one_shot(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "ar_inplace_small", [(4,)], ONE_SHOT), """\
-one_shot_all_reduce out-of-place ranks[0,1] sum in=b0:f32[4] out=b1:f32[4]""")
+one_shot_all_reduce out-of-place ranks[0,1] sum in=b0:f32[4]=computed out=b1:f32[4]""")
     graph = lowered_text(backend, "ar_inplace_small", [(4,)], ONE_SHOT)
     if graph is not None:
         assert_expected_inline(graph, """\

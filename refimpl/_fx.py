@@ -1,0 +1,84 @@
+"""FX helpers shared by refimpl's graph passes (bucketing, lowering, and those after them).
+
+What a pass needs to read a traced graph of functional collectives: which namespaces hold
+collectives (refimpl's `refimpl_c10d`, upstream's `_c10d_functional` and its
+differentiable wrappers `_c10d_functional_autograd`), whether a node is a collective or
+a wait of any of them, its arguments by schema name, and its fake value, with errors
+that name the graph argument, the node and the rule of the pass that needed it.
+
+Private to refimpl: the passes' SPEC rules say what they accept (BK-1, CL-1).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.fx
+
+__all__ = ["COLLECTIVE_NAMESPACES", "REDUCE_OPS", "collective_name", "is_wait", "overloads",
+           "arguments", "fake_value"]
+
+# Namespaces whose ops are functional collectives, refimpl's first.
+COLLECTIVE_NAMESPACES = ("refimpl_c10d", "_c10d_functional", "_c10d_functional_autograd")
+# The reductions a collective takes (FC-17), lower case.
+REDUCE_OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
+
+
+@functools.cache
+def _name_of(target) -> str | None:
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    if target.namespace not in COLLECTIVE_NAMESPACES:
+        return None
+    return target._schema.name.split("::", 1)[1]
+
+
+def collective_name(node: torch.fx.Node) -> str | None:
+    """`all_reduce` for a node calling a collective (or wait) of any namespace, else None."""
+    if node.op != "call_function":
+        return None
+    return _name_of(node.target)
+
+
+def is_wait(node: torch.fx.Node) -> bool:
+    """A wait of either namespace, refimpl's in-place `wait_tensor_` (FC-28) included."""
+    return collective_name(node) in ("wait_tensor", "wait_tensor_")
+
+
+def overloads(name: str) -> frozenset:
+    """The `.default` overloads of op `name` in every collective namespace that has it."""
+    found = set()
+    for namespace in COLLECTIVE_NAMESPACES:
+        packet = getattr(getattr(torch.ops, namespace), name, None)
+        if packet is not None:
+            found.add(packet.default)
+    return frozenset(found)
+
+
+def arguments(node: torch.fx.Node, rule: str) -> dict:
+    """A call's arguments by their schema names, defaults filled in.
+
+    A required argument that the node lacks raises ValueError naming `gm`, the node, the
+    argument and `rule` (a hand-built graph can hold such a node; a traced one cannot).
+    """
+    bound = {}
+    for i, arg in enumerate(node.target._schema.arguments):
+        if i < len(node.args) and not arg.kwarg_only:
+            bound[arg.name] = node.args[i]
+        elif arg.name in node.kwargs:
+            bound[arg.name] = node.kwargs[arg.name]
+        elif arg.has_default_value():
+            bound[arg.name] = arg.default_value
+        else:
+            raise ValueError(f"gm: node {node.name!r} ({node.target}) lacks its argument "
+                             f"{arg.name!r} [{rule}]")
+    return bound
+
+
+def fake_value(node: torch.fx.Node, rule: str):
+    """`node.meta["val"]`, or a ValueError naming `gm`, the node and the pass's `rule`."""
+    if "val" not in node.meta:
+        raise ValueError(f"gm: node {node.name!r} has no meta['val']; trace the graph with "
+                         f"fake values (make_fx(tracing_mode='fake'), torch.compile) [{rule}]")
+    return node.meta["val"]
