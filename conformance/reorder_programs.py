@@ -104,14 +104,17 @@ def fsdp_backward(ops, ctx, g, *acts_and_weights):
 
 def mutated_buffer(ops, ctx, x, y):
     """all_reduce_ on a buffer read before it, read after its wait (through the buffer's
-    own node: FC-5), then mutated and read again; independent compute around it."""
+    own node: FC-5), then mutated and read again; a gather of `y`, which `y.mul_` may
+    only change after the gather's wait (MEM-5), though nothing needs that wait."""
     buf = x * 2
     before = buf.sum()                                  # reads version 0
     done = _wait(ops, ops.all_reduce_(buf, "sum", ctx.world))
+    gathered = _gather(ops, ctx, y)                     # reads y until its wait
     other = (y + 1) * 3                                 # independent
     after = buf * 3                                     # reads version 1 (after the wait)
     buf.add_(1)                                         # makes version 2
-    return before, done, other, after, buf * 4
+    y.mul_(2)                                           # makes y's version 1
+    return before, done, gathered, other, after, buf * 4, y * 1
 
 
 def shared_all_reduce(ops, ctx, x, y):
@@ -123,13 +126,15 @@ def shared_all_reduce(ops, ctx, x, y):
     return total + a + b
 
 
-def two_groups(ops, ctx, a, b, c):
-    """World and sub collectives: sub's may pass world's, world's keep their order."""
+def two_groups(ops, ctx, a, b, c, d):
+    """World and sub collectives: sub's may pass world's; world's keep their order, of
+    whatever kind."""
     t = a * 2
     ga = _gather(ops, ctx, t)                           # world, input computed
     gb = _gather(ops, ctx, b, ctx.sub, ctx.sub_n)       # sub, input ready at the start
     gc = _gather(ops, ctx, c)                           # world, input ready at the start
-    return ga + 1, gb + 1, gc * 2
+    rd = _wait(ops, ops.reduce_scatter_tensor(d, "sum", ctx.n, ctx.world))  # world, ready
+    return ga + 1, gb + 1, gc * 2, rd
 
 
 def opaque_op(ops, ctx, x, s1, s2):
@@ -163,7 +168,7 @@ def _shapes(name: str, ctx: Ctx) -> list[tuple]:
         "fsdp_backward": [(4, 8)] + [(4, 8)] * 4 + [(8, 8)] * 4,
         "mutated_buffer": [(4,), (4,)],
         "lowered_all_reduce": [(4,), (4,)],
-        "two_groups": [(2,), (2,), (2,)],
+        "two_groups": [(2,), (2,), (2,), (2 * ctx.n,)],
         "opaque_op": [(4,), (r,), (r,)],
         "memory_bound": [(60,), (r,), (r,)],  # on 4 ranks: peak 500 B, a gather 32 B
     }[name]

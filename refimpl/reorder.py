@@ -538,7 +538,7 @@ class _Scheduler:
                 self._place(block)
                 placed = True
             else:
-                kept.append((block.pos, index))
+                kept.append((self.tie(block), index))
         for entry in kept:
             heapq.heappush(queue, entry)
         return placed
@@ -608,6 +608,10 @@ class _Scheduler:
                              f"cycle (a bug: the original order satisfies every rule)")
 
     # ---- candidates -------------------------------------------------------------------
+    def tie(self, block: _Block) -> int:
+        """What breaks ties between blocks in every queue: the original position (RO-2)."""
+        return block.pos
+
     def _best_compute(self) -> _Block | None:
         for name in ("stall_free", "stalling"):
             queue = self.queues[name]
@@ -623,11 +627,11 @@ class _Scheduler:
         """Blocks whose waits' collectives have ended by now no longer stall (RO-12)."""
         stalling = self.queues["stalling"]
         while stalling and stalling[0][0] <= self.clock:
-            _, pos, index = heapq.heappop(stalling)
+            _, tie, index = heapq.heappop(stalling)
             block = self.blocks[index]
             if not block.placed and block.queued == "stalling":
                 block.queued = "stall_free"
-                heapq.heappush(self.queues["stall_free"], (pos, index))
+                heapq.heappush(self.queues["stall_free"], (tie, index))
 
     def _enqueue(self, block: _Block) -> None:
         """A block whose non-wait deps are placed and whose wait deps can be placed."""
@@ -635,17 +639,17 @@ class _Scheduler:
         if block.kind == COLLECTIVE and not waits:
             if self._flight_allows(block):
                 block.queued = "collective"
-                heapq.heappush(self.queues["collective"], (block.pos, block.index))
+                heapq.heappush(self.queues["collective"], (self.tie(block), block.index))
             else:
                 self._block_on_flight(block)
             return
         stall_end = max((w.finish_us for w in waits), default=0.0)
         if stall_end <= self.clock:
             block.queued = "stall_free"
-            heapq.heappush(self.queues["stall_free"], (block.pos, block.index))
+            heapq.heappush(self.queues["stall_free"], (self.tie(block), block.index))
         else:
             block.queued = "stalling"
-            heapq.heappush(self.queues["stalling"], (stall_end, block.pos, block.index))
+            heapq.heappush(self.queues["stalling"], (stall_end, self.tie(block), block.index))
 
     def _ready(self, block: _Block) -> None:
         """Every dep of `block` is placed."""
@@ -656,7 +660,7 @@ class _Scheduler:
         block.finish_us = max((self.finish.get(i, 0.0) for c in block.completes
                                for i in self.blocks[c].members), default=0.0)
         block.queued = "waits"
-        heapq.heappush(self.queues["waits"], (block.pos, block.index))
+        heapq.heappush(self.queues["waits"], (self.tie(block), block.index))
         for user in block.users:
             user.unready_waits -= 1
             if user.unplaced_non_wait == 0 and user.unready_waits == 0 and user.kind != WAIT:
@@ -670,7 +674,7 @@ class _Scheduler:
 
     def _block_on_flight(self, block: _Block) -> None:
         block.queued = "blocked"
-        heapq.heappush(self.blocked.setdefault(block.flight, []), (block.pos, block.index))
+        heapq.heappush(self.blocked.setdefault(block.flight, []), (self.tie(block), block.index))
 
     def _release(self, flight: tuple[str, str]) -> None:
         self.in_flight[flight] -= 1

@@ -37,7 +37,7 @@ def _make() -> Backend:
         "memory": _optional("refimpl.memory"),
         "simulator": _optional("refimpl.simulator"),
         "symmetric_memory": _optional("refimpl.symmetric_memory"),
-    }, notes={"reorder": "not built yet"})
+    })
 
 
 backend = _make()

@@ -47,7 +47,7 @@ def _make() -> Backend:
         "memory": _adapter("torch_memory"),
         "simulator": None,
         "symmetric_memory": _adapter("torch_symm_mem"),
-    }, notes={"reorder": "adapter not written yet", "memory": "adapter not written yet",
+    }, notes={"memory": "adapter not written yet",
              "simulator": "upstream has no simulator of a given node order: its overlap "
                           "scheduler accounts exposed time only inside its own scheduling "
                           "loop, and comms.py's estimates work on Inductor scheduler nodes",

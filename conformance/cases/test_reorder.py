@@ -465,13 +465,17 @@ def test_mutated_buffer_keeps_its_versions(backend, world4):
 %2 = aten.mul.Tensor(%0, 2) : f32[4]
 %3 = aten.sum(%2) : f32[]
 %4 = funcol.all_reduce_(%2, 'sum', ranks[0,1,2,3]) : f32[4]
-%5 = aten.add.Tensor(%1, 1) : f32[4]
-%6 = aten.mul.Tensor(%5, 3) : f32[4]
-%7 = funcol.wait_tensor(%4) : f32[4]
-%8 = aten.mul.Tensor(%4, 3) : f32[4]
-%9 = aten.add_.Tensor(%4, 1) : f32[4]
-%10 = aten.mul.Tensor(%9, 4) : f32[4]
-return [%3, %7, %6, %8, %10]""")
+%5 = funcol.all_gather_into_tensor(%1, 4, ranks[0,1,2,3]) : f32[16]
+%6 = aten.add.Tensor(%1, 1) : f32[4]
+%7 = aten.mul.Tensor(%6, 3) : f32[4]
+%8 = funcol.wait_tensor(%4) : f32[4]
+%9 = aten.mul.Tensor(%4, 3) : f32[4]
+%10 = aten.add_.Tensor(%4, 1) : f32[4]
+%11 = aten.mul.Tensor(%10, 4) : f32[4]
+%12 = funcol.wait_tensor(%5) : f32[16]
+%13 = aten.mul_.Tensor(%1, 2) : f32[4]
+%14 = aten.mul.Tensor(%13, 1) : f32[4]
+return [%3, %8, %12, %7, %9, %11, %14]""")
 
 
 # A lowered graph: the clone that lowering adds (CL-2) is the all_reduce_'s prologue and
@@ -500,17 +504,20 @@ def test_two_groups_keep_their_own_issue_order(backend, world4):
 %0 = input : f32[2]
 %1 = input : f32[2]
 %2 = input : f32[2]
-%3 = funcol.all_gather_into_tensor(%1, 2, ranks[0,1]) : f32[4]
-%4 = aten.mul.Tensor(%0, 2) : f32[2]
-%5 = funcol.all_gather_into_tensor(%4, 4, ranks[0,1,2,3]) : f32[8]
-%6 = funcol.all_gather_into_tensor(%2, 4, ranks[0,1,2,3]) : f32[8]
-%7 = funcol.wait_tensor(%3) : f32[4]
-%8 = aten.add.Tensor(%7, 1) : f32[4]
-%9 = funcol.wait_tensor(%5) : f32[8]
-%10 = aten.add.Tensor(%9, 1) : f32[8]
+%3 = input : f32[8]
+%4 = funcol.all_gather_into_tensor(%1, 2, ranks[0,1]) : f32[4]
+%5 = aten.mul.Tensor(%0, 2) : f32[2]
+%6 = funcol.all_gather_into_tensor(%5, 4, ranks[0,1,2,3]) : f32[8]
+%7 = funcol.all_gather_into_tensor(%2, 4, ranks[0,1,2,3]) : f32[8]
+%8 = funcol.reduce_scatter_tensor(%3, 'sum', 4, ranks[0,1,2,3]) : f32[2]
+%9 = funcol.wait_tensor(%4) : f32[4]
+%10 = aten.add.Tensor(%9, 1) : f32[4]
 %11 = funcol.wait_tensor(%6) : f32[8]
-%12 = aten.mul.Tensor(%11, 2) : f32[8]
-return [%10, %8, %12]""")
+%12 = aten.add.Tensor(%11, 1) : f32[8]
+%13 = funcol.wait_tensor(%7) : f32[8]
+%14 = aten.mul.Tensor(%13, 2) : f32[8]
+%15 = funcol.wait_tensor(%8) : f32[2]
+return [%12, %10, %14, %15]""")
 
 
 # record_ is a barrier: the first wait is placed before it, the second gather after it,
