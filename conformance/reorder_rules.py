@@ -93,7 +93,7 @@ def is_barrier(node) -> bool:
         module, name = getattr(target, "__module__", ""), getattr(target, "__name__", "")
         if target is operator.setitem:
             return True
-        return not (module in ("_operator", "operator", "math", "builtins")
+        return not (module in ("_operator", "operator", "math")
                     or name == "empty_strided_p2p" or (module == "torch" and
                                                       name.startswith("sym_")))
     namespace, name = _op_name(node)

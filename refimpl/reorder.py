@@ -64,7 +64,7 @@ PROLOGUE_OPS = frozenset({
 # Namespaces whose ops communicate: outside the modelled ones, barriers (RO-6).
 COMMUNICATING_NAMESPACES = ("c10d", "refimpl_symm_mem", "symm_mem")
 # Python functions of a graph that compute on sizes only, or allocate without communicating.
-PURE_MODULES = ("_operator", "operator", "math", "builtins")
+PURE_MODULES = ("_operator", "operator", "math")
 SYMMETRIC_ALLOCATIONS = {("refimpl.symmetric_memory", "empty_strided_p2p"),
                          ("torch.distributed._symmetric_memory", "empty_strided_p2p")}
 INPUT_OPS = ("placeholder", "get_attr")
