@@ -67,12 +67,6 @@ def fsdp_forward(n: int) -> torch.fx.GraphModule:
                                                  *shards)
 
 
-def copy_of(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    graph = torch.fx.Graph()
-    graph.output(graph.graph_copy(gm.graph, {}))
-    return torch.fx.GraphModule(gm, graph)
-
-
 def timed(run, *args, collector: bool = True):
     gc.collect()  # earlier graphs are cyclic garbage; neither pass pays for them
     if not collector:
@@ -123,10 +117,11 @@ UPSTREAM = (
 def upstream_pass(pre_bucketing: bool, memory: dict | None):
     from torch._inductor.fx_passes.overlap_scheduling import schedule_overlap_bucketing
 
-    from conformance.backends.torch_reorder import _roofline
+    from conformance.backends.torch_reorder import _copy, _roofline
     from refimpl.simulator import CostModel
 
-    def prepare(gm):
+    def prepare(gm):  # upstream rewrites the graph it is given: a copy each
+        gm = _copy(gm)
         durations_ms = {n: us / 1000 for n, us in CostModel().durations(gm).items()}
         return gm, durations_ms
 
@@ -167,7 +162,7 @@ def benchmark(sizes, skip_upstream: bool, upstream_timeout: float) -> None:
         row(n, "refimpl", quality(ours), base, f"{t_ours:.2f}", "", per)
         for label, pre, memory in () if skip_upstream else UPSTREAM:
             prepare, run = upstream_pass(pre, memory)
-            theirs, t = timed_with_limit(upstream_timeout, run, prepare(copy_of(gm)))
+            theirs, t = timed_with_limit(upstream_timeout, run, prepare(gm))
             if theirs is None:
                 print(f"| {n:,} | {label} | | stopped after {upstream_timeout:.0f} s | "
                       f"> {upstream_timeout / t_ours:.0f}x | | | | | |", flush=True)
