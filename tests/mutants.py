@@ -443,6 +443,68 @@ BK = [
 ]
 
 # --------------------------------------------------------------------------------------
+# 4. Scheduler reorder (RO)
+# --------------------------------------------------------------------------------------
+_RO = "refimpl/reorder.py"
+RO = [
+    Mutant("ro_wait_is_no_write", "RO-4", _RO,
+           "                writes.update(model.completes[node])\n", "",
+           "the wait only reads its argument: a reader of the in-place collective's buffer "
+           "(which reads the collective's node, FC-5) is sunk past it, before the wait"),
+    Mutant("ro_wait_ends_no_in_flight_read", "RO-4", _RO,
+           "                reads.update(b for _, held in done for b in held)",
+           "                reads.update(())",
+           "a collective's input is read only at its issue: it is mutated while in flight"),
+    Mutant("ro_mutation_before_reader", "RO-4", _RO,
+           "                self.preds[i].update(readers)  # after every reader",
+           "                self.preds[i].update(readers[:0])  # after every reader",
+           "a write waits only for the write before it, not for that version's readers"),
+    Mutant("ro_group_order_not_enforced", "RO-5", _RO,
+           "                    self.preds[i].add(last[group])",
+           "                    self.preds[i].discard(last[group])",
+           "collectives of one group may pass each other (upstream's unsafe reorder)"),
+    Mutant("ro_group_order_per_kind", "RO-5", _RO,
+           'group = str(_fx.arguments(node, "RO-5")["group_name"])',
+           'group = str(_fx.arguments(node, "RO-5")["group_name"]) + str(collective_kind(node))',
+           "issue order kept per (group, kind), the in-flight key: a reduce_scatter passes "
+           "an all_gather of its group"),
+    Mutant("ro_custom_op_not_a_barrier", "RO-6", _RO,
+           '    if namespace in ("aten", "prims"):\n',
+           '    if namespace not in COMMUNICATING_NAMESPACES:\n',
+           "only ops of communicating namespaces are barriers: a side-effecting custom op "
+           "is moved across"),
+    Mutant("ro_prologue_left_behind", "RO-7", _RO,
+           "                members = self._prologue(i, block_of) + [i]",
+           "                members = [i]",
+           "a collective raised without its cast / clone: it waits for its prologue"),
+    Mutant("ro_tagged_blocks_ignored", "RO-7", _RO,
+           "            tag = node.meta.get(BLOCK_META)",
+           '            tag = node.meta.get("refimpl_bucket")',
+           "blocks read from the wrong meta key: bucketing's blocks are torn apart"),
+    Mutant("ro_in_flight_off_by_one", "RO-8", _RO,
+           "self.in_flight.get(block.flight, 0) < limit",
+           "self.in_flight.get(block.flight, 0) <= limit",
+           "the in-flight limit compared with <=: one collective more than the limit"),
+    Mutant("ro_memory_bound_strict", "RO-9", _RO,
+           "return self.later_high[cur] + ahead <= self.limit",
+           "return self.later_high[cur] + ahead < self.limit",
+           "the memory bound compared with <: a move that reaches the limit exactly is "
+           "refused"),
+    Mutant("ro_memory_bound_of_the_handed_in_order", "RO-9", _RO,
+           "        original_peak = sweep.peak_bytes",
+           "        original_peak = p.model.plan().peak_bytes",
+           "the budget measured against the order handed in: a second pass spends it again"),
+    Mutant("ro_stall_ignored", "RO-12", _RO,
+           "        if stall_end <= self.clock:",
+           "        if True:",
+           "compute chosen by original position alone: a block that waits on a running "
+           "collective stalls the stream while independent compute is ready"),
+    Mutant("ro_ties_broken_by_name", "RO-12", _RO,
+           "        return block.pos\n", "        return self.p.body[block.pos].name\n",
+           "ties broken by node name instead of original position"),
+]
+
+# --------------------------------------------------------------------------------------
 # 6. Symmetric memory (SM), C kernels included
 # --------------------------------------------------------------------------------------
 SM = [

@@ -47,7 +47,7 @@ def _make() -> Backend:
         "simulator": _optional("refimpl.simulator"),
         "symmetric_memory": _optional("refimpl.symmetric_memory"),
         "compile_backend": _compile_backend(),
-    }, notes={"reorder": "not built yet"})
+    })
 
 
 backend = _make()

@@ -50,11 +50,10 @@ def _make() -> Backend:
         "simulator": None,
         "symmetric_memory": _adapter("torch_symm_mem"),
         "compile_backend": _adapter("torch_compile"),
-    }, notes={"reorder": "adapter not written yet", "memory": "adapter not written yet",
-             "simulator": "upstream has no simulator of a given node order: its overlap "
-                          "scheduler accounts exposed time only inside its own scheduling "
-                          "loop, and comms.py's estimates work on Inductor scheduler nodes",
-             "symmetric_memory": "upstream implements it for CUDA only"})
+    }, notes={"simulator": "upstream has no simulator of a given node order: its overlap "
+                           "scheduler accounts exposed time only inside its own scheduling "
+                           "loop, and comms.py's estimates work on Inductor scheduler nodes",
+              "symmetric_memory": "upstream implements it for CUDA only"})
 
 
 backend = _make()

@@ -1,0 +1,595 @@
+"""Conformance section "reorder" (SPEC.md section 4, RO).
+
+Two kinds of check. Every order any backend returns is judged by the rules, with the
+validator of conformance/reorder_rules.py, which is written from SPEC.md alone: same
+nodes, data and buffer-version dependencies, each group's issue order, barriers, blocks
+contiguous, the in-flight limit, the memory bound (RO-3..RO-9). And golden orders, in
+canonical text, of the programs of conformance/reorder_programs.py under pinned costs
+(RO-10..RO-12: which of the valid orders the schedule picks). On 2 and 4 gloo ranks the
+reordered programs compute what the original ones do, bit for bit (RO-13).
+
+Graphs are traced with the backend's own ops on a fake process group of 4, whose second
+group is each rank's pair of [[0, 1], [2, 3]].
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+from expecttest import assert_expected_inline
+
+from conformance import harness
+from conformance import reorder_programs as rp
+from conformance.canonical import canonical_graph
+from conformance.reorder_rules import kind_of, order_violations
+
+
+@pytest.fixture
+def world4():
+    """A fake world of 4 in this process, unless one exists already."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    elif dist.get_world_size() != 4:
+        pytest.fail(f"reorder cases need a world of 4, found {dist.get_world_size()}")
+    yield
+    if created:
+        dist.destroy_process_group()
+
+
+def concept(backend):
+    return backend.require("reorder", "reorder", "ReorderConfig", "CostModel")
+
+
+def program(backend, name: str) -> torch.fx.GraphModule:
+    return rp.program_graph(name, backend.require("functional_collectives").ops)
+
+
+def reordered(backend, case: rp.Case, gm=None):
+    ns = concept(backend)
+    gm = gm if gm is not None else program(backend, case.program)
+    return gm, ns.reorder(gm, rp.config_for(ns, gm, case))
+
+
+def golden(backend, case: rp.Case) -> str:
+    _, new = reordered(backend, case)
+    return canonical_graph(new)
+
+
+# --------------------------------------------------------------------------------------
+# Every order keeps the rules (RO-3 .. RO-9)
+# --------------------------------------------------------------------------------------
+@pytest.mark.spec("RO-3", "RO-4", "RO-5", "RO-6", "RO-7", "RO-8", "RO-9")
+@pytest.mark.parametrize("case", rp.CASES, ids=lambda c: c.id)
+def test_every_order_keeps_the_rules(backend, world4, case):
+    gm, new = reordered(backend, case)
+    assert order_violations(gm, new, case.memory_budget, dict(case.max_in_flight)) == []
+
+
+@pytest.mark.spec("RO-1")
+def test_the_input_graph_is_untouched(backend, world4):
+    case = rp.Case("fsdp_forward", math.inf)
+    gm = program(backend, case.program)
+    code, names = gm.code, [n.name for n in gm.graph.nodes]
+    _, new = reordered(backend, case, gm)
+    assert new is not gm and new.graph is not gm.graph
+    assert gm.code == code and [n.name for n in gm.graph.nodes] == names
+    assert [n.name for n in new.graph.nodes] != names  # it did move nodes
+
+
+@pytest.mark.spec("RO-2")
+@pytest.mark.parametrize("case", rp.CASES, ids=lambda c: c.id)
+def test_reordering_again_keeps_the_order(backend, world4, case):
+    """The second reorder plans against the original order, not the one handed in."""
+    ns = concept(backend)
+    gm, once = reordered(backend, case)
+    twice = ns.reorder(once, rp.config_for(ns, once, case))
+    assert [n.name for n in twice.graph.nodes] == [n.name for n in once.graph.nodes]
+
+
+@pytest.mark.spec("RO-2")
+def test_the_result_names_its_original_order(backend, world4):
+    case = rp.Case("memory_bound", 0.065)
+    gm, new = reordered(backend, case)
+    names = tuple(n.name for n in gm.graph.nodes)
+    assert new.meta.get("refimpl_reorder_original") == names
+
+
+@pytest.mark.spec("RO-8", "RO-10")
+@pytest.mark.parametrize("limit", [1, 2, 3])
+def test_in_flight_limit_is_used_up_to_its_count(backend, world4, limit):
+    """4 gathers ready at the start, no memory bound: exactly `limit` are ever in flight."""
+    case = rp.Case("fsdp_forward", math.inf, (("all_gather", limit),))
+    gm, new = reordered(backend, case)
+    assert order_violations(gm, new, math.inf, {"all_gather": limit}) == []
+    in_flight = most = 0
+    for node in new.graph.nodes:
+        if kind_of(node) == "all_gather":
+            in_flight += 1
+            most = max(most, in_flight)
+        elif "wait_tensor" in str(node.target):
+            in_flight -= 1
+    assert most == limit
+
+
+@pytest.mark.spec("RO-9", "RO-10")
+def test_memory_bound_is_reached_exactly(backend, world4):
+    """Raising the first gather plans exactly the limit, floor(1.065 * 500) = 532 bytes."""
+    from refimpl.memory import plan_memory
+
+    gm, new = reordered(backend, rp.Case("memory_bound", 0.065))
+    before, after = plan_memory(gm).peak_bytes, plan_memory(new).peak_bytes
+    assert (before, after) == (500, 532)
+
+
+@pytest.mark.spec("RO-13")
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_values_equal_the_original_order(backend, world_size):
+    concept(backend)
+    for rank, found in enumerate(harness.run(backend, rp.values_on_rank, world_size, rp.CASES)):
+        assert {k: v for k, v in found.items() if v} == {}, f"rank {rank}"
+
+
+# --------------------------------------------------------------------------------------
+# Bad input (RO-1)
+# --------------------------------------------------------------------------------------
+@pytest.mark.spec("RO-1")
+@pytest.mark.parametrize("fields, error, named", [
+    ({"memory_budget": -0.5}, ValueError, "memory_budget"),
+    ({"memory_budget": math.nan}, ValueError, "memory_budget"),
+    ({"memory_budget": True}, TypeError, "memory_budget"),
+    ({"memory_budget": "0.1"}, TypeError, "memory_budget"),
+    ({"max_in_flight": {"all_gather": 0}}, ValueError, "max_in_flight"),
+    ({"max_in_flight": {"all_gather": 1.0}}, TypeError, "max_in_flight"),
+    ({"max_in_flight": {"allgather": 1}}, ValueError, "max_in_flight"),
+    ({"max_in_flight": [("all_gather", 1)]}, TypeError, "max_in_flight"),
+    ({"cost_model": {"mm": 1.0}}, TypeError, "cost_model"),
+], ids=["negative budget", "nan budget", "bool budget", "str budget", "zero in flight",
+        "float in flight", "unknown kind", "list in flight", "dict cost model"])
+def test_config_refuses_bad_fields(backend, fields, error, named):
+    ns = concept(backend)
+    with pytest.raises(error, match=rf"{named}.*\[RO-1\]"):
+        ns.ReorderConfig(**fields)
+
+
+@pytest.mark.spec("RO-1")
+def test_config_takes_the_boundary_values(backend):
+    ns = concept(backend)
+    config = ns.ReorderConfig(memory_budget=0, max_in_flight={"reduce_scatter": 1})
+    assert config.memory_budget == 0 and dict(config.max_in_flight) == {"reduce_scatter": 1}
+    assert ns.ReorderConfig(memory_budget=math.inf).memory_budget == math.inf
+
+
+@pytest.mark.spec("RO-1")
+def test_reorder_refuses_what_is_not_a_graph_or_a_config(backend, world4):
+    ns = concept(backend)
+    gm = program(backend, "two_groups")
+    with pytest.raises(TypeError, match=r"gm.*\[RO-1\]"):
+        ns.reorder(gm.graph, ns.ReorderConfig())
+    with pytest.raises(TypeError, match=r"config.*\[RO-1\]"):
+        ns.reorder(gm, {"memory_budget": 0.1})
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target == torch.ops.aten.mul.Tensor:
+            del node.meta["val"]
+    with pytest.raises(ValueError, match=r"gm.*mul.*\[RO-1\]"):
+        ns.reorder(gm, ns.ReorderConfig(cost_model=ns.CostModel(pinned=rp.pinned_costs(gm))))
+
+
+@pytest.mark.spec("RO-7")
+def test_a_block_that_cannot_be_contiguous_is_refused(backend, world4):
+    """A tagged block with a node of its own depending on an untagged node it feeds."""
+    ns = concept(backend)
+    gm = program(backend, "two_groups")
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    mul, gather = nodes[0], nodes[1]  # t = a * 2; all_gather(t): mul -> gather
+    mul.meta["refimpl_block"] = ("all_gather", 7)
+    waits = [n for n in nodes if "wait_tensor" in str(n.target)]
+    waits[0].meta["refimpl_block"] = ("all_gather", 7)  # the block: mul .. its wait
+    assert gather.meta.get("refimpl_block") is None
+    with pytest.raises(ValueError, match=r"gm.*mul.*\[RO-7\]"):
+        ns.reorder(gm, ns.ReorderConfig(cost_model=ns.CostModel(pinned=rp.pinned_costs(gm))))
+
+
+# --------------------------------------------------------------------------------------
+# Golden orders under pinned costs (RO-10 .. RO-12); every one also valid (above)
+# --------------------------------------------------------------------------------------
+# Every gather block (its bf16 cast, the prologue, with it) raised to the top as its
+# input allows; each wait right before its first user (RO-7, RO-10, RO-11).
+@pytest.mark.spec("RO-7", "RO-10", "RO-11")
+def test_fsdp_forward_raises_every_gather(backend, world4):
+    assert_expected_inline(golden(backend, rp.Case("fsdp_forward", math.inf)), """\
+%0 = input : f32[4, 8]
+%1 = input : f32[2, 8]
+%2 = input : f32[2, 8]
+%3 = input : f32[2, 8]
+%4 = input : f32[2, 8]
+%5 = aten._to_copy(%1, dtype=bf16) : bf16[2, 8]
+%6 = funcol.all_gather_into_tensor(%5, 4, ranks[0,1,2,3]) : bf16[8, 8]
+%7 = aten._to_copy(%2, dtype=bf16) : bf16[2, 8]
+%8 = funcol.all_gather_into_tensor(%7, 4, ranks[0,1,2,3]) : bf16[8, 8]
+%9 = aten._to_copy(%3, dtype=bf16) : bf16[2, 8]
+%10 = funcol.all_gather_into_tensor(%9, 4, ranks[0,1,2,3]) : bf16[8, 8]
+%11 = aten._to_copy(%4, dtype=bf16) : bf16[2, 8]
+%12 = funcol.all_gather_into_tensor(%11, 4, ranks[0,1,2,3]) : bf16[8, 8]
+%13 = funcol.wait_tensor(%6) : bf16[8, 8]
+%14 = aten._to_copy(%13, dtype=f32) : f32[8, 8]
+%15 = aten.mm(%0, %14) : f32[4, 8]
+%16 = aten.relu(%15) : f32[4, 8]
+%17 = funcol.wait_tensor(%8) : bf16[8, 8]
+%18 = aten._to_copy(%17, dtype=f32) : f32[8, 8]
+%19 = aten.mm(%16, %18) : f32[4, 8]
+%20 = aten.relu(%19) : f32[4, 8]
+%21 = funcol.wait_tensor(%10) : bf16[8, 8]
+%22 = aten._to_copy(%21, dtype=f32) : f32[8, 8]
+%23 = aten.mm(%20, %22) : f32[4, 8]
+%24 = aten.relu(%23) : f32[4, 8]
+%25 = funcol.wait_tensor(%12) : bf16[8, 8]
+%26 = aten._to_copy(%25, dtype=f32) : f32[8, 8]
+%27 = aten.mm(%24, %26) : f32[4, 8]
+%28 = aten.relu(%27) : f32[4, 8]
+return %28""")
+
+
+# One gather in flight (the seed's FSDP chain): block i + 1 follows wait i at once, so
+# it overlaps layer i's compute (RO-8, RO-10).
+@pytest.mark.spec("RO-8", "RO-10", "RO-11")
+def test_fsdp_forward_one_gather_in_flight(backend, world4):
+    case = rp.Case("fsdp_forward", math.inf, rp.ONE_ALL_GATHER)
+    assert_expected_inline(golden(backend, case), """\
+%0 = input : f32[4, 8]
+%1 = input : f32[2, 8]
+%2 = input : f32[2, 8]
+%3 = input : f32[2, 8]
+%4 = input : f32[2, 8]
+%5 = aten._to_copy(%1, dtype=bf16) : bf16[2, 8]
+%6 = funcol.all_gather_into_tensor(%5, 4, ranks[0,1,2,3]) : bf16[8, 8]
+%7 = funcol.wait_tensor(%6) : bf16[8, 8]
+%8 = aten._to_copy(%2, dtype=bf16) : bf16[2, 8]
+%9 = funcol.all_gather_into_tensor(%8, 4, ranks[0,1,2,3]) : bf16[8, 8]
+%10 = aten._to_copy(%7, dtype=f32) : f32[8, 8]
+%11 = aten.mm(%0, %10) : f32[4, 8]
+%12 = aten.relu(%11) : f32[4, 8]
+%13 = funcol.wait_tensor(%9) : bf16[8, 8]
+%14 = aten._to_copy(%3, dtype=bf16) : bf16[2, 8]
+%15 = funcol.all_gather_into_tensor(%14, 4, ranks[0,1,2,3]) : bf16[8, 8]
+%16 = aten._to_copy(%13, dtype=f32) : f32[8, 8]
+%17 = aten.mm(%12, %16) : f32[4, 8]
+%18 = aten.relu(%17) : f32[4, 8]
+%19 = funcol.wait_tensor(%15) : bf16[8, 8]
+%20 = aten._to_copy(%4, dtype=bf16) : bf16[2, 8]
+%21 = funcol.all_gather_into_tensor(%20, 4, ranks[0,1,2,3]) : bf16[8, 8]
+%22 = aten._to_copy(%19, dtype=f32) : f32[8, 8]
+%23 = aten.mm(%18, %22) : f32[4, 8]
+%24 = aten.relu(%23) : f32[4, 8]
+%25 = funcol.wait_tensor(%21) : bf16[8, 8]
+%26 = aten._to_copy(%25, dtype=f32) : f32[8, 8]
+%27 = aten.mm(%24, %26) : f32[4, 8]
+%28 = aten.relu(%27) : f32[4, 8]
+return %28""")
+
+
+# The same with bucketing's blocks (BK-17): each layer's gather block (buffer, copy-in
+# with the batched cast, gather) and wait block (wait, split, copy-outs) stay whole (RO-7).
+@pytest.mark.spec("RO-7", "RO-8", "RO-10")
+def test_fsdp_forward_bucketed_blocks_stay_whole(backend, world4):
+    case = rp.Case("fsdp_forward_bucketed", math.inf, rp.ONE_ALL_GATHER)
+    assert_expected_inline(golden(backend, case), """\
+%0 = input : f32[4, 8]
+%1 = input : f32[2, 8]
+%2 = input : f32[2]
+%3 = input : f32[2, 8]
+%4 = input : f32[2]
+%5 = input : f32[2, 8]
+%6 = input : f32[2]
+%7 = input : f32[2, 8]
+%8 = input : f32[2]
+%9 = aten.empty.memory_format([72], dtype=bf16, device=device(cpu), pin_memory=False) : bf16[72]
+%10 = aten.slice.Tensor(%9, 0, 0, 18) : bf16[18]
+%11 = aten.view(%1, [-1]) : f32[16]
+%12 = aten.cat([%11, %2]) : f32[18]
+%13 = aten.copy_(%10, %12) : bf16[18]
+%14 = funcol.all_gather_into_tensor_out(%13, 4, ranks[0,1,2,3], out=%9) : bf16[72]
+%15 = funcol.wait_tensor(%14) : bf16[72]
+%16 = aten.view(%15, [4, -1]) : bf16[4, 18]
+%17 = aten.split_with_sizes(%16, [16, 2], 1) : (bf16[4, 16], bf16[4, 2])
+%18 = getitem(%17, 0) : bf16[4, 16]
+%19 = getitem(%17, 1) : bf16[4, 2]
+%20 = aten.clone(%18, memory_format=torch.contiguous_format) : bf16[4, 16]
+%21 = aten._unsafe_view(%20, [8, 8]) : bf16[8, 8]
+%22 = aten.clone(%19, memory_format=torch.contiguous_format) : bf16[4, 2]
+%23 = aten._unsafe_view(%22, [8]) : bf16[8]
+%24 = aten.empty.memory_format([72], dtype=bf16, device=device(cpu), pin_memory=False) : bf16[72]
+%25 = aten.slice.Tensor(%24, 0, 0, 18) : bf16[18]
+%26 = aten.view(%3, [-1]) : f32[16]
+%27 = aten.cat([%26, %4]) : f32[18]
+%28 = aten.copy_(%25, %27) : bf16[18]
+%29 = funcol.all_gather_into_tensor_out(%28, 4, ranks[0,1,2,3], out=%24) : bf16[72]
+%30 = aten._to_copy(%21, dtype=f32) : f32[8, 8]
+%31 = aten._to_copy(%23, dtype=f32) : f32[8]
+%32 = aten.mm(%0, %30) : f32[4, 8]
+%33 = aten.add.Tensor(%32, %31) : f32[4, 8]
+%34 = aten.relu(%33) : f32[4, 8]
+%35 = funcol.wait_tensor(%29) : bf16[72]
+%36 = aten.view(%35, [4, -1]) : bf16[4, 18]
+%37 = aten.split_with_sizes(%36, [16, 2], 1) : (bf16[4, 16], bf16[4, 2])
+%38 = getitem(%37, 0) : bf16[4, 16]
+%39 = getitem(%37, 1) : bf16[4, 2]
+%40 = aten.clone(%38, memory_format=torch.contiguous_format) : bf16[4, 16]
+%41 = aten._unsafe_view(%40, [8, 8]) : bf16[8, 8]
+%42 = aten.clone(%39, memory_format=torch.contiguous_format) : bf16[4, 2]
+%43 = aten._unsafe_view(%42, [8]) : bf16[8]
+%44 = aten.empty.memory_format([72], dtype=bf16, device=device(cpu), pin_memory=False) : bf16[72]
+%45 = aten.slice.Tensor(%44, 0, 0, 18) : bf16[18]
+%46 = aten.view(%5, [-1]) : f32[16]
+%47 = aten.cat([%46, %6]) : f32[18]
+%48 = aten.copy_(%45, %47) : bf16[18]
+%49 = funcol.all_gather_into_tensor_out(%48, 4, ranks[0,1,2,3], out=%44) : bf16[72]
+%50 = aten._to_copy(%41, dtype=f32) : f32[8, 8]
+%51 = aten._to_copy(%43, dtype=f32) : f32[8]
+%52 = aten.mm(%34, %50) : f32[4, 8]
+%53 = aten.add.Tensor(%52, %51) : f32[4, 8]
+%54 = aten.relu(%53) : f32[4, 8]
+%55 = funcol.wait_tensor(%49) : bf16[72]
+%56 = aten.view(%55, [4, -1]) : bf16[4, 18]
+%57 = aten.split_with_sizes(%56, [16, 2], 1) : (bf16[4, 16], bf16[4, 2])
+%58 = getitem(%57, 0) : bf16[4, 16]
+%59 = getitem(%57, 1) : bf16[4, 2]
+%60 = aten.clone(%58, memory_format=torch.contiguous_format) : bf16[4, 16]
+%61 = aten._unsafe_view(%60, [8, 8]) : bf16[8, 8]
+%62 = aten.clone(%59, memory_format=torch.contiguous_format) : bf16[4, 2]
+%63 = aten._unsafe_view(%62, [8]) : bf16[8]
+%64 = aten.empty.memory_format([72], dtype=bf16, device=device(cpu), pin_memory=False) : bf16[72]
+%65 = aten.slice.Tensor(%64, 0, 0, 18) : bf16[18]
+%66 = aten.view(%7, [-1]) : f32[16]
+%67 = aten.cat([%66, %8]) : f32[18]
+%68 = aten.copy_(%65, %67) : bf16[18]
+%69 = funcol.all_gather_into_tensor_out(%68, 4, ranks[0,1,2,3], out=%64) : bf16[72]
+%70 = aten._to_copy(%61, dtype=f32) : f32[8, 8]
+%71 = aten._to_copy(%63, dtype=f32) : f32[8]
+%72 = aten.mm(%54, %70) : f32[4, 8]
+%73 = aten.add.Tensor(%72, %71) : f32[4, 8]
+%74 = aten.relu(%73) : f32[4, 8]
+%75 = funcol.wait_tensor(%69) : bf16[72]
+%76 = aten.view(%75, [4, -1]) : bf16[4, 18]
+%77 = aten.split_with_sizes(%76, [16, 2], 1) : (bf16[4, 16], bf16[4, 2])
+%78 = getitem(%77, 0) : bf16[4, 16]
+%79 = getitem(%77, 1) : bf16[4, 2]
+%80 = aten.clone(%78, memory_format=torch.contiguous_format) : bf16[4, 16]
+%81 = aten._unsafe_view(%80, [8, 8]) : bf16[8, 8]
+%82 = aten.clone(%79, memory_format=torch.contiguous_format) : bf16[4, 2]
+%83 = aten._unsafe_view(%82, [8]) : bf16[8]
+%84 = aten._to_copy(%81, dtype=f32) : f32[8, 8]
+%85 = aten._to_copy(%83, dtype=f32) : f32[8]
+%86 = aten.mm(%74, %84) : f32[4, 8]
+%87 = aten.add.Tensor(%86, %85) : f32[4, 8]
+%88 = aten.relu(%87) : f32[4, 8]
+return %88""")
+
+
+# The backward: each reduce_scatter right after its gradient; nothing needs the waits, so
+# without a memory bound they sink to the end (RO-10, RO-11).
+@pytest.mark.spec("RO-10", "RO-11")
+def test_fsdp_backward_waits_sink_to_the_end(backend, world4):
+    assert_expected_inline(golden(backend, rp.Case("fsdp_backward", math.inf)), """\
+%0 = input : f32[4, 8]
+%1 = input : f32[4, 8]
+%2 = input : f32[4, 8]
+%3 = input : f32[4, 8]
+%4 = input : f32[4, 8]
+%5 = input : f32[8, 8]
+%6 = input : f32[8, 8]
+%7 = input : f32[8, 8]
+%8 = input : f32[8, 8]
+%9 = aten.t(%4) : f32[8, 4]
+%10 = aten.mm(%9, %0) : f32[8, 8]
+%11 = funcol.reduce_scatter_tensor(%10, 'sum', 4, ranks[0,1,2,3]) : f32[2, 8]
+%12 = aten.t(%8) : f32[8, 8]
+%13 = aten.mm(%0, %12) : f32[4, 8]
+%14 = aten.t(%3) : f32[8, 4]
+%15 = aten.mm(%14, %13) : f32[8, 8]
+%16 = funcol.reduce_scatter_tensor(%15, 'sum', 4, ranks[0,1,2,3]) : f32[2, 8]
+%17 = aten.t(%7) : f32[8, 8]
+%18 = aten.mm(%13, %17) : f32[4, 8]
+%19 = aten.t(%2) : f32[8, 4]
+%20 = aten.mm(%19, %18) : f32[8, 8]
+%21 = funcol.reduce_scatter_tensor(%20, 'sum', 4, ranks[0,1,2,3]) : f32[2, 8]
+%22 = aten.t(%6) : f32[8, 8]
+%23 = aten.mm(%18, %22) : f32[4, 8]
+%24 = aten.t(%1) : f32[8, 4]
+%25 = aten.mm(%24, %23) : f32[8, 8]
+%26 = funcol.reduce_scatter_tensor(%25, 'sum', 4, ranks[0,1,2,3]) : f32[2, 8]
+%27 = aten.t(%5) : f32[8, 8]
+%28 = aten.mm(%23, %27) : f32[4, 8]
+%29 = funcol.wait_tensor(%11) : f32[2, 8]
+%30 = funcol.wait_tensor(%16) : f32[2, 8]
+%31 = funcol.wait_tensor(%21) : f32[2, 8]
+%32 = funcol.wait_tensor(%26) : f32[2, 8]
+return [%28, %29, %30, %31, %32]""")
+
+
+# With the default budget a sunk wait holds its gradient too long: each wait comes back
+# as soon as the compute placed after it would break the bound (RO-9, RO-12).
+@pytest.mark.spec("RO-9", "RO-11", "RO-12")
+def test_fsdp_backward_waits_kept_by_the_memory_bound(backend, world4):
+    assert_expected_inline(golden(backend, rp.Case("fsdp_backward", 0.1)), """\
+%0 = input : f32[4, 8]
+%1 = input : f32[4, 8]
+%2 = input : f32[4, 8]
+%3 = input : f32[4, 8]
+%4 = input : f32[4, 8]
+%5 = input : f32[8, 8]
+%6 = input : f32[8, 8]
+%7 = input : f32[8, 8]
+%8 = input : f32[8, 8]
+%9 = aten.t(%4) : f32[8, 4]
+%10 = aten.mm(%9, %0) : f32[8, 8]
+%11 = funcol.reduce_scatter_tensor(%10, 'sum', 4, ranks[0,1,2,3]) : f32[2, 8]
+%12 = aten.t(%8) : f32[8, 8]
+%13 = aten.mm(%0, %12) : f32[4, 8]
+%14 = aten.t(%3) : f32[8, 4]
+%15 = funcol.wait_tensor(%11) : f32[2, 8]
+%16 = aten.mm(%14, %13) : f32[8, 8]
+%17 = funcol.reduce_scatter_tensor(%16, 'sum', 4, ranks[0,1,2,3]) : f32[2, 8]
+%18 = aten.t(%7) : f32[8, 8]
+%19 = aten.mm(%13, %18) : f32[4, 8]
+%20 = aten.t(%2) : f32[8, 4]
+%21 = funcol.wait_tensor(%17) : f32[2, 8]
+%22 = aten.mm(%20, %19) : f32[8, 8]
+%23 = funcol.reduce_scatter_tensor(%22, 'sum', 4, ranks[0,1,2,3]) : f32[2, 8]
+%24 = aten.t(%6) : f32[8, 8]
+%25 = aten.mm(%19, %24) : f32[4, 8]
+%26 = aten.t(%1) : f32[8, 4]
+%27 = funcol.wait_tensor(%23) : f32[2, 8]
+%28 = aten.mm(%26, %25) : f32[8, 8]
+%29 = funcol.reduce_scatter_tensor(%28, 'sum', 4, ranks[0,1,2,3]) : f32[2, 8]
+%30 = aten.t(%5) : f32[8, 8]
+%31 = aten.mm(%25, %30) : f32[4, 8]
+%32 = funcol.wait_tensor(%29) : f32[2, 8]
+return [%31, %15, %21, %27, %32]""")
+
+
+# The naive order is wrong here: the sum reads the buffer before all_reduce_ (version
+# 0), `buf * 3` reads it after the wait through the collective's own node (FC-5), add_
+# makes version 2. The independent `(y + 1) * 3` fills the collective's window (RO-4,
+# RO-12).
+@pytest.mark.spec("RO-4", "RO-10", "RO-12")
+def test_mutated_buffer_keeps_its_versions(backend, world4):
+    assert_expected_inline(golden(backend, rp.Case("mutated_buffer", math.inf)), """\
+%0 = input : f32[4]
+%1 = input : f32[4]
+%2 = aten.mul.Tensor(%0, 2) : f32[4]
+%3 = aten.sum(%2) : f32[]
+%4 = funcol.all_reduce_(%2, 'sum', ranks[0,1,2,3]) : f32[4]
+%5 = funcol.all_gather_into_tensor(%1, 4, ranks[0,1,2,3]) : f32[16]
+%6 = aten.add.Tensor(%1, 1) : f32[4]
+%7 = aten.mul.Tensor(%6, 3) : f32[4]
+%8 = funcol.wait_tensor(%4) : f32[4]
+%9 = aten.mul.Tensor(%4, 3) : f32[4]
+%10 = aten.add_.Tensor(%4, 1) : f32[4]
+%11 = aten.mul.Tensor(%10, 4) : f32[4]
+%12 = funcol.wait_tensor(%5) : f32[16]
+%13 = aten.mul_.Tensor(%1, 2) : f32[4]
+%14 = aten.mul.Tensor(%13, 1) : f32[4]
+return [%3, %8, %12, %7, %9, %11, %14]""")
+
+
+# A lowered graph: the clone that lowering adds (CL-2) is the all_reduce_'s prologue and
+# is raised with it; wait_tensor_ completes in place (RO-7, RO-10).
+@pytest.mark.spec("RO-7", "RO-10", "RO-12")
+def test_lowered_all_reduce_raises_its_clone(backend, world4):
+    assert_expected_inline(golden(backend, rp.Case("lowered_all_reduce", math.inf)), """\
+%0 = input : f32[4]
+%1 = input : f32[4]
+%2 = aten.mul.Tensor(%0, 2) : f32[4]
+%3 = aten.clone(%2, memory_format=torch.contiguous_format) : f32[4]
+%4 = funcol.all_reduce_(%3, 'sum', ranks[0,1,2,3]) : f32[4]
+%5 = aten.add.Tensor(%1, 1) : f32[4]
+%6 = aten.mul.Tensor(%5, 3) : f32[4]
+%7 = funcol.wait_tensor_(%4) : f32[4]
+%8 = aten.add.Tensor(%7, %2) : f32[4]
+%9 = aten.add.Tensor(%8, %6) : f32[4]
+return %9""")
+
+
+# The pair group's gather passes both world gathers; the world's second gather, whose
+# input is ready first, stays behind the first (RO-5, RO-10).
+@pytest.mark.spec("RO-5", "RO-10")
+def test_two_groups_keep_their_own_issue_order(backend, world4):
+    assert_expected_inline(golden(backend, rp.Case("two_groups", math.inf)), """\
+%0 = input : f32[2]
+%1 = input : f32[2]
+%2 = input : f32[2]
+%3 = input : f32[8]
+%4 = funcol.all_gather_into_tensor(%1, 2, ranks[0,1]) : f32[4]
+%5 = aten.mul.Tensor(%0, 2) : f32[2]
+%6 = funcol.all_gather_into_tensor(%5, 4, ranks[0,1,2,3]) : f32[8]
+%7 = funcol.all_gather_into_tensor(%2, 4, ranks[0,1,2,3]) : f32[8]
+%8 = funcol.reduce_scatter_tensor(%3, 'sum', 4, ranks[0,1,2,3]) : f32[2]
+%9 = funcol.wait_tensor(%4) : f32[4]
+%10 = aten.add.Tensor(%9, 1) : f32[4]
+%11 = funcol.wait_tensor(%6) : f32[8]
+%12 = aten.add.Tensor(%11, 1) : f32[8]
+%13 = funcol.wait_tensor(%7) : f32[8]
+%14 = aten.mul.Tensor(%13, 2) : f32[8]
+%15 = funcol.wait_tensor(%8) : f32[2]
+return [%12, %10, %14, %15]""")
+
+
+# record_ is a barrier: the first wait is placed before it, the second gather after it,
+# though no data edge holds either (RO-6).
+@pytest.mark.spec("RO-6", "RO-10", "RO-11")
+def test_opaque_op_is_a_barrier(backend, world4):
+    assert_expected_inline(golden(backend, rp.Case("opaque_op", math.inf)), """\
+%0 = input : f32[4]
+%1 = input : f32[2]
+%2 = input : f32[2]
+%3 = funcol.all_gather_into_tensor(%1, 4, ranks[0,1,2,3]) : f32[8]
+%4 = aten.mul.Tensor(%0, 2) : f32[4]
+%5 = funcol.wait_tensor(%3) : f32[8]
+%6 = refimpl_conformance.record_(%4) : none
+%7 = funcol.all_gather_into_tensor(%2, 4, ranks[0,1,2,3]) : f32[8]
+%8 = aten.add.Tensor(%5, 1) : f32[8]
+%9 = aten.add.Tensor(%4, 1) : f32[4]
+%10 = funcol.wait_tensor(%7) : f32[8]
+%11 = aten.add.Tensor(%10, 1) : f32[8]
+return [%8, %11, %9]""")
+
+
+# Budget 0.065: 500 B planned originally, so 532 B may be; raising the first gather above
+# the 240 B intermediate plans exactly 532 B and is made, raising the second as well
+# would plan 564 B and is not (RO-9, RO-10).
+@pytest.mark.spec("RO-9", "RO-10")
+def test_memory_bound_allows_one_raise(backend, world4):
+    assert_expected_inline(golden(backend, rp.Case("memory_bound", 0.065)), """\
+%0 = input : f32[60]
+%1 = input : f32[2]
+%2 = input : f32[2]
+%3 = funcol.all_gather_into_tensor(%1, 4, ranks[0,1,2,3]) : f32[8]
+%4 = aten.mul.Tensor(%0, 2) : f32[60]
+%5 = aten.sum(%4) : f32[]
+%6 = funcol.all_gather_into_tensor(%2, 4, ranks[0,1,2,3]) : f32[8]
+%7 = funcol.wait_tensor(%3) : f32[8]
+%8 = aten.add.Tensor(%7, %5) : f32[8]
+%9 = funcol.wait_tensor(%6) : f32[8]
+%10 = aten.add.Tensor(%9, %5) : f32[8]
+return [%8, %10]""")
+
+
+# Budget 0.05 (525 B): neither gather is raised above the intermediate (RO-9).
+@pytest.mark.spec("RO-9", "RO-10")
+def test_memory_bound_stops_the_raise(backend, world4):
+    assert_expected_inline(golden(backend, rp.Case("memory_bound", 0.05)), """\
+%0 = input : f32[60]
+%1 = input : f32[2]
+%2 = input : f32[2]
+%3 = aten.mul.Tensor(%0, 2) : f32[60]
+%4 = aten.sum(%3) : f32[]
+%5 = funcol.all_gather_into_tensor(%1, 4, ranks[0,1,2,3]) : f32[8]
+%6 = funcol.all_gather_into_tensor(%2, 4, ranks[0,1,2,3]) : f32[8]
+%7 = funcol.wait_tensor(%5) : f32[8]
+%8 = aten.add.Tensor(%7, %4) : f32[8]
+%9 = funcol.wait_tensor(%6) : f32[8]
+%10 = aten.add.Tensor(%9, %4) : f32[8]
+return [%8, %10]""")
+
+
+@pytest.mark.spec("RO-8")
+def test_a_limit_that_cannot_be_met_is_refused(backend, world4):
+    """The first gather's wait is gone: it stays in flight, the second may never start."""
+    ns = concept(backend)
+    gm = program(backend, "memory_bound")
+    wait = next(n for n in gm.graph.nodes if "wait_tensor" in str(n.target))
+    wait.replace_all_uses_with(wait.args[0])
+    gm.graph.erase_node(wait)
+    gm.recompile()
+    config = ns.ReorderConfig(cost_model=ns.CostModel(pinned=rp.pinned_costs(gm)),
+                              max_in_flight={"all_gather": 1})
+    with pytest.raises(ValueError, match=r"config.*all_gather.*all_gather_into_tensor_1.*"
+                                         r"\[RO-8\]"):
+        ns.reorder(gm, config)
+    assert ns.reorder(gm, ns.ReorderConfig(cost_model=config.cost_model)) is not None

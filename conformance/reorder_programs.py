@@ -1,0 +1,329 @@
+"""Programs of the reorder cases (SPEC section 4, RO), and what runs them on a rank.
+
+Each program is `program(ops, ctx, *inputs)`, written against a functional-collectives op
+namespace (`torch.ops.refimpl_c10d` or upstream's `torch.ops._c10d_functional`); `ctx`
+names the world group ("0", WORLD under the fake process group and under gloo), its size,
+and a second group `sub` (each rank's pair of `[[0, 1], [2, 3]]` on 4 ranks, a second group
+of `[0, 1]` on 2). Input shapes follow the world size so that every all_gather returns 8
+rows. `program_graph(name, ops)` traces one with make_fx on fake values and, for the
+"bucketed" and "lowered" programs, applies refimpl's bucketing or lowering on top: those
+are inputs of the cases, never their expectation.
+
+`pinned_costs(gm)` pins every node's duration by a rule (a collective 30 us, a matmul
+20 us, any other compute 1 us, views and waits 0), so that golden orders depend on no
+profile. `CASES` lists the (program, config) pairs every case runs.
+
+`record_` (op `refimpl_conformance::record_`) is the opaque side-effecting op: it appends
+the sum of its argument to a log of the process and is a barrier (RO-6).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from conformance.oracle import rank_input
+
+RECORDED: list[float] = []  # what record_ saw, in this process
+
+
+@torch.library.custom_op("refimpl_conformance::record_", mutates_args=("x",))
+def record_(x: torch.Tensor) -> None:
+    """Side effect only: log x's sum (a barrier to the reorder pass, RO-6)."""
+    RECORDED.append(float(x.sum()))
+
+
+@dataclass(frozen=True)
+class Ctx:
+    n: int  # world size
+    world: str  # WORLD's group name
+    sub: str  # the second group's name
+    sub_n: int
+
+
+_SUBGROUPS: dict = {}
+
+
+def context() -> Ctx:
+    """The groups of this process (a fake world of 4 in the case process, gloo in ranks);
+    the second group is made once per default group, by every rank together."""
+    world = dist.group.WORLD
+    if world not in _SUBGROUPS:
+        n = dist.get_world_size()
+        rows = [[0, 1], [2, 3]] if n == 4 else [list(range(n))]
+        _SUBGROUPS[world], _ = dist.new_subgroups_by_enumeration(rows)
+    sub = _SUBGROUPS[world]
+    return Ctx(world.size(), world.group_name, sub.group_name, sub.size())
+
+
+def _wait(ops, t):
+    return ops.wait_tensor(t)
+
+
+def _gather(ops, ctx, x, group=None, n=None):
+    return _wait(ops, ops.all_gather_into_tensor(x, n or ctx.n, group or ctx.world))
+
+
+# --------------------------------------------------------------------------------------
+# Programs
+# --------------------------------------------------------------------------------------
+def fsdp_forward(ops, ctx, x, *shards):
+    """4 FSDP layers: each shard cast to bf16 (the prologue), gathered to [8, 8], used."""
+    h = x
+    for shard in shards:
+        w = _gather(ops, ctx, shard.to(torch.bfloat16))
+        h = torch.relu(h @ w.float())
+    return h
+
+
+def fsdp_forward_params(ops, ctx, x, *params):
+    """4 FSDP layers of a weight and a bias each: bucketing's input (one bucket a layer)."""
+    h = x
+    for weight, bias in zip(params[::2], params[1::2], strict=True):
+        w = _gather(ops, ctx, weight.to(torch.bfloat16)).float()
+        b = _gather(ops, ctx, bias.to(torch.bfloat16)).float()
+        h = torch.relu(h @ w + b)
+    return h
+
+
+def fsdp_backward(ops, ctx, g, *acts_and_weights):
+    """The backward of 4 layers: each weight gradient reduce-scattered; the waits are
+    only returned, so nothing in the graph needs them."""
+    acts, weights = acts_and_weights[:4], acts_and_weights[4:]
+    grads = []
+    for act, weight in zip(reversed(acts), reversed(weights), strict=True):
+        grad_w = act.t() @ g
+        g = g @ weight.t()
+        grads.append(_wait(ops, ops.reduce_scatter_tensor(grad_w, "sum", ctx.n, ctx.world)))
+    return g, *grads
+
+
+def mutated_buffer(ops, ctx, x, y):
+    """all_reduce_ on a buffer read before it, read after its wait (through the buffer's
+    own node: FC-5), then mutated and read again; a gather of `y`, which `y.mul_` may
+    only change after the gather's wait (MEM-5), though nothing needs that wait."""
+    buf = x * 2
+    before = buf.sum()                                  # reads version 0
+    done = _wait(ops, ops.all_reduce_(buf, "sum", ctx.world))
+    gathered = _gather(ops, ctx, y)                     # reads y until its wait
+    other = (y + 1) * 3                                 # independent
+    after = buf * 3                                     # reads version 1 (after the wait)
+    buf.add_(1)                                         # makes version 2
+    y.mul_(2)                                           # makes y's version 1
+    return before, done, gathered, other, after, buf * 4, y * 1
+
+
+def shared_all_reduce(ops, ctx, x, y):
+    """all_reduce of an intermediate read again later: lowering clones it (CL-2), and the
+    clone is the collective's prologue."""
+    a = x * 2
+    b = (y + 1) * 3                                     # independent
+    total = _wait(ops, ops.all_reduce(a, "sum", ctx.world))
+    return total + a + b
+
+
+def two_groups(ops, ctx, a, b, c, d):
+    """World and sub collectives: sub's may pass world's; world's keep their order, of
+    whatever kind."""
+    t = a * 2
+    ga = _gather(ops, ctx, t)                           # world, input computed
+    gb = _gather(ops, ctx, b, ctx.sub, ctx.sub_n)       # sub, input ready at the start
+    gc = _gather(ops, ctx, c)                           # world, input ready at the start
+    rd = _wait(ops, ops.reduce_scatter_tensor(d, "sum", ctx.n, ctx.world))  # world, ready
+    return ga + 1, gb + 1, gc * 2, rd
+
+
+def opaque_op(ops, ctx, x, s1, s2):
+    """A side-effecting op nobody models: the first wait stays before it, the second
+    collective after it, though data would let both move."""
+    a = x * 2
+    g1 = _gather(ops, ctx, s1)
+    torch.ops.refimpl_conformance.record_(a)
+    g2 = _gather(ops, ctx, s2)
+    return g1 + 1, g2 + 1, a + 1
+
+
+def memory_bound(ops, ctx, x, s1, s2):
+    """A large intermediate sets the peak; raising a gather across it costs its bytes."""
+    big = x * 2                                         # the peak is while it lives
+    small = big.sum()
+    g1 = _gather(ops, ctx, s1)
+    g2 = _gather(ops, ctx, s2)
+    return g1 + small, g2 + small
+
+
+def _rows(ctx) -> int:
+    return 8 // ctx.n
+
+
+def _shapes(name: str, ctx: Ctx) -> list[tuple]:
+    r = _rows(ctx)
+    return {
+        "fsdp_forward": [(4, 8)] + [(r, 8)] * 4,
+        "fsdp_forward_bucketed": [(4, 8)] + [(r, 8), (r,)] * 4,
+        "fsdp_backward": [(4, 8)] + [(4, 8)] * 4 + [(8, 8)] * 4,
+        "mutated_buffer": [(4,), (4,)],
+        "lowered_all_reduce": [(4,), (4,)],
+        "two_groups": [(2,), (2,), (2,), (2 * ctx.n,)],
+        "opaque_op": [(4,), (r,), (r,)],
+        "memory_bound": [(60,), (r,), (r,)],  # on 4 ranks: peak 500 B, a gather 32 B
+    }[name]
+
+
+FUNCTIONS = {
+    "fsdp_forward": fsdp_forward, "fsdp_forward_bucketed": fsdp_forward_params,
+    "fsdp_backward": fsdp_backward, "mutated_buffer": mutated_buffer,
+    "lowered_all_reduce": shared_all_reduce, "two_groups": two_groups,
+    "opaque_op": opaque_op, "memory_bound": memory_bound,
+}
+PROGRAMS = list(FUNCTIONS)
+
+
+def inputs_for(name: str, ctx: Ctx, rank: int = 0) -> list[torch.Tensor]:
+    return [rank_input(rank, s, torch.float32, salt=i) for i, s in enumerate(_shapes(name, ctx))]
+
+
+def refimpl_ops():
+    import refimpl.functional_collectives  # noqa: F401  (registers refimpl_c10d)
+
+    return torch.ops.refimpl_c10d
+
+
+def traced(name: str, ops=None, rank: int = 0) -> torch.fx.GraphModule:
+    """make_fx of a program on fake values (needs a default group, fake or real)."""
+    ctx = context()
+    fn = FUNCTIONS[name]
+    ops = ops if ops is not None else refimpl_ops()
+    return make_fx(lambda *xs: fn(ops, ctx, *xs), tracing_mode="fake")(
+        *inputs_for(name, ctx, rank))
+
+
+def program_graph(name: str, ops=None, rank: int = 0) -> torch.fx.GraphModule:
+    """The traced program, bucketed (one bucket a layer) or lowered where its name says."""
+    gm = traced(name, ops, rank)
+    if name == "fsdp_forward_bucketed":
+        from refimpl.bucketing import bucket_all_gather
+
+        layer_bytes = 2 * (8 * 8 + 8)  # bf16 weight and bias, gathered
+        bucket_all_gather(gm, lambda i: layer_bytes / 2**20)
+    elif name == "lowered_all_reduce":
+        from refimpl.comm_lowering import lower
+
+        gm = lower(gm)
+    return gm
+
+
+# --------------------------------------------------------------------------------------
+# Costs and configs
+# --------------------------------------------------------------------------------------
+COLLECTIVE_US, MATMUL_US, COMPUTE_US = 30.0, 20.0, 1.0
+FREE = ("view", "_unsafe_view", "t", "slice", "split_with_sizes", "getitem", "wait_tensor",
+        "wait_tensor_", "empty", "permute", "transpose")
+
+
+def pinned_costs(gm: torch.fx.GraphModule) -> dict[str, float]:
+    """Every node's duration by a rule: collectives, matmuls, other compute, free ones."""
+    pinned = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = getattr(node.target, "__name__", str(node.target)).split(".")[0]
+        text = str(node.target)
+        if any(k in text for k in ("all_gather", "reduce_scatter", "all_reduce")):
+            pinned[node.name] = COLLECTIVE_US
+        elif name in ("mm", "addmm"):
+            pinned[node.name] = MATMUL_US
+        elif name in FREE:
+            pinned[node.name] = 0.0
+        else:
+            pinned[node.name] = COMPUTE_US
+    return pinned
+
+
+@dataclass(frozen=True)
+class Case:
+    """One (program, config) pair: memory_budget and max_in_flight as the config takes them."""
+
+    program: str
+    memory_budget: float = 0.1
+    max_in_flight: tuple = ()  # ((kind, count), ...)
+
+    @property
+    def id(self) -> str:
+        limit = ",".join(f"{k}={v}" for k, v in self.max_in_flight) or "unlimited"
+        return f"{self.program}-budget={self.memory_budget:g}-{limit}"
+
+
+ONE_ALL_GATHER = (("all_gather", 1),)
+CASES = [
+    Case("fsdp_forward", math.inf),
+    Case("fsdp_forward", math.inf, ONE_ALL_GATHER),
+    Case("fsdp_forward", math.inf, (("all_gather", 2),)),
+    Case("fsdp_forward", 0.1, ONE_ALL_GATHER),
+    Case("fsdp_forward_bucketed", math.inf, ONE_ALL_GATHER),
+    Case("fsdp_backward", math.inf),
+    Case("fsdp_backward", 0.1),
+    Case("mutated_buffer", math.inf),
+    Case("lowered_all_reduce", math.inf),
+    Case("two_groups", math.inf),
+    Case("opaque_op", math.inf),
+    Case("memory_bound", 0.065),  # on 4 ranks: 532 B may be planned, 500 + 32 (RO-9)
+    Case("memory_bound", 0.05),
+]
+
+
+def config_for(ns, gm: torch.fx.GraphModule, case: Case):
+    """The backend's ReorderConfig of `case`, with every node of `gm` pinned."""
+    return ns.ReorderConfig(cost_model=ns.CostModel(pinned=pinned_costs(gm)),
+                            memory_budget=case.memory_budget,
+                            max_in_flight=dict(case.max_in_flight))
+
+
+# --------------------------------------------------------------------------------------
+# On a rank: the reordered program computes what the original does (RO-13)
+# --------------------------------------------------------------------------------------
+def _flat(out) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return [t for o in out for t in _flat(o)]
+
+
+def _run(gm, inputs) -> tuple[list[torch.Tensor], list[float]]:
+    RECORDED.clear()
+    out = _flat(gm(*[x.clone() for x in inputs]))
+    return out, list(RECORDED)
+
+
+def differences(before, after) -> str:
+    """'' when outputs (and recorded side effects) are bit-identical, else where not."""
+    (a, log_a), (b, log_b) = before, after
+    if log_a != log_b:
+        return f"record_ saw {log_a} in the original order, {log_b} reordered"
+    if len(a) != len(b):
+        return f"{len(a)} outputs before, {len(b)} after"
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(x, y):
+            return f"output {i}: {x.tolist()} != {y.tolist()}"
+    return ""
+
+
+def values_on_rank(spec: str, cases: list[Case]) -> dict[str, str]:
+    """On a rank: every case's program, traced with the backend's ops, reordered by the
+    backend, run beside the original on the same inputs; {case id: difference}."""
+    from conformance.harness import backend_in_rank
+
+    backend = backend_in_rank(spec)
+    ops = backend.require("functional_collectives").ops
+    ns = backend.require("reorder", "reorder", "ReorderConfig", "CostModel")
+    rank, ctx = dist.get_rank(), context()
+    found = {}
+    for case in cases:
+        gm = program_graph(case.program, ops, rank)
+        inputs = inputs_for(case.program, ctx, rank)
+        new = ns.reorder(gm, config_for(ns, gm, case))
+        found[case.id] = differences(_run(gm, inputs), _run(new, inputs))
+    return found

@@ -1,0 +1,799 @@
+"""Scheduler reorder: the same program, its nodes in an order that overlaps comms with compute.
+
+`reorder(gm, config)` returns a new GraphModule holding the same nodes in a new order. One
+list scheduler places *blocks* one at a time (an FSDP block tagged by bucketing, BK-17; a
+collective with its prologue, the casts and copies that only feed it; any other node
+alone): a collective block as soon as its inputs allow (RO-10), a wait only when a block
+that needs it comes next (RO-11), and among the compute blocks the one that stalls the
+compute stream least on the timeline of `config.cost_model`, the simulator's (RO-12).
+
+Every order it returns keeps RO-3..RO-9: data dependencies, the order of every buffer's
+versions (a wait completes its input's buffer, FC-5; a collective reads what it holds
+until its wait, MEM-5), each group's issue order, barriers at the ops it does not
+understand, blocks contiguous, the in-flight limit per (group, kind), and a bound on the
+planned peak memory against the *original* order, which the result keeps in its `meta`.
+Every decision derives from the graph, the original order and the config, never from
+the order handed in, so reordering a reordered graph returns the same order (RO-2).
+
+Cost: the analysis and the schedule are linear in the graph (a heap per candidate kind);
+the memory bound reads one `MemoryModel` sweep of the original order and one of the new
+order as it grows, never a plan per candidate (MEM-10).
+
+Implements SPEC.md section "Scheduler reorder": RO-1 .. RO-13.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import operator
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import torch
+import torch.fx
+
+from refimpl import _fx
+from refimpl.bucketing import BLOCK_META
+from refimpl.memory import MemoryModel
+from refimpl.simulator import CostModel, _is_view, blocking_name
+
+__all__ = ["ReorderConfig", "reorder", "barrier_reason", "collective_kind", "ORIGINAL_ORDER",
+           "KINDS"]
+
+# gm.meta key of a reordered graph: the node names of its original order (RO-2).
+ORIGINAL_ORDER = "refimpl_reorder_original"
+
+# The kind of each collective op, for the in-flight limit (RO-8).
+KIND_OF_OP = {
+    "all_gather_into_tensor": "all_gather", "all_gather_into_tensor_out": "all_gather",
+    "all_gather_into_tensor_coalesced": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "all_reduce": "all_reduce", "all_reduce_": "all_reduce",
+    "all_reduce_coalesced": "all_reduce", "all_reduce_coalesced_": "all_reduce",
+    "all_to_all_single": "all_to_all", "broadcast": "broadcast", "broadcast_": "broadcast",
+}
+KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
+
+# Prologue ops (RO-7): what only casts, copies, pads, concatenates, allocates or views.
+PROLOGUE_OPS = frozenset({
+    "_to_copy", "convert_element_type", "clone", "copy", "copy_", "cat", "constant_pad_nd",
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
+})
+# Namespaces whose ops communicate: outside the modelled ones, barriers (RO-6).
+COMMUNICATING_NAMESPACES = ("c10d", "refimpl_symm_mem", "symm_mem")
+# Python functions of a graph that compute on sizes only, or allocate without communicating.
+PURE_MODULES = ("_operator", "operator", "math")
+SYMMETRIC_ALLOCATIONS = {("refimpl.symmetric_memory", "empty_strided_p2p"),
+                         ("torch.distributed._symmetric_memory", "empty_strided_p2p")}
+INPUT_OPS = ("placeholder", "get_attr")
+
+
+# --------------------------------------------------------------------------------------
+# The config (RO-1)
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ReorderConfig:
+    """How `reorder` schedules (RO-1).
+
+    cost_model: the duration of every node (refimpl.simulator.CostModel, its H100 preset
+        when None). Pinned durations make an order independent of any profile.
+    memory_budget: the new order's planned peak may exceed the original order's by at
+        most this fraction (RO-9); `math.inf` lifts the bound.
+    max_in_flight: per collective kind ("all_gather", "reduce_scatter", "all_reduce",
+        "all_to_all", "broadcast"), how many of one group's collectives of that kind may
+        be issued and not yet waited at any point (RO-8); kinds not named are unlimited.
+    """
+
+    cost_model: CostModel | None = None
+    memory_budget: float = 0.1
+    max_in_flight: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.cost_model is not None and not isinstance(self.cost_model, CostModel):
+            raise TypeError(f"cost_model: expected a refimpl.simulator.CostModel or None, got "
+                            f"{type(self.cost_model).__name__} [RO-1]")
+        budget = self.memory_budget
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)):
+            raise TypeError(f"memory_budget: expected a number >= 0, got {budget!r} [RO-1]")
+        if math.isnan(budget) or budget < 0:
+            raise ValueError(f"memory_budget: expected a number >= 0, got {budget!r} [RO-1]")
+        if not isinstance(self.max_in_flight, Mapping):
+            raise TypeError(f"max_in_flight: expected a mapping of collective kind to count, "
+                            f"got {type(self.max_in_flight).__name__} [RO-1]")
+        for kind, count in self.max_in_flight.items():
+            if kind not in KINDS:
+                raise ValueError(f"max_in_flight: expected a kind of {list(KINDS)}, got "
+                                 f"{kind!r} [RO-1]")
+            if isinstance(count, bool) or not isinstance(count, int):
+                raise TypeError(f"max_in_flight[{kind!r}]: expected an int >= 1, got "
+                                f"{count!r} [RO-1]")
+            if count < 1:
+                raise ValueError(f"max_in_flight[{kind!r}]: expected an int >= 1, got "
+                                 f"{count} [RO-1]")
+        object.__setattr__(self, "max_in_flight", MappingProxyType(dict(self.max_in_flight)))
+
+    def memory_limit(self, original_peak: int) -> float:
+        """The largest planned peak the new order may have (RO-9), in whole bytes."""
+        if math.isinf(self.memory_budget):
+            return math.inf
+        return math.floor((1 + self.memory_budget) * original_peak)
+
+
+# --------------------------------------------------------------------------------------
+# What a node is (RO-5, RO-6, RO-7)
+# --------------------------------------------------------------------------------------
+def collective_kind(node: torch.fx.Node) -> str | None:
+    """"all_gather", ... for a collective (not a wait) of any functional-collectives
+    namespace (RO-8); an op the table does not list is a kind of its own."""
+    name = _fx.collective_name(node)
+    if name is None or _fx.is_wait(node):
+        return None
+    return KIND_OF_OP.get(name, name)
+
+
+def _issues_on_group(node: torch.fx.Node) -> bool:
+    """A collective or a blocking symmetric-memory kernel: it keeps its group's order."""
+    return collective_kind(node) is not None or blocking_name(node) is not None
+
+
+def _has_registered_effect(target) -> bool:
+    from torch.fx.node import _side_effectful_functions
+
+    if target in _side_effectful_functions:
+        return True
+    try:
+        from torch._higher_order_ops.effects import _get_effect
+    except ImportError:  # torch without the effects registry
+        return False
+    return _get_effect(target) is not None
+
+
+def barrier_reason(node: torch.fx.Node) -> str | None:
+    """Why nothing may move across `node` (RO-6), or None when the pass understands it."""
+    if node.op in ("call_module", "call_method"):
+        return f"{node.op} runs code the pass cannot see"
+    if node.op != "call_function":
+        return None  # inputs and the output have fixed places anyway
+    target = node.target
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return "a higher-order op runs code the pass cannot see"
+    if not isinstance(target, torch._ops.OpOverload):
+        module, name = getattr(target, "__module__", None), getattr(target, "__name__", "")
+        if target is operator.setitem:
+            return "operator.setitem writes its argument"
+        if module in PURE_MODULES or (module, name) in SYMMETRIC_ALLOCATIONS or \
+                (module == "torch" and name.startswith("sym_")):
+            return None
+        return f"the Python function {name or target!r} may do anything"
+    namespace = target.namespace
+    if namespace in _fx.COLLECTIVE_NAMESPACES or blocking_name(node) is not None:
+        return None  # modelled (upstream registers its wait as side-effectful for DCE)
+    if _has_registered_effect(target):
+        return f"{target} is registered as side-effectful"
+    if namespace in ("aten", "prims"):
+        return None
+    if namespace in COMMUNICATING_NAMESPACES:
+        return f"{target} communicates in a way the pass does not model"
+    if target._schema.is_mutable:
+        return f"{target} writes an argument the pass cannot order"
+    if not target._schema.returns:
+        return f"{target} returns nothing: it exists for its side effects"
+    return None
+
+
+def _is_prologue_op(node: torch.fx.Node) -> bool:
+    if node.target is operator.getitem:
+        return True
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or target.namespace not in ("aten", "prims"):
+        return False
+    return target._schema.name.split("::", 1)[1] in PROLOGUE_OPS or _is_view(target)
+
+
+def _argument_nodes(value) -> list[torch.fx.Node]:
+    found: list[torch.fx.Node] = []
+    torch.fx.node.map_arg(value, found.append)
+    return found
+
+
+# --------------------------------------------------------------------------------------
+# The program in its original order: dependencies and blocks (RO-2 .. RO-7)
+# --------------------------------------------------------------------------------------
+RNG_STATE = -1  # the buffer every seeded random op writes (RO-4)
+
+
+def _valid_original(order: list[torch.fx.Node]) -> bool:
+    seen: set[torch.fx.Node] = set()
+    for node in order:
+        if any(arg not in seen for arg in node.all_input_nodes):
+            return False
+        seen.add(node)
+    return order[-1].op == "output" if order else True
+
+
+def original_order(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """Every node of `gm` in its original order (RO-2): the order named by
+    `gm.meta[ORIGINAL_ORDER]` if it names exactly gm's nodes in a valid order, else gm's."""
+    nodes = list(gm.graph.nodes)
+    names = gm.meta.get(ORIGINAL_ORDER)
+    if names is None or len(names) != len(nodes):
+        return nodes
+    by_name = {n.name: n for n in nodes}
+    if set(names) != by_name.keys():
+        return nodes
+    order = [by_name[name] for name in names]
+    return order if _valid_original(order) else nodes
+
+
+class _Program:
+    """What the scheduler reads of a graph, every node numbered by its original position."""
+
+    def __init__(self, gm: torch.fx.GraphModule, config: ReorderConfig):
+        for node in gm.graph.nodes:
+            if node.users:
+                _fx.fake_value(node, "RO-1")
+        self.gm = gm
+        order = original_order(gm)
+        self.inputs = [n for n in order if n.op in INPUT_OPS]
+        self.output = [n for n in order if n.op == "output"]
+        self.body = [n for n in order if n.op not in INPUT_OPS and n.op != "output"]
+        self.pos = {n: i for i, n in enumerate(self.body)}
+        self.model = MemoryModel(gm)
+        cost_model = config.cost_model or CostModel()
+        duration = cost_model.durations(gm)
+        self.duration = [duration[n] for n in self.body]
+        self.alloc = [self.model.alloc_bytes(n) for n in self.body]
+        self.preds: list[set[int]] = [set() for _ in self.body]
+        self.group: dict[int, str] = {}  # collectives and blocking kernels -> group name
+        self.completes: dict[int, list[int]] = {}  # wait -> the collectives it completes
+        self.in_flight = {self.pos[n] for n in self.model.in_flight if n in self.pos}
+        self._data_dependencies()
+        self._pair_waits_and_versions()
+        self._group_order()
+        self._barriers()
+
+    # RO-3
+    def _data_dependencies(self) -> None:
+        for i, node in enumerate(self.body):
+            self.preds[i].update(self.pos[a] for a in node.all_input_nodes if a in self.pos)
+
+    # RO-4: per buffer, every access follows as many writes as in the original order.
+    def _pair_waits_and_versions(self) -> None:
+        model = self.model
+        pending: dict[int, list[tuple[int, tuple[int, ...]]]] = {}  # buffer -> (coll, held)
+        accesses: dict[int, list[tuple[int, bool]]] = {}
+        for i, node in enumerate(self.body):
+            reads = set(model.uses.get(node, ()))
+            writes = set(self._written_buffers(node))
+            for done, held in model.in_flight.get(node, ()):
+                pending.setdefault(done, []).append((i, held))
+            if node in model.completes:  # a wait: it completes its input's buffer (FC-5) ...
+                done = [entry for b in model.completes[node] for entry in pending.pop(b, [])]
+                self.completes[i] = list(dict.fromkeys(c for c, _ in done))
+                writes.update(model.completes[node])
+                reads.update(b for _, held in done for b in held)  # ... and ends their reads
+            if isinstance(node.target, torch._ops.OpOverload) and \
+                    torch.Tag.nondeterministic_seeded in node.target.tags:
+                writes.add(RNG_STATE)
+            for b in reads | writes:
+                accesses.setdefault(b, []).append((i, b in writes))
+        for trail in accesses.values():
+            self._version_edges(trail)
+
+    def _written_buffers(self, node: torch.fx.Node) -> list[int]:
+        """Buffers of the arguments the op's schema marks as written (`Tensor(a!)`)."""
+        target = node.target
+        if not isinstance(target, torch._ops.OpOverload) or not target._schema.is_mutable:
+            return []
+        bound = _fx.arguments(node, "RO-4")
+        written = []
+        for argument in target._schema.arguments:
+            if argument.alias_info is not None and argument.alias_info.is_write:
+                for arg in _argument_nodes(bound.get(argument.name)):
+                    written += [b.index for b in self.model.node_buffers.get(arg, ())]
+        return written
+
+    def _version_edges(self, trail: list[tuple[int, bool]]) -> None:
+        last_write, readers = None, []
+        for i, writes in trail:
+            if last_write is not None:
+                self.preds[i].add(last_write)  # after the write that made its version
+            if writes:
+                self.preds[i].update(readers)  # after every reader of the version it ends
+                last_write, readers = i, []
+            else:
+                readers.append(i)
+
+    # RO-5
+    def _group_order(self) -> None:
+        last: dict[str, int] = {}
+        for i, node in enumerate(self.body):
+            if _issues_on_group(node):
+                group = str(_fx.arguments(node, "RO-5")["group_name"])
+                self.group[i] = group
+                if group in last:
+                    self.preds[i].add(last[group])
+                last[group] = i
+
+    # RO-6: a barrier follows every node before it and precedes every node after it.
+    def _barriers(self) -> None:
+        barriers = [i for i, node in enumerate(self.body) if barrier_reason(node) is not None]
+        for k, b in enumerate(barriers):
+            since = barriers[k - 1] if k else 0
+            self.preds[b].update(range(since, b))
+            until = barriers[k + 1] if k + 1 < len(barriers) else len(self.body)
+            for j in range(b + 1, until):
+                self.preds[j].add(b)
+
+    # RO-7
+    def blocks(self) -> list[list[int]]:
+        """Tagged blocks, each untagged collective with its prologue, every other node alone."""
+        block_of: list[int | None] = [None] * len(self.body)
+        blocks: list[list[int]] = []
+        tagged: dict[tuple, list[int]] = {}
+        for i, node in enumerate(self.body):
+            tag = node.meta.get(BLOCK_META)
+            if tag is not None:
+                tagged.setdefault(tuple(tag), []).append(i)
+        for members in tagged.values():
+            between = self._outside_between(members)
+            if between is not None:
+                names = [self.body[i].name for i in sorted(members)]
+                raise ValueError(f"gm: block {names} cannot be placed as one unit: node "
+                                 f"{between!r} outside it depends on it and feeds it [RO-7]")
+            self._claim(blocks, block_of, members)
+        for i in reversed(range(len(self.body))):
+            if block_of[i] is None and collective_kind(self.body[i]) is not None:
+                members = self._prologue(i, block_of) + [i]
+                if self._outside_between(members) is not None:  # held by RO-4: no prologue
+                    members = [i]
+                self._claim(blocks, block_of, members)
+        for i in range(len(self.body)):
+            if block_of[i] is None:
+                self._claim(blocks, block_of, [i])
+        return blocks
+
+    def _outside_between(self, members: list[int]) -> str | None:
+        """A node outside `members` that depends on one of them and feeds one, which makes
+        placing them as a unit impossible (RO-7); None when there is none. Such a node lies
+        between their first and last position, so only that range is searched."""
+        inside, lo, hi = set(members), min(members), max(members)
+        after_block: set[int] = set()  # outside nodes in the range that depend on the block
+        for j in range(lo, hi + 1):
+            reached = [p for p in self.preds[j] if p in inside or p in after_block]
+            if j not in inside and reached:
+                after_block.add(j)
+            elif j in inside and any(p in after_block for p in reached):
+                return next(self.body[p].name for p in reached if p in after_block)
+        return None
+
+    @staticmethod
+    def _claim(blocks, block_of, members) -> None:
+        for i in members:
+            block_of[i] = len(blocks)
+        blocks.append(sorted(members))
+
+    def _prologue(self, i: int, block_of) -> list[int]:
+        """The prologue ops whose every user is collective `i` or in its prologue (RO-7).
+
+        Visited from the latest position down, so a node's users are decided before it."""
+        block, prologue = {i}, []
+        heap = [-self.pos[a] for a in self.body[i].all_input_nodes if a in self.pos]
+        heapq.heapify(heap)
+        while heap:
+            j = -heapq.heappop(heap)
+            node = self.body[j]
+            if j in block or block_of[j] is not None or not _is_prologue_op(node):
+                continue
+            if any(self.pos.get(user) not in block for user in node.users):
+                continue
+            block.add(j)
+            prologue.append(j)
+            for a in node.all_input_nodes:
+                if a in self.pos:
+                    heapq.heappush(heap, -self.pos[a])
+        return prologue
+
+
+# --------------------------------------------------------------------------------------
+# The scheduler (RO-8 .. RO-12)
+# --------------------------------------------------------------------------------------
+COLLECTIVE, WAIT, COMPUTE = "collective", "wait", "compute"
+
+
+@dataclass(eq=False)
+class _Block:
+    index: int
+    members: list[int]  # original positions, ascending
+    kind: str  # COLLECTIVE, WAIT or COMPUTE
+    flight: tuple[str, str] | None = None  # (group, kind) of a collective block (RO-8)
+    deps: set = field(default_factory=set)  # indices of blocks it needs
+    users: list = field(default_factory=list)
+    wait_deps: list = field(default_factory=list)
+    unplaced: int = 0  # deps not placed
+    unplaced_non_wait: int = 0
+    unready_waits: int = 0  # wait deps neither placed nor ready
+    waits_left: int = 0  # a collective block: wait blocks that complete it, not placed
+    completes: list = field(default_factory=list)  # a wait block: the collective blocks
+    placed: bool = False
+    queued: str | None = None  # which queue holds its live entry
+    finish_us: float = 0.0  # a wait block: when its collectives end
+
+    @property
+    def pos(self) -> int:
+        return self.members[0]
+
+
+class _Scheduler:
+    """One list schedule of a program's blocks; `run()` returns the new body order."""
+
+    def __init__(self, program: _Program, config: ReorderConfig):
+        self.p = program
+        self.config = config
+        self.n = len(program.body)
+        self._build_blocks()
+        self._memory_baseline()
+        self.sweep = program.model.sweep()
+        for node in program.inputs:
+            self.sweep.place(node)
+        self.placed = [False] * self.n
+        self.cur = 0  # first original position not placed
+        self.ahead = 0  # bytes allocated by placed nodes after `cur` (RO-9)
+        self.clock = 0.0  # the compute stream, as SIM-5..SIM-7 replay the order
+        self.stream_free: dict[str, float] = {}
+        self.finish: dict[int, float] = {}  # collective position -> its end
+        self.in_flight = {}  # (group, kind) -> collective blocks issued, not completed
+        self.order: list[int] = []
+        self.queues = {"collective": [], "stall_free": [], "stalling": [], "waits": []}
+        self.blocked: dict[tuple[str, str], list] = {}
+        self.done = 0
+
+    # ---- setup ------------------------------------------------------------------------
+    def _build_blocks(self) -> None:
+        p = self.p
+        self.blocks = []
+        self.block_of = [0] * self.n
+        for members in p.blocks():
+            block = _Block(len(self.blocks), members, self._kind_of(members))
+            for i in members:
+                self.block_of[i] = block.index
+            if block.kind == COLLECTIVE:
+                first = next(i for i in members if i in p.in_flight)
+                block.flight = (p.group[first], collective_kind(p.body[first]))
+            self.blocks.append(block)
+        completed_by: dict[int, set[int]] = {}
+        for wait, collectives in p.completes.items():
+            for c in collectives:
+                completed_by.setdefault(self.block_of[c], set()).add(self.block_of[wait])
+        for block in self.blocks:
+            for i in block.members:
+                block.deps.update(self.block_of[j] for j in p.preds[i])
+            block.deps.discard(block.index)
+            if block.kind == COLLECTIVE:
+                block.waits_left = len(completed_by.get(block.index, ()))
+            if block.kind == WAIT:
+                block.completes = sorted({self.block_of[c] for i in block.members
+                                          for c in p.completes.get(i, ())})
+        for block in self.blocks:
+            for d in sorted(block.deps):
+                dep = self.blocks[d]
+                dep.users.append(block)
+                block.unplaced += 1
+                if dep.kind == WAIT:
+                    block.wait_deps.append(dep)
+                    block.unready_waits += 1
+                else:
+                    block.unplaced_non_wait += 1
+
+    def _kind_of(self, members: list[int]) -> str:
+        if any(i in self.p.in_flight for i in members):
+            return COLLECTIVE
+        if any(i in self.p.completes for i in members):
+            return WAIT
+        return COMPUTE
+
+    def _memory_baseline(self) -> None:
+        """The original order's peak and, per position, the most that can be live from
+        there on if the rest follows the original order (RO-9)."""
+        p = self.p
+        sweep = p.model.sweep()
+        for node in p.inputs:
+            sweep.place(node)
+        high = []
+        for i, node in enumerate(p.body):
+            high.append(sweep.live_bytes + p.alloc[i])
+            sweep.place(node)
+        original_peak = sweep.peak_bytes
+        self.limit = self.config.memory_limit(original_peak)
+        self.later_high = [0] * (self.n + 1)
+        for i in reversed(range(self.n)):
+            self.later_high[i] = max(high[i], self.later_high[i + 1])
+
+    # ---- the loop ---------------------------------------------------------------------
+    def run(self) -> list[int]:
+        for block in self.blocks:
+            if block.unplaced == 0:
+                self._ready(block)
+        while self.done < len(self.blocks):
+            self._refresh_stalls()
+            if not (self._raise_collective() or self._fill() or self._follow_original()
+                    or self._last_resort()):
+                self._stuck()
+        return self.order
+
+    def _raise_collective(self) -> bool:
+        """RO-10: the collective block of smallest original position that RO-8 and RO-9
+        allow, placed now."""
+        queue, kept, placed = self.queues["collective"], [], False
+        while queue and not placed:
+            _, index = heapq.heappop(queue)
+            block = self.blocks[index]
+            if block.placed or block.queued != "collective":
+                continue
+            if not self._flight_allows(block):
+                self._block_on_flight(block)
+            elif self._fits(block.members):
+                self._place(block)
+                placed = True
+            else:
+                kept.append((self.tie(block), index))
+        for entry in kept:
+            heapq.heappush(queue, entry)
+        return placed
+
+    def _fill(self) -> bool:
+        """RO-11, RO-12: the compute block that stalls least (then the earliest); its waits
+        are placed first, right before it."""
+        block = self._best_compute()
+        if block is None:
+            return False
+        waits = [w for w in block.wait_deps if not w.placed]
+        if not self._fits(block.members + [i for w in waits for i in w.members]):
+            return False
+        if waits:
+            for wait in sorted(waits, key=lambda w: w.pos):
+                self._place(wait)
+            if block.kind == COLLECTIVE:  # now it only waits for RO-8: raise it (RO-10)
+                self._enqueue(block)
+        else:
+            self._place(block)
+        return True
+
+    def _follow_original(self) -> bool:
+        """A move RO-9 refuses falls back to the original order's next block."""
+        block = self.blocks[self.block_of[self.cur]] if self.cur < self.n else None
+        if block is None or block.placed or block.unplaced > 0:
+            return False
+        if block.kind == COLLECTIVE and not self._flight_allows(block):
+            return False
+        self._place(block)
+        return True
+
+    def _last_resort(self) -> bool:
+        """Only when the original order itself breaks the in-flight limit (RO-9's exception):
+        any block that can be placed, ignoring the memory bound."""
+        for name in ("collective", "waits"):
+            for _, index in sorted(self.queues[name]):
+                block = self.blocks[index]
+                if not block.placed and block.queued == name and \
+                        (block.kind != COLLECTIVE or self._flight_allows(block)):
+                    self._place(block)
+                    return True
+        block = self._best_compute()
+        if block is None:
+            return False
+        waits = [w for w in block.wait_deps if not w.placed]
+        for wait in sorted(waits, key=lambda w: w.pos):
+            self._place(wait)
+        if not waits:
+            self._place(block)
+        elif block.kind == COLLECTIVE:
+            self._enqueue(block)
+        return True
+
+    def _stuck(self):
+        blocked = [b for queue in self.blocked.values() for _, i in queue
+                   if not (b := self.blocks[i]).placed]
+        if blocked:
+            node = self.p.body[blocked[0].members[-1]]
+            group, kind = blocked[0].flight
+            raise ValueError(f"config: max_in_flight[{kind!r}] = "
+                             f"{self.config.max_in_flight[kind]} cannot be met: collective "
+                             f"{node.name!r} of group {group!r} waits for one that is never "
+                             f"completed before it [RO-8]")
+        left = next(b for b in self.blocks if not b.placed)
+        raise AssertionError(f"reorder: no block can be placed, {left.members} waits on a "
+                             f"cycle (a bug: the original order satisfies every rule)")
+
+    # ---- candidates -------------------------------------------------------------------
+    def tie(self, block: _Block) -> int:
+        """What breaks ties between blocks in every queue: the original position (RO-2)."""
+        return block.pos
+
+    def _best_compute(self) -> _Block | None:
+        for name in ("stall_free", "stalling"):
+            queue = self.queues[name]
+            while queue:
+                block = self.blocks[queue[0][-1]]
+                if block.placed or block.queued != name:
+                    heapq.heappop(queue)
+                    continue
+                return block
+        return None
+
+    def _refresh_stalls(self) -> None:
+        """Blocks whose waits' collectives have ended by now no longer stall (RO-12)."""
+        stalling = self.queues["stalling"]
+        while stalling and stalling[0][0] <= self.clock:
+            _, tie, index = heapq.heappop(stalling)
+            block = self.blocks[index]
+            if not block.placed and block.queued == "stalling":
+                block.queued = "stall_free"
+                heapq.heappush(self.queues["stall_free"], (tie, index))
+
+    def _enqueue(self, block: _Block) -> None:
+        """A block whose non-wait deps are placed and whose wait deps can be placed."""
+        waits = [w for w in block.wait_deps if not w.placed]
+        if block.kind == COLLECTIVE and not waits:
+            if self._flight_allows(block):
+                block.queued = "collective"
+                heapq.heappush(self.queues["collective"], (self.tie(block), block.index))
+            else:
+                self._block_on_flight(block)
+            return
+        stall_end = max((w.finish_us for w in waits), default=0.0)
+        if stall_end <= self.clock:
+            block.queued = "stall_free"
+            heapq.heappush(self.queues["stall_free"], (self.tie(block), block.index))
+        else:
+            block.queued = "stalling"
+            heapq.heappush(self.queues["stalling"], (stall_end, self.tie(block), block.index))
+
+    def _ready(self, block: _Block) -> None:
+        """Every dep of `block` is placed."""
+        if block.kind != WAIT:
+            if block.unready_waits == 0 and block.queued is None:
+                self._enqueue(block)
+            return
+        block.finish_us = max((self.finish.get(i, 0.0) for c in block.completes
+                               for i in self.blocks[c].members), default=0.0)
+        block.queued = "waits"
+        heapq.heappush(self.queues["waits"], (self.tie(block), block.index))
+        for user in block.users:
+            user.unready_waits -= 1
+            if user.unplaced_non_wait == 0 and user.unready_waits == 0 and user.kind != WAIT:
+                self._enqueue(user)
+
+    # ---- RO-8 -------------------------------------------------------------------------
+    def _flight_allows(self, block: _Block) -> bool:
+        group, kind = block.flight
+        limit = self.config.max_in_flight.get(kind)
+        return limit is None or self.in_flight.get(block.flight, 0) < limit
+
+    def _block_on_flight(self, block: _Block) -> None:
+        block.queued = "blocked"
+        heapq.heappush(self.blocked.setdefault(block.flight, []), (self.tie(block), block.index))
+
+    def _release(self, flight: tuple[str, str]) -> None:
+        self.in_flight[flight] -= 1
+        queue = self.blocked.get(flight, [])
+        while queue:
+            _, index = heapq.heappop(queue)
+            block = self.blocks[index]
+            if not block.placed and block.queued == "blocked":
+                block.queued = None
+                self._enqueue(block)
+                return
+
+    # ---- RO-9 -------------------------------------------------------------------------
+    def _fits(self, members: list[int]) -> bool:
+        """Whether placing `members` now keeps the memory bound (RO-9).
+
+        Now: the live bytes plus everything they allocate. Later: if the rest followed the
+        original order, each later position would have at most its original live bytes
+        plus what the nodes placed ahead of it allocated; the most of that must fit too.
+        """
+        if math.isinf(self.limit):
+            return True
+        if self.sweep.live_bytes + sum(self.p.alloc[i] for i in members) > self.limit:
+            return False
+        moving = set(members)
+        cur, ahead = self.cur, self.ahead
+        if cur in moving:
+            cur += 1
+            while cur < self.n and (self.placed[cur] or cur in moving):
+                if self.placed[cur]:
+                    ahead -= self.p.alloc[cur]
+                cur += 1
+        ahead += sum(self.p.alloc[i] for i in moving if i > cur)
+        return self.later_high[cur] + ahead <= self.limit
+
+    # ---- placing ----------------------------------------------------------------------
+    def _place(self, block: _Block) -> None:
+        block.placed, block.queued = True, None
+        self.done += 1
+        for i in block.members:
+            self.placed[i] = True
+            self.order.append(i)
+            self.sweep.place(self.p.body[i])
+            self._advance_clock(i)
+            if i > self.cur:
+                self.ahead += self.p.alloc[i]
+        if self.cur < self.n and self.placed[self.cur]:
+            self.cur += 1
+            while self.cur < self.n and self.placed[self.cur]:
+                self.ahead -= self.p.alloc[self.cur]
+                self.cur += 1
+        if block.kind == COLLECTIVE:  # one no wait completes stays in flight (MEM-5)
+            self.in_flight[block.flight] = self.in_flight.get(block.flight, 0) + 1
+        for c in block.completes:
+            collective = self.blocks[c]
+            collective.waits_left -= 1
+            if collective.waits_left == 0 and collective.placed:
+                self._release(collective.flight)
+        for user in block.users:
+            user.unplaced -= 1
+            if block.kind != WAIT:
+                user.unplaced_non_wait -= 1
+            if user.unplaced == 0 and user.kind == WAIT:
+                self._ready(user)
+            elif user.kind != WAIT and user.unplaced_non_wait == 0 and \
+                    user.unready_waits == 0 and user.queued is None:
+                self._enqueue(user)
+
+    def _advance_clock(self, i: int) -> None:
+        """The compute stream and the group streams as SIM-5..SIM-7 replay the order."""
+        d = self.p.duration[i]
+        if i in self.p.group:
+            group = self.p.group[i]
+            start = max(self.clock, self.stream_free.get(group, 0.0))
+            self.stream_free[group] = end = start + d
+            if i in self.p.in_flight:
+                self.finish[i] = end
+            else:  # a blocking kernel: the compute stream waits for it
+                self.clock = end
+        elif i in self.p.completes:
+            ends = [self.finish.get(c, 0.0) for c in self.p.completes[i]]
+            self.clock = max([self.clock, *ends]) + d
+        else:
+            self.clock += d
+
+
+# --------------------------------------------------------------------------------------
+# The pass (RO-1, RO-2)
+# --------------------------------------------------------------------------------------
+def reorder(gm: torch.fx.GraphModule, config: ReorderConfig | None = None
+            ) -> torch.fx.GraphModule:
+    """`gm`'s nodes in a new order that overlaps its collectives with compute (RO-1).
+
+    Returns a new GraphModule (`gm` is untouched) whose `meta[ORIGINAL_ORDER]` names the
+    nodes of the original order, which a later reorder reads (RO-2). `config` defaults to
+    `ReorderConfig()`.
+    """
+    if not isinstance(gm, torch.fx.GraphModule):
+        raise TypeError(f"gm: expected a torch.fx.GraphModule, got {type(gm).__name__} "
+                        f"[RO-1]")
+    config = ReorderConfig() if config is None else config
+    if not isinstance(config, ReorderConfig):
+        raise TypeError(f"config: expected a ReorderConfig, got {type(config).__name__} "
+                        f"[RO-1]")
+    program = _Program(gm, config)
+    body = [program.body[i] for i in _Scheduler(program, config).run()]
+    return _rebuilt(gm, program.inputs + body + program.output,
+                    [n.name for n in program.inputs + program.body + program.output])
+
+
+def _rebuilt(gm: torch.fx.GraphModule, order: list[torch.fx.Node],
+             original: list[str]) -> torch.fx.GraphModule:
+    """A new GraphModule of copies of `gm`'s nodes, in `order`, names and meta kept."""
+    graph = torch.fx.Graph(tracer_cls=gm.graph._tracer_cls)
+    graph._codegen = gm.graph._codegen
+    copies: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in order:
+        copies[node] = graph.node_copy(node, copies.__getitem__)
+    result = torch.fx.GraphModule(gm, graph, gm.__class__.__name__)
+    result.meta = dict(gm.meta)
+    result.meta[ORIGINAL_ORDER] = tuple(original)
+    return result
