@@ -21,9 +21,6 @@ kernels lowering chose (`all_reduce_`, `all_gather_into_tensor_out`: their schem
 declare the alias, which the check accepts) and one-shot kernels (fresh results), so it
 passes the check in its strict form; every test runs under it.
 
-The reorder stage waits for refimpl/reorder.py (issue 12): today `reorder` must be None,
-and `_reorder_stage` is the one place that will call `refimpl.reorder.reorder`.
-
 Implements SPEC.md section "End to end": E2E-1 .. E2E-6.
 """
 
@@ -44,6 +41,7 @@ import torch.fx
 from refimpl._fx import collective_name
 from refimpl.bucketing import bucket_all_gather, bucket_reduce_scatter
 from refimpl.comm_lowering import CommLoweringConfig, lower
+from refimpl.reorder import ReorderConfig, reorder
 
 __all__ = ["CompileConfig", "CompiledGraph", "RefimplBackend", "backend", "collective_counts",
            "STAGES"]
@@ -65,16 +63,14 @@ class CompileConfig:
         and reduce_scatter, BK-3); None: no bucketing.
     lowering: the CommLoweringConfig of the comm-lowering stage; None: no lowering (the
         traced, or bucketed, functional program runs as it is).
-    reorder: the ReorderConfig of the reorder stage; None: no reorder. refimpl/reorder.py
-        does not exist yet (issue 12), so None is the default and the only accepted
-        value today; the default becomes ReorderConfig() when the pass lands.
+    reorder: the ReorderConfig of the reorder stage (RO); None: no reorder.
     debug_dir: a folder for the canonical text of every stage, the memory plan and the
         simulated timeline of every compiled graph (E2E-5); None: nothing is written.
     """
 
     bucket_cap_mb: float | None = 25.0
     lowering: CommLoweringConfig | None = CommLoweringConfig()
-    reorder: object | None = None
+    reorder: ReorderConfig | None = ReorderConfig()
     debug_dir: str | os.PathLike | None = None
 
     def __post_init__(self):
@@ -82,10 +78,9 @@ class CompileConfig:
         if self.lowering is not None and not isinstance(self.lowering, CommLoweringConfig):
             raise TypeError(f"lowering: expected a CommLoweringConfig or None, got "
                             f"{type(self.lowering).__name__} [E2E-1]")
-        if self.reorder is not None:
-            raise ValueError(f"reorder: expected None, got {self.reorder!r}: "
-                             f"refimpl/reorder.py is not built yet (issue 12), so the "
-                             f"reorder stage cannot run [E2E-1]")
+        if self.reorder is not None and not isinstance(self.reorder, ReorderConfig):
+            raise TypeError(f"reorder: expected a ReorderConfig or None, got "
+                            f"{type(self.reorder).__name__} [E2E-1]")
         if self.debug_dir is not None and not isinstance(self.debug_dir, (str, os.PathLike)):
             raise TypeError(f"debug_dir: expected a path or None, got "
                             f"{type(self.debug_dir).__name__} [E2E-1]")
@@ -123,14 +118,8 @@ def _lower_stage(gm: torch.fx.GraphModule, config: CommLoweringConfig) -> torch.
     return lower(gm, config)
 
 
-# ---- INTEGRATION POINT: the reorder stage (issue 12) ----------------------------------
-# refimpl/reorder.py does not exist yet. When it lands: type CompileConfig.reorder as a
-# ReorderConfig with default ReorderConfig(), accept it in __post_init__, and make this
-# function `return refimpl.reorder.reorder(gm, config)`. CompileConfig refuses any
-# reorder config today, so this is never reached.
-def _reorder_stage(gm: torch.fx.GraphModule, config) -> torch.fx.GraphModule:
-    raise NotImplementedError("reorder: refimpl/reorder.py is not built yet (issue 12) "
-                              "[E2E-2]")
+def _reorder_stage(gm: torch.fx.GraphModule, config: ReorderConfig) -> torch.fx.GraphModule:
+    return reorder(gm, config)
 
 
 def _stages(config: CompileConfig) -> list[tuple[str, object]]:

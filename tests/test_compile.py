@@ -21,6 +21,7 @@ from conformance.e2e_programs import Model, compare_on_rank, sharded_step
 from refimpl.comm_lowering import CommLoweringConfig
 from refimpl.compile import STAGES, CompileConfig, backend
 from refimpl.multiprocess import run_on_ranks
+from refimpl.reorder import ReorderConfig
 
 TRANSFORMER = Model("transformer")
 PARAMETERS = 15  # the transformer's 2 layers: embed, 6 per layer, norm, head
@@ -103,8 +104,8 @@ def test_debug_dir_texts_parse_back_to_the_collectives(tmp_path):
         assert graphs == ["graph0_backward", "graph0_forward"]
         for graph in graphs:
             texts = sorted(p.name for p in (folder / graph).glob("*.txt"))
-            assert texts == [f"{i}_{s}.txt" for i, s in enumerate(STAGES[:3])]
-            for i, stage in enumerate(STAGES[:3]):
+            assert texts == [f"{i}_{s}.txt" for i, s in enumerate(STAGES)]
+            for i, stage in enumerate(STAGES):
                 parsed = _parsed_counts((folder / graph / f"{i}_{stage}.txt").read_text())
                 assert parsed == r["stage_counts"][graph][stage], (rank, graph, stage)
         forward = r["stage_counts"]["graph0_forward"]
@@ -200,14 +201,16 @@ def test_logging_goes_to_refimpl_compile():
     assert info[0].startswith("graph0_forward: traced: 2 all_gather_into_tensor, "
                               "1 all_reduce; bucketed: 1 all_gather_into_tensor_out, "
                               "1 all_reduce; lowered: 1 all_gather_into_tensor_out, "
+                              "1 all_reduce_; reordered: 1 all_gather_into_tensor_out, "
                               "1 all_reduce_ ("), info[0]
     assert info[1].startswith("graph0_backward: traced: 2 reduce_scatter_tensor; "
                               "bucketed: 1 reduce_scatter_tensor; lowered: "
-                              "1 reduce_scatter_tensor ("), info[1]
+                              "1 reduce_scatter_tensor; reordered: 1 reduce_scatter_tensor ("),\
+        info[1]
     debug = [msg for _, level, msg in records if level == logging.DEBUG]
     assert [m.split("\n", 1)[0] for m in debug] == [
         f"graph0_{kind} after {stage}:" for kind in ("forward", "backward")
-        for stage in STAGES[:3]]
+        for stage in STAGES]
 
 
 # --------------------------------------------------------------------------------------
@@ -216,12 +219,13 @@ def test_logging_goes_to_refimpl_compile():
 def test_default_config():
     config = CompileConfig()
     assert (config.bucket_cap_mb, config.lowering, config.reorder, config.debug_dir) == \
-        (25.0, CommLoweringConfig(), None, None)
+        (25.0, CommLoweringConfig(), ReorderConfig(), None)
     assert backend().config == config
 
 
 @pytest.mark.parametrize("kwargs,error,argument", [
-    ({"reorder": object()}, ValueError, "reorder"),
+    ({"reorder": object()}, TypeError, "reorder"),
+    ({"reorder": {"memory_budget": 0.1}}, TypeError, "reorder"),
     ({"lowering": {"auto_select": True}}, TypeError, "lowering"),
     ({"bucket_cap_mb": 0.0}, ValueError, "bucket_cap_mb"),
     ({"bucket_cap_mb": False}, TypeError, "bucket_cap_mb"),

@@ -5,24 +5,24 @@ from __future__ import annotations
 
 import types
 
-from conformance.backends import NotImplementedConcept
-
 
 def make(options: dict):
     """A torch.compile backend for `options`: bucket_cap_mb (float or None), lowering (a
-    dict of CommLoweringConfig fields, or None), reorder (None), debug_dir (path or None).
-    A value that is not a dict is handed to CompileConfig as it is (to check refusals)."""
+    dict of CommLoweringConfig fields, or None), reorder (a dict of ReorderConfig fields,
+    or None), debug_dir (path or None). A value that is not a dict is handed to
+    CompileConfig as it is (to check refusals)."""
     from refimpl.comm_lowering import CommLoweringConfig
     from refimpl.compile import CompileConfig, backend
+    from refimpl.reorder import ReorderConfig
 
     options = dict(options)
     lowering = options.pop("lowering", {})
     if isinstance(lowering, dict):
         lowering = CommLoweringConfig(**lowering)
-    if options.get("reorder") is not None:
-        raise NotImplementedConcept("refimpl: compile_backend: the reorder stage waits for "
-                                    "refimpl/reorder.py (issue 12)")
-    return backend(CompileConfig(lowering=lowering, **options))
+    reorder = options.pop("reorder", {})
+    if isinstance(reorder, dict):
+        reorder = ReorderConfig(**reorder)
+    return backend(CompileConfig(lowering=lowering, reorder=reorder, **options))
 
 
 def stage_counts(compiled) -> dict:
@@ -31,5 +31,5 @@ def stage_counts(compiled) -> dict:
 
 
 def concept():
-    return types.SimpleNamespace(make=make, exact=True, stages=("bucketing", "lowering"),
+    return types.SimpleNamespace(make=make, exact=True, stages=("bucketing", "lowering", "reorder"),
                                  stage_counts=stage_counts, logger="refimpl.compile")

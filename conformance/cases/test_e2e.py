@@ -191,20 +191,25 @@ def test_debug_dir_has_every_stage_of_every_graph(backend, tmp_path):
     check_values(backend, results)
     n = buckets(MLP.layers, MEMBER_BYTES, CAPS["two"])
     check_issued(results, n + 1, n)
-    want = {  # per graph and stage: collectives by family
+    want = {  # per graph and stage: collectives by family (reorder moves, never merges)
         "graph0_forward": {"traced": {"all_gather": 5, "all_reduce": 1},
                            "bucketed": {"all_gather": n, "all_reduce": 1},
-                           "lowered": {"all_gather": n, "all_reduce": 1}},
+                           "lowered": {"all_gather": n, "all_reduce": 1},
+                           "reordered": {"all_gather": n, "all_reduce": 1}},
         "graph0_backward": {"traced": {"reduce_scatter": 5},
                             "bucketed": {"reduce_scatter": n},
-                            "lowered": {"reduce_scatter": n}},
+                            "lowered": {"reduce_scatter": n},
+                            "reordered": {"reduce_scatter": n}},
     }
+    if options["reorder"] is None:
+        for stages in want.values():
+            del stages["reordered"]
     for rank, result in enumerate(results):
         folder = tmp_path / f"rank{rank}"
         assert sorted(p.name for p in folder.iterdir()) == sorted(want), f"rank {rank}"
         for graph, stages in want.items():
             texts = sorted(p.name for p in (folder / graph).glob("*.txt"))
-            assert texts == ["0_traced.txt", "1_bucketed.txt", "2_lowered.txt"], \
+            assert texts == [f"{i}_{stage}.txt" for i, stage in enumerate(stages)], \
                 f"rank {rank} {graph}: {texts}"
             for index, (stage, counts) in enumerate(stages.items()):
                 text = (folder / graph / f"{index}_{stage}.txt").read_text()
@@ -215,6 +220,9 @@ def test_debug_dir_has_every_stage_of_every_graph(backend, tmp_path):
         # In place: the lowered forward reduces the loss in its own buffer (CL-3).
         lowered = (folder / "graph0_forward" / "2_lowered.txt").read_text()
         assert "funcol.all_reduce_(" in lowered and "funcol.all_reduce(" not in lowered
+        if "reordered" in want["graph0_forward"]:  # the same lines, in a new order (RO-2)
+            reordered = (folder / "graph0_forward" / "3_reordered.txt").read_text()
+            assert len(reordered.splitlines()) == len(lowered.splitlines()), f"rank {rank}"
 
 
 @pytest.mark.spec("E2E-5", "E2E-2")
@@ -238,6 +246,7 @@ BAD_OPTIONS = {
     "cap_bool": ({"bucket_cap_mb": True}, TypeError, "bucket_cap_mb"),
     "cap_str": ({"bucket_cap_mb": "25"}, TypeError, "bucket_cap_mb"),
     "lowering_str": ({"lowering": "fast"}, TypeError, "lowering"),
+    "reorder_str": ({"reorder": "fast"}, TypeError, "reorder"),
     "debug_dir_int": ({"debug_dir": 3}, TypeError, "debug_dir"),
 }
 
