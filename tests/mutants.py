@@ -274,9 +274,9 @@ FC = [
            "only the packet is registered; FX nodes hold the overload, which DCE then drops"),
     Mutant("all_gather_through_the_backend_method", "FC-34", F,
            "    return _start(what, group_name, out, lambda: _dist_all_gather(\n"
-           "        out, tensor.contiguous(), group=pg, async_op=True))",
+           "        out, tensor.contiguous(), group=pg, async_op=True), reads=(tensor,))",
            "    return _start(what, group_name, out, lambda: pg._allgather_base(\n"
-           "        out, tensor.contiguous()))",
+           "        out, tensor.contiguous()), reads=(tensor,))",
            "the ProcessGroup's private _allgather_base, which a Python ProcessGroup lacks"),
 ]
 

@@ -95,7 +95,8 @@ def test_a_mutant_that_breaks_an_import_is_caught_by_failing_cases(tmp_path, bui
     """The runner survives a refimpl module that does not import: every case fails with
     the error and the report says so, rather than the run crashing with no report."""
     broken = Mutant("syntax_error", "FC-22", "refimpl/functional_collectives.py",
-                    "def _check_src(src, group_name) -> int:", "def _check_src(src, group_name)")
+                    "def _check_src(src, size: int, group_name: str) -> int:",
+                    "def _check_src(src, size: int, group_name: str)")
     root = copy_checkout(tmp_path / "checkout")
     broken.apply(root)
     report = tmp_path / "report.json"
