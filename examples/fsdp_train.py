@@ -7,10 +7,11 @@ refimpl's backend, and compiled with Inductor; print the losses side by side.
 The model and its SimpleFSDP-style sharding are conformance/e2e_programs.py: every rank
 keeps a shard of each parameter, all_gathers it (refimpl.functional_collectives) where
 the forward uses it, and autograd reduce_scatters its gradient. Compiled with
-`refimpl.compile.backend(...)`, AOTAutograd's forward and backward graphs are bucketed
-and lowered, then run eagerly as FX programs on the same gloo group: the losses are
-eager's bit for bit. `--debug-dir` keeps every stage of every graph as canonical text
-(SPEC.md E2E-5). Upstream's `fully_shard` runs on CPU but does not compile with
+`refimpl.compile.backend(...)`, AOTAutograd's forward and backward graphs are bucketed,
+lowered and reordered, then run eagerly as FX programs on the same gloo group: the
+losses are eager's bit for bit. `--debug-dir` keeps every stage of every graph as
+canonical text, with the final program's memory plan and simulated timeline (SPEC.md
+E2E-5). Upstream's `fully_shard` runs on CPU but does not compile with
 fullgraph=True in torch 2.13 (Dynamo skips its hooks), hence the SimpleFSDP sharding.
 """
 
@@ -28,7 +29,7 @@ import torch.distributed as dist  # noqa: E402
 import refimpl.functional_collectives as fc  # noqa: E402
 from conformance.e2e_programs import Model, train  # noqa: E402
 from refimpl.comm_lowering import CommLoweringConfig  # noqa: E402
-from refimpl.compile import CompileConfig, backend  # noqa: E402
+from refimpl.compile import STAGES, CompileConfig, backend  # noqa: E402
 from refimpl.multiprocess import run_on_ranks  # noqa: E402
 
 
@@ -97,7 +98,9 @@ def main(argv=None) -> None:
     print()
     print(summary(runs[0]))
     if args.debug_dir:
-        print(f"\nevery stage of every graph: {args.debug_dir}/rank<r>/graph<i>_<kind>/")
+        files = ", ".join(f"{i}_{stage}.txt" for i, stage in enumerate(STAGES))
+        print(f"\nevery stage of every graph: {args.debug_dir}/rank<r>/graph<i>_<kind>/"
+              f"{{{files}}}")
 
 
 if __name__ == "__main__":
