@@ -145,7 +145,9 @@ def register_allocator(device_type: str, allocator) -> None:
       - `empty_strided_p2p(size, stride, dtype, device, group_name, alloc_id) -> Tensor`:
         a tensor of exactly that layout on `device` whose storage is a new symmetric
         allocation, or, with an `alloc_id`, the persistent one of SM-4 (raising as SM-4
-        says). Arguments arrive checked (SM-3); it MUST NOT communicate.
+        says; once it exists, a lookup: no system call). Arguments arrive checked
+        (SM-3; a repeated persistent request was checked when it was first granted,
+        see `empty_strided_p2p`); it MUST NOT communicate.
       - `allocation_of(tensor) -> SymmetricAllocation | None`: the record of the
         allocation whose storage holds `tensor` (any view of it), else None. The ops
         call it on every call: it must be a lookup (no system call, no allocation).
