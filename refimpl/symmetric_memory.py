@@ -661,7 +661,8 @@ class CpuAllocator:
             _check_persistent(alloc, alive, nbytes, group_name, alloc_id)
             if same:
                 return alloc.owner.detach()
-        alloc.owner = torch.empty(0, dtype=dtype).set_(alloc.storage, 0, size, stride)
+        with torch.inference_mode(False):  # it outlives the call: autograd may see it later
+            alloc.owner = torch.empty(0, dtype=dtype).set_(alloc.storage, 0, size, stride)
         alloc.layout = layout
         return alloc.owner.detach()
 

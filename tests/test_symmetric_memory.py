@@ -135,6 +135,15 @@ def test_a_repeated_persistent_request_is_checked_again_when_its_size_changed_SM
         sm.empty_strided_p2p(size, (1,), torch.float32, "cpu", "test-granted", 0x5151)
 
 
+def test_a_persistent_allocation_first_asked_for_in_inference_mode_serves_autograd_SM_4():
+    request = ((4,), (1,), torch.float32, "cpu", "test-granted", 0x5152)
+    with torch.inference_mode():
+        sm.empty_strided_p2p(*request).fill_(2)
+    again, weight = sm.empty_strided_p2p(*request), torch.ones(4, requires_grad=True)
+    (again * weight).sum().backward()  # an inference tensor cannot be saved for backward
+    assert weight.grad.tolist() == [2.0] * 4
+
+
 def test_default_timeout_is_positive_and_settable_SM_11():
     with pytest.raises(ValueError, match=r"^timeout_ms: .*\[SM-11\]"):
         sm.set_default_timeout(0)
