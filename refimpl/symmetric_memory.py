@@ -129,6 +129,9 @@ REDUCE_OPS = {"sum": 0, "avg": 1, "max": 2, "min": 3}
 # Allocator registry (SM-1)
 # --------------------------------------------------------------------------------------
 _allocators: dict[str, object] = {}
+# alloc_id -> its last granted request: (size, stride, dtype, device, group_name) as given,
+# then the device and the allocator they resolved to (see `empty_strided_p2p`).
+_granted: dict[int, tuple] = {}
 
 
 def register_allocator(device_type: str, allocator) -> None:
@@ -142,7 +145,9 @@ def register_allocator(device_type: str, allocator) -> None:
       - `empty_strided_p2p(size, stride, dtype, device, group_name, alloc_id) -> Tensor`:
         a tensor of exactly that layout on `device` whose storage is a new symmetric
         allocation, or, with an `alloc_id`, the persistent one of SM-4 (raising as SM-4
-        says). Arguments arrive checked (SM-3); it MUST NOT communicate.
+        says; once it exists, a lookup: no system call). Arguments arrive checked
+        (SM-3; a repeated persistent request was checked when it was first granted,
+        see `empty_strided_p2p`); it MUST NOT communicate.
       - `allocation_of(tensor) -> SymmetricAllocation | None`: the record of the
         allocation whose storage holds `tensor` (any view of it), else None. The ops
         call it on every call: it must be a lookup (no system call, no allocation).
@@ -185,6 +190,7 @@ def register_allocator(device_type: str, allocator) -> None:
     calls they can serve only while refimpl's own CPU allocator is the registered one).
     """
     _allocators[str(device_type)] = allocator
+    _granted.clear()  # requests granted by the allocator this one replaces
     if str(device_type) == "cpu" and _native_ops is not None:
         # The C++ kernels serve only allocations of refimpl's own CPU allocator.
         _native_ops.rsm_ops_enable(int(allocator is _cpu_allocator))
@@ -518,7 +524,11 @@ class _CpuAllocation(SymmetricAllocation):
 
     map: mmap.mmap | None = None
     fd: int | None = None  # the unnamed segment's file, until rendezvous names it
-    storage: torch.UntypedStorage | None = field(default=None, repr=False)  # persistent
+    # Persistent only: the storage, kept for good, and a tensor over it of the layout
+    # last asked for, which a request of that layout gets an alias of.
+    storage: torch.UntypedStorage | None = field(default=None, repr=False)
+    owner: torch.Tensor | None = field(default=None, repr=False)
+    layout: tuple | None = None  # (size, stride, dtype) of `owner`
 
 
 def _check_room(size: int) -> None:
@@ -615,11 +625,9 @@ class CpuAllocator:
     # ---- allocation (SM-3, SM-4)
     def empty_strided_p2p(self, size, stride, dtype, device, group_name,
                           alloc_id) -> torch.Tensor:
-        nbytes = _storage_elements(size, stride) * dtype.itemsize
         if alloc_id is not None:
-            storage = self._persistent_storage(nbytes, group_name, alloc_id)
-            # A tensor of its own over the storage (no view of another): one user each.
-            return torch.empty(0, dtype=dtype).set_(storage, 0, size, stride)
+            return self._persistent_tensor(size, stride, dtype, group_name, alloc_id)
+        nbytes = _storage_elements(size, stride) * dtype.itemsize
         alloc = self._new_allocation(nbytes, group_name, None)
         view = memoryview(alloc.map)[: max(nbytes, dtype.itemsize)]
         weakref.finalize(view, self._release, alloc)  # the last tensor over it died
@@ -631,21 +639,32 @@ class CpuAllocator:
         return _CpuAllocation(nbytes, group_name, alloc_id, _address_of(segment), map=segment,
                               fd=fd)
 
-    def _persistent_storage(self, nbytes, group_name, alloc_id) -> torch.UntypedStorage:
-        """The storage of persistent allocation `alloc_id`: a lookup once it exists (SM-4).
+    def _persistent_tensor(self, size, stride, dtype, group_name, alloc_id) -> torch.Tensor:
+        """A tensor over persistent allocation `alloc_id`: a lookup once it exists (SM-4).
 
-        The allocator keeps the storage for good; every tensor it handed out (and every
-        view of one) is one more user of it."""
+        The allocator keeps the storage for good, and a tensor over it of the layout last
+        asked for (`owner`): a request of that layout gets a detached alias of it (one
+        cheap op, not a view), another layout a new owner. Every tensor handed out, and
+        every view of one, is one more user of the storage."""
+        layout = (size, stride, dtype)
         alloc = self._persistent.get(alloc_id)
         if alloc is None:
+            nbytes = _storage_elements(size, stride) * dtype.itemsize
             alloc = self._new_allocation(nbytes, group_name, alloc_id)
             view = memoryview(alloc.map)[: max(nbytes, 8)]
             alloc.storage = torch.frombuffer(view, dtype=torch.uint8).untyped_storage()
             self._persistent[alloc_id] = self._live[alloc.base] = alloc
-            return alloc.storage
-        alive = _storage_users(alloc.storage) > 0
-        _check_persistent(alloc, alive, nbytes, group_name, alloc_id)
-        return alloc.storage
+        else:
+            alive = _storage_users(alloc.storage) > 1  # the owner is one user
+            same = layout == alloc.layout  # then the byte size is the same too
+            nbytes = alloc.nbytes if same else _storage_elements(size, stride) * dtype.itemsize
+            _check_persistent(alloc, alive, nbytes, group_name, alloc_id)
+            if same:
+                return alloc.owner.detach()
+        with torch.inference_mode(False):  # it outlives the call: autograd may see it later
+            alloc.owner = torch.empty(0, dtype=dtype).set_(alloc.storage, 0, size, stride)
+        alloc.layout = layout
+        return alloc.owner.detach()
 
     def _release(self, alloc: _CpuAllocation) -> None:
         """The last tensor over a (non-persistent) allocation died: forget it."""
@@ -759,6 +778,13 @@ def empty_strided_p2p(size, stride, dtype: torch.dtype, device, group_name: str 
     With `alloc_id`, the allocation is persistent: the same id gives the same memory at
     the same address once the previous tensor with that id is gone (SM-4).
     """
+    granted = _granted.get(alloc_id) if type(alloc_id) is int else None
+    if (granted is not None and granted[0] is size and granted[1] is stride
+            and granted[2] is dtype and granted[3] == device and granted[4] == group_name):
+        # The arguments of the last granted request, unchanged (immutable): SM-3's checks
+        # passed on them already; only the allocator's lookup and SM-4's checks remain.
+        return granted[6].empty_strided_p2p(size, stride, dtype, granted[5], group_name,
+                                            alloc_id)
     size, stride = _check_shape(size, stride)
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype: expected a torch.dtype, got {dtype!r} [SM-3]")
@@ -769,9 +795,13 @@ def empty_strided_p2p(size, stride, dtype: torch.dtype, device, group_name: str 
     if alloc_id is not None and not 0 <= alloc_id <= MAX_ALLOC_ID:
         raise ValueError(f"alloc_id: must be in 0..2**64-1 (a uint64, as upstream's), got "
                          f"{alloc_id} [SM-4]")
-    device = torch.device(device)
+    given_device, device = device, torch.device(device)
     allocator = get_allocator(device.type)
-    return allocator.empty_strided_p2p(size, stride, dtype, device, group_name, alloc_id)
+    tensor = allocator.empty_strided_p2p(size, stride, dtype, device, group_name, alloc_id)
+    if alloc_id is not None:
+        # `size` and `stride` are tuples now, ours unless the caller gave tuples.
+        _granted[alloc_id] = (size, stride, dtype, given_device, group_name, device, allocator)
+    return tensor
 
 
 def empty(*size, dtype: torch.dtype | None = None, device=None) -> torch.Tensor:

@@ -115,6 +115,35 @@ def test_ops_and_handles_dispatch_through_the_allocator_of_the_device_type_SM_1(
         assert {"_one_shot", "_two_shot", "_barrier"} <= set(calls)
 
 
+def test_a_repeated_persistent_request_asks_the_allocator_registered_now_SM_1_SM_4():
+    request = ((4,), (1,), torch.float32, "cpu", "test-granted", 0x5150)
+    sm.empty_strided_p2p(*request)  # granted by the CPU allocator, then dropped
+    recording = _RecordingAllocator(sm.get_allocator("cpu"))
+    sm.register_allocator("cpu", recording)
+    try:
+        assert sm.empty_strided_p2p(*request).data_ptr() != 0
+    finally:
+        sm.register_allocator("cpu", recording.inner)
+    assert recording.calls == ["empty_strided_p2p"]
+
+
+def test_a_repeated_persistent_request_is_checked_again_when_its_size_changed_SM_3():
+    size = [4]  # mutable: the same object may hold another size next time
+    sm.empty_strided_p2p(size, (1,), torch.float32, "cpu", "test-granted", 0x5151)
+    size[0] = -1
+    with pytest.raises(ValueError, match=r"^size: .*\[SM-3\]"):
+        sm.empty_strided_p2p(size, (1,), torch.float32, "cpu", "test-granted", 0x5151)
+
+
+def test_a_persistent_allocation_first_asked_for_in_inference_mode_serves_autograd_SM_4():
+    request = ((4,), (1,), torch.float32, "cpu", "test-granted", 0x5152)
+    with torch.inference_mode():
+        sm.empty_strided_p2p(*request).fill_(2)
+    again, weight = sm.empty_strided_p2p(*request), torch.ones(4, requires_grad=True)
+    (again * weight).sum().backward()  # an inference tensor cannot be saved for backward
+    assert weight.grad.tolist() == [2.0] * 4
+
+
 def test_default_timeout_is_positive_and_settable_SM_11():
     with pytest.raises(ValueError, match=r"^timeout_ms: .*\[SM-11\]"):
         sm.set_default_timeout(0)

@@ -12,6 +12,7 @@ it reports them "not implemented".
 from __future__ import annotations
 
 import os
+import struct
 import time
 
 import pytest
@@ -671,6 +672,15 @@ def _persistent_boundaries(spec: str, alloc_id: int):
     again = new((2, 8), (8, 1), torch.float32, device, group, alloc_id=alloc_id)
     same = (again.data_ptr() == address, again.flatten().tolist() == [5.0] * 16)
     del again
+    # Another dtype of the same byte size, then the first layout again: each request gets
+    # its own layout over the kept bytes.
+    as_int = new((16,), (1,), torch.int32, device, group, alloc_id=alloc_id)
+    relaid = [str(as_int.dtype), tuple(as_int.shape), as_int.data_ptr() == address,
+              as_int[15].item()]
+    del as_int
+    back = new((16,), (1,), torch.float32, device, group, alloc_id=alloc_id)
+    relaid += [str(back.dtype), tuple(back.shape), back[15].item()]
+    del back
     ends = []
     for edge in (0, 2**64 - 1):
         ends.append(new((1,), (1,), torch.int8, device, group, alloc_id=edge).numel())
@@ -680,17 +690,20 @@ def _persistent_boundaries(spec: str, alloc_id: int):
             ends.append(None)
         except ValueError as exc:
             ends.append(str(exc).split(":")[0])
-    return answers, same, ends
+    return answers, same, relaid, ends
 
 
-@pytest.mark.spec("SM-4")
+@pytest.mark.spec("SM-3", "SM-4")
 def test_persistent_allocation_boundaries_and_its_three_refusals(backend):
     backend.require(CONCEPT, "empty_strided_p2p")
     results = run(backend, _persistent_boundaries, 2, 0xC0FFEE)
-    for answers, same, ends in results:
+    five_as_int32 = struct.unpack("<i", struct.pack("<f", 5.0))[0]
+    for answers, same, relaid, ends in results:
         assert answers == [("RuntimeError", True), ("RuntimeError", True), ("ValueError", True),
                            ("ValueError", True), ("ValueError", True)]
         assert same == (True, True), "the same memory, contents kept"
+        assert relaid == ["torch.int32", (16,), True, five_as_int32,
+                          "torch.float32", (16,), 5.0], "each request's own layout"
         assert ends == [1, 1, "alloc_id", "alloc_id"]
 
 
