@@ -107,7 +107,11 @@ def test_a_peer_that_never_arrives_is_named_within_the_timeout():
 
 
 def _rank_lists_disagree():
-    fc.set_collective_checks(None, timeout_s=1)
+    # Every rank posts its request right after the barrier and reads its peer's after the
+    # timeout: 5 s leaves room for a loaded machine (a rank late to post would be reported
+    # as having asked for nothing).
+    fc.set_collective_checks(None, timeout_s=5)
+    dist.barrier()
     me = dist.get_rank()
     return _outcome(lambda: fc.all_reduce(torch.ones(1), "sum", [me, (me + 1) % 3]))
 

@@ -31,16 +31,57 @@ def built_kernels():
     load_kernel_library("symm_mem")
 
 
-def run_section(root, mutant: Mutant, report):
-    """`python -m conformance` in the copy at `root`: the mutant's section, its rule first."""
+def run_section(root, mutant: Mutant, report, zygote=None):
+    """`python -m conformance` in the copy at `root`: the mutant's section, its rule first.
+
+    With `zygote` (the fixture below) the run is a fork of a Python that has torch
+    imported already (tests/conformance_zygote.py), which saves CI about 3 s of CPU per
+    mutant; without, a fresh interpreter."""
     # The suite needs no third-party pytest plugin but xdist, which the runner then names
     # itself: not importing the others saves about a second a mutant.
     env = {**os.environ, "PYTHONPATH": str(root), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     env.pop("EXPECTTEST_ACCEPT", None)
-    return subprocess.run(
-        [sys.executable, "-m", "conformance", "--backend", "refimpl", "--section",
-         mutant.section, "--first", mutant.rule, "-x", "-n", "0", "--json", str(report)],
-        cwd=root, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    args = ["--backend", "refimpl", "--section", mutant.section, "--first", mutant.rule,
+            "-x", "-n", "0", "--json", str(report)]
+    if zygote is not None:
+        return zygote.run(root, args, env)
+    return subprocess.run([sys.executable, "-m", "conformance", *args], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+class Zygote:
+    """One tests/conformance_zygote.py process per test worker, serving runs in order."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.process = subprocess.Popen(
+            [sys.executable, str(Path(__file__).parent / "conformance_zygote.py")],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=folder)
+        self.runs = 0
+
+    def run(self, root: Path, args: list[str], env: dict) -> subprocess.CompletedProcess:
+        self.runs += 1
+        out, err = self.folder / f"{self.runs}.out", self.folder / f"{self.runs}.err"
+        request = {"cwd": str(root), "args": args, "env": env, "stdout": str(out),
+                   "stderr": str(err), "timeout_s": TIMEOUT_S}
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        reply = self.process.stdout.readline()
+        assert reply, f"the conformance zygote died (exit {self.process.poll()})"
+        code = json.loads(reply)["returncode"]
+        return subprocess.CompletedProcess(["conformance", *args], code, out.read_text(),
+                                           err.read_text())
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+@pytest.fixture(scope="session")
+def zygote(tmp_path_factory):
+    server = Zygote(tmp_path_factory.mktemp("zygote"))
+    yield server
+    server.close()
 
 
 def failed_cases(proc, report, mutant) -> list[dict]:
@@ -80,11 +121,11 @@ def test_the_mutant_still_applies(mutant):
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: f"{m.rule}-{m.name}")
-def test_conformance_fails_the_mutant(mutant, tmp_path, built_kernels):
+def test_conformance_fails_the_mutant(mutant, tmp_path, built_kernels, zygote):
     root = copy_checkout(tmp_path / "checkout")
     mutant.apply(root)
     report = tmp_path / "report.json"
-    proc = run_section(root, mutant, report)
+    proc = run_section(root, mutant, report, zygote)
     failed = failed_cases(proc, report, mutant)
     assert proc.returncode == 1 and failed, (
         f"the {mutant.section} section passed mutant {mutant.name} ({mutant.rule}: "

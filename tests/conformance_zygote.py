@@ -1,0 +1,91 @@
+"""A Python with torch already imported that runs `python -m conformance` in forked children.
+
+tests/test_mutants.py runs the conformance suite once per mutant, each time in a fresh
+copy of the checkout. A fresh interpreter spends about 3 s of CPU importing torch and
+pytest before the first case; on CI's 2 cores, times some hundred mutants, that is most
+of the suite's budget. This process imports them once and forks a child per run: the
+child imports refimpl and conformance from the mutant's copy (nothing of either is
+imported here), so it runs the mutated code exactly as `python -m conformance` would.
+
+Protocol, one JSON object per line: a request {"cwd", "args", "env", "stdout", "stderr",
+"timeout_s"} on stdin; the reply {"returncode"} on stdout (-9 when the run was killed at
+its timeout, with its whole process group).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+
+import torch  # noqa: F401  (loaded once, shared by every fork)
+import torch.distributed  # noqa: F401
+
+for _name in ("numpy", "pytest", "xdist", "expecttest", "hypothesis"):
+    try:
+        __import__(_name)
+    except ImportError:
+        pass
+
+
+def _run_child(request: dict) -> None:
+    """In the forked child: become `python -m conformance ARGS` in `cwd`; never returns."""
+    code = 1
+    try:
+        os.setpgid(0, 0)  # its own group, so a timeout kills its rank workers too
+        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+            handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(handle, fd)
+            os.close(handle)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.path.insert(0, request["cwd"])  # what PYTHONPATH=cwd does for a fresh one
+        sys.argv = ["conformance", *request["args"]]
+        import runpy
+
+        runpy.run_module("conformance", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _wait(pid: int, timeout_s: float) -> int:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return -9
+        time.sleep(0.05)
+
+
+def main() -> None:
+    for line in sys.stdin:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            _run_child(request)
+        try:
+            os.setpgid(pid, pid)  # also here: a timeout may come before the child ran
+        except OSError:
+            pass
+        code = _wait(pid, request["timeout_s"])
+        sys.stdout.write(json.dumps({"returncode": code}) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
