@@ -10,9 +10,8 @@ whose config is `None` is skipped. What runs is the last stage's FX program, eag
 the real process group: nothing else compiles it (E2E-1..E2E-4).
 
 `debug_dir` keeps, per rank and per compiled graph, the canonical text after every stage
-that ran, and the memory plan and simulated timeline of the final program once
-refimpl/memory.py and refimpl/simulator.py exist, so that a reader can diff one stage
-against the next (E2E-5). Logging goes to `refimpl.compile` only (E2E-6).
+that ran, and the memory plan and simulated timeline of the final program, so that a
+reader can diff one stage against the next (E2E-5). Logging goes to `refimpl.compile` only (E2E-6).
 
 Under `CI=1` (torch 2.13) AOTAutograd runs each program's first call under a check that
 no custom op claiming to be functional returns an alias of its input. The program holds
@@ -41,7 +40,9 @@ import torch.fx
 from refimpl._fx import collective_name
 from refimpl.bucketing import bucket_all_gather, bucket_reduce_scatter
 from refimpl.comm_lowering import CommLoweringConfig, lower
+from refimpl.memory import plan_memory
 from refimpl.reorder import ReorderConfig, reorder
+from refimpl.simulator import CostModel, simulate
 
 __all__ = ["CompileConfig", "CompiledGraph", "RefimplBackend", "backend", "collective_counts",
            "STAGES"]
@@ -182,27 +183,14 @@ class _DebugWriter:
 
     def program(self, gm: torch.fx.GraphModule) -> None:
         """The memory plan and the simulated timeline of the program that runs."""
-        if _built("refimpl.memory"):
-            from refimpl.memory import plan_memory
-
-            plan = plan_memory(gm)
-            record = {"peak_bytes": plan.peak_bytes, "peak_node": str(plan.peak_node),
-                      "live_bytes": list(plan.live_bytes),
-                      "events": [str(e) for e in plan.events]}
-            (self.folder / "memory_plan.json").write_text(json.dumps(record, indent=1))
-        if _built("refimpl.simulator"):
-            from refimpl.simulator import CostModel, simulate
-
-            timeline = simulate(gm, CostModel())
-            timeline.to_chrome_trace(str(self.folder / "timeline.json"))
-            timeline.to_svg(str(self.folder / "timeline.svg"))
-
-
-def _built(module: str) -> bool:
-    """Whether a refimpl module exists in this checkout (memory and simulator may not yet)."""
-    import importlib.util
-
-    return importlib.util.find_spec(module) is not None
+        plan = plan_memory(gm)
+        record = {"peak_bytes": plan.peak_bytes, "peak_node": str(plan.peak_node),
+                  "live_bytes": list(plan.live_bytes),
+                  "events": [str(e) for e in plan.events]}
+        (self.folder / "memory_plan.json").write_text(json.dumps(record, indent=1))
+        timeline = simulate(gm, CostModel())
+        timeline.to_chrome_trace(str(self.folder / "timeline.json"))
+        timeline.to_svg(str(self.folder / "timeline.svg"))
 
 
 def _describe(counts: dict[str, dict[str, int]]) -> str:
