@@ -13,6 +13,7 @@ collects without running: the cases per section and the SPEC IDs that no case na
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -59,7 +60,9 @@ class ReportPlugin:
 
     def pytest_runtest_logreport(self, report):
         cid = strip_xdist_group(report.nodeid.split("/")[-1])
-        record = self.cases.setdefault(cid, {"id": cid, "outcome": None, "reason": ""})
+        record = self.cases.setdefault(cid, {"id": cid, "outcome": None, "reason": "",
+                                             "seconds": 0.0})
+        record["seconds"] = round(record["seconds"] + report.duration, 3)  # all three phases
         for key, value in report.user_properties:
             record[key] = value
         outcome = _outcome_of(report)
@@ -148,8 +151,8 @@ def _pytest_args(args) -> list[str]:
         pytest_args += ["-k", args.k]
     for section in args.section or ():
         pytest_args += ["--section", section]
-    if args.first:
-        pytest_args += ["--first", args.first]
+    for first in args.first or ():
+        pytest_args += ["--first", first]
     if args.exitfirst:
         pytest_args += ["-x"]
     if args.list:
@@ -249,8 +252,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="only cases that check a rule of this SPEC section ("
                              f"{', '.join(sections()) or 'FC, CL, ...'}: the prefixes of "
                              "SPEC.md's sections); repeatable")
-    parser.add_argument("--first", metavar="ID",
-                        help="run the cases naming this SPEC ID (e.g. FC-19) first")
+    parser.add_argument("--first", metavar="ID_OR_CASE", action="append",
+                        help="run the cases naming this SPEC ID (e.g. FC-19), or the case of "
+                             "this name (with or without its parameters), first; repeatable")
     parser.add_argument("-x", "--exitfirst", action="store_true",
                         help="stop at the first case that fails")
     parser.add_argument("-v", "--verbose", action="store_true",
@@ -279,6 +283,10 @@ def main(argv=None) -> int:
 
     start = time.monotonic()
     name, error = _load_backend(args.backend)
+    # Everything imported so far (torch's are some million objects) lives for the whole
+    # run: out of the collector's sight, the full collections pytest makes at the end
+    # cost milliseconds, not a second.
+    gc.freeze()
     plugin = ListPlugin() if args.list else ReportPlugin(start)
     exit_code = pytest.main(_pytest_args(args), plugins=[plugin])
     meta = {"backend": name, "backend_spec": args.backend, "torch_version": torch.__version__,

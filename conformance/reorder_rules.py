@@ -25,7 +25,9 @@ import operator
 import torch
 import torch.fx
 
-COLLECTIVE_NAMESPACES = ("refimpl_c10d", "_c10d_functional", "_c10d_functional_autograd")
+from conformance.canonical import COLLECTIVE_NAMESPACES
+from conformance.canonical import SYMM_MEM_NAMESPACES as SYMM_MEM
+
 WAITS = ("wait_tensor", "wait_tensor_")
 KIND = {"all_gather_into_tensor": "all_gather", "all_gather_into_tensor_out": "all_gather",
         "all_gather_into_tensor_coalesced": "all_gather",
@@ -36,7 +38,6 @@ KIND = {"all_gather_into_tensor": "all_gather", "all_gather_into_tensor_out": "a
         "all_to_all_single": "all_to_all", "broadcast": "broadcast", "broadcast_": "broadcast"}
 # MEM-5: out-of-place all_reduce and broadcast copy their input when issued.
 HOLD_RESULT_ONLY = ("all_reduce", "all_reduce_coalesced", "broadcast")
-SYMM_MEM = ("refimpl_symm_mem", "symm_mem")
 BLOCKING = ("one_shot_all_reduce", "one_shot_all_reduce_out", "two_shot_all_reduce_")
 PROLOGUE = ("_to_copy", "convert_element_type", "clone", "copy", "copy_", "cat",
             "constant_pad_nd", "empty", "empty_like", "empty_strided", "new_empty",

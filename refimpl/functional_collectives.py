@@ -298,9 +298,19 @@ def resolve_group_name(group: RankTypes, tag: str = "") -> str:
     return _resolve_group_name_constant(group)
 
 
+def _assume_constant_result(fn):
+    """`torch.compiler.assume_constant_result`, without importing torch._dynamo.
+
+    The decorator imports torch._dynamo (1.4 s of CPU) only to set one attribute; every
+    process that imports refimpl, each rank worker included, would pay it. The attribute
+    is the one the decorator sets (tests/test_functional_collectives.py checks it)."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
 # Under torch.compile the name is computed once, at trace time, and baked into the graph
 # as a constant: group creation and the registry lookups are not traceable.
-@torch.compiler.assume_constant_result
+@_assume_constant_result
 def _resolve_group_name_constant(group) -> str:
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -318,7 +328,7 @@ def _resolve_group_name_constant(group) -> str:
         f"or (DeviceMesh, dim), got {type(group).__name__} [FC-13]")
 
 
-@torch.compiler.assume_constant_result
+@_assume_constant_result
 def group_size(group_name: str) -> int:
     """Number of ranks in a named group."""
     return _process_group(group_name).size()

@@ -36,6 +36,8 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_leaves
 
+from refimpl._fx import collective_name, is_wait
+
 __all__ = [
     "Buffer", "MemoryEvent", "MemoryPlan", "MemoryModel", "MemorySweep", "plan_memory",
     "verify_memory_lifecycle", "MemoryLifecycleError", "INPUT", "INTERMEDIATE", "OUTPUT",
@@ -51,10 +53,9 @@ class MemoryLifecycleError(AssertionError):
 
 
 # --------------------------------------------------------------------------------------
-# Node classification: collectives, waits, and the renames a schema does not state.
-# (The one place in this module that knows op names; refimpl/_fx.py is to share it.)
+# Node classification: collectives and waits (refimpl/_fx.py, shared with every pass),
+# and the renames a schema does not state.
 # --------------------------------------------------------------------------------------
-COLLECTIVE_NAMESPACES = ("refimpl_c10d", "_c10d_functional")
 # refimpl's `wait_tensor` returns a copy (FC-5); its `wait_tensor_` says `Tensor(a!)`;
 # upstream's `wait_tensor` returns its argument although its schema says `-> Tensor`.
 WAIT_OPS = ("wait_tensor", "wait_tensor_")
@@ -66,32 +67,6 @@ UNANNOTATED_RENAMES = {("_c10d_functional", "wait_tensor"), ("aten", "_unsafe_vi
 # CL-2): only the copy, their result, is in flight. Every other collective, and any
 # collective op not listed, holds its inputs and its results.
 IN_FLIGHT_RESULT_ONLY = ("all_reduce", "broadcast", "all_reduce_coalesced")
-
-
-_COLLECTIVE_NAMES: dict = {}
-
-
-def collective_name(node: torch.fx.Node) -> str | None:
-    """`all_gather_into_tensor` for a collective or wait op of either namespace, else None."""
-    target = node.target
-    if node.op != "call_function":
-        return None
-    try:
-        return _COLLECTIVE_NAMES[target]
-    except (KeyError, TypeError):  # TypeError: an unhashable target
-        pass
-    name = None
-    if isinstance(target, torch._ops.OpOverload) and target.namespace in COLLECTIVE_NAMESPACES:
-        name = target._schema.name.split("::", 1)[1]
-    try:
-        _COLLECTIVE_NAMES[target] = name
-    except TypeError:
-        pass
-    return name
-
-
-def is_wait(node: torch.fx.Node) -> bool:
-    return collective_name(node) in WAIT_OPS
 
 
 def is_collective(node: torch.fx.Node) -> bool:
@@ -545,8 +520,9 @@ def plan_memory(gm: torch.fx.GraphModule, order=None) -> MemoryPlan:
 # --------------------------------------------------------------------------------------
 # The lifecycle verifier (MEM-12)
 # --------------------------------------------------------------------------------------
-# How long a predicted free may trail its node: gloo's worker thread drops its reference
-# to a finished collective (and so to the buffers it held) just after the wait returns.
+# How long a predicted free of a buffer a collective held may trail its node: gloo's
+# worker thread drops its reference to a finished collective (and so to the buffers it
+# held) just after the wait returns. Any other storage dies with its last reference.
 FREE_GRACE_S = 2.0
 # After a wait, how long no storage may die before the next node runs, so that a free
 # the plan puts one node late is not mistaken for the worker thread's lag.
@@ -623,6 +599,9 @@ class _LifecycleRun:
         for b in plan.buffers:
             if b.free_node is not None:
                 self.frees_at.setdefault(b.free_node, set()).add(b.index)
+        # Buffers some collective communicates (MEM-5): only their deaths may lag.
+        self.held = {b for members in plan.model.in_flight.values()
+                     for _, held in members for b in held}
 
     def run(self, args) -> int:
         order = self.plan.order
@@ -687,7 +666,7 @@ class _LifecycleRun:
     def observe_frees(self, node) -> None:
         expected = self.frees_at.get(node, set())
         freed = {w.buffer.index: w for w in self.watcher.take_deaths()}
-        deadline = time.monotonic() + FREE_GRACE_S
+        deadline = time.monotonic() + (FREE_GRACE_S if expected & self.held else 0.0)
         while not expected <= freed.keys() and time.monotonic() < deadline:
             time.sleep(0.0005)
             freed.update({w.buffer.index: w for w in self.watcher.take_deaths()})

@@ -30,14 +30,8 @@ import torch
 import torch.fx
 from torch.utils.flop_counter import flop_registry
 
-from refimpl.memory import (
-    UNANNOTATED_RENAMES,
-    MemoryModel,
-    collective_name,
-    collector_paused,
-    is_collective,
-    is_wait,
-)
+from refimpl._fx import collective_name, is_wait
+from refimpl.memory import UNANNOTATED_RENAMES, MemoryModel, collector_paused, is_collective
 
 __all__ = [
     "LinkCost", "HardwareProfile", "H100_NVLINK_8", "CostModel", "Simulator", "simulate",

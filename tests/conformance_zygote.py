@@ -14,6 +14,7 @@ its timeout, with its whole process group).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -21,14 +22,21 @@ import sys
 import time
 import traceback
 
-import torch  # noqa: F401  (loaded once, shared by every fork)
-import torch.distributed  # noqa: F401
-
-for _name in ("numpy", "pytest", "xdist", "expecttest", "hypothesis"):
+# Loaded once, shared by every fork: torch and what the cases' tracing imports (make_fx
+# imports torch._inductor and with it torch._dynamo, 1.3 s), and the test tools.
+PRELOADED = ("torch", "torch.distributed", "torch.fx.experimental.proxy_tensor",
+             "torch._dynamo", "torch._inductor", "torch._functorch.aot_autograd",
+             "torch.distributed._functional_collectives",
+             "torch.distributed._symmetric_memory", "torch.distributed.fsdp",
+             "numpy", "pytest", "xdist", "expecttest", "hypothesis")
+for _name in PRELOADED:
     try:
         __import__(_name)
     except ImportError:
         pass
+# What is loaded now lives for good: frozen, the children's garbage collections skip it
+# (and do not touch, so copy, its pages).
+gc.freeze()
 
 
 def _run_child(request: dict) -> None:

@@ -5,9 +5,9 @@ exactly once in `path`, and is replaced by `new`. Each is the kind of slip a rea
 implementation makes at a rule's boundary (an off-by-one at a bound, a key computed
 from the wrong property, a check or a synchronisation step left out) and names the rule
 it breaks. `tests/test_mutants.py` applies each one to a copy of the checkout and runs
-`python -m conformance --section <its section> --first <its rule> -x -n 0` there: the
-conformance suite alone must fail every mutant, on a case that fails (a run that crashes
-without a report does not count).
+`python -m conformance --section <its section> --first <the case that last caught it>
+--first <its rule> -x -n 0` there: the conformance suite alone must fail every mutant,
+on a case that fails (a run that crashes without a report does not count).
 
 One list per SPEC section, named by the section's prefix (`FC`, `CL`, `MEM`, ...), so that
 each section's owner adds to its own list; `MUTANTS` gathers the lists of every section
@@ -43,6 +43,12 @@ class Mutant:
     @property
     def section(self) -> str:
         return self.rule.rsplit("-", 1)[0]
+
+    @property
+    def first(self) -> list[str]:
+        """What its run puts first: the case known to catch it, then its rule's cases."""
+        case = CATCHING_CASE.get(self.name)
+        return [case, self.rule] if case else [self.rule]
 
     def apply(self, root: Path) -> None:
         """Patch the copy of the checkout at `root` (refuses an ambiguous `old`)."""
@@ -789,3 +795,203 @@ def section_lists() -> dict[str, list[Mutant]]:
 
 
 MUTANTS: list[Mutant] = [m for section in section_lists().values() for m in section]
+
+
+# The case that failed each mutant when the mutation check last ran it. The test runs it
+# first (`--first CASE --first RULE`): a run then costs one case, not the cases of the
+# rule that come before the one that catches it. Only an order: if the case no longer
+# catches its mutant, the rule's other cases and the section still run, and a mutant
+# missing here runs its rule first as before.
+CATCHING_CASE: dict[str, str] = {
+    "all_gather_group_size_unchecked": "test_bad_input_is_refused[group_size_below]",
+    "all_reduce_in_place_on_its_input": "test_results_are_fresh_contiguous_tensors",
+    "async_tensor_never_waits": "test_async_collective_tensor",
+    "all_gather_rearranges_along_the_wrong_dim": "test_eager_values[2-name-f32-all_gather:1]",
+    "broadcast_src_read_as_global_rank": "test_eager_values[2-noncontig-f32-broadcast:0]",
+    "wait_tensor_does_not_wait": "test_async_collective_tensor",
+    "traced_result_without_its_wait": "test_make_fx_graph",
+    "all_to_all_split_names_swapped": "test_op_schema[all_to_all_single]",
+    "all_reduce_result_keeps_input_strides": "test_results_are_fresh_contiguous_tensors",
+    "fake_all_to_all_skips_split_checks":
+        "test_bad_arguments_fail_at_trace_time[all_to_all-input_splits_sum-make_fx]",
+    "fake_coalesced_checks_first_member_only":
+        "test_bad_arguments_fail_at_trace_time[all_reduce_coalesced-second_bad-make_fx]",
+    "fake_reduce_scatter_keeps_input_shape":
+        "test_fake_kernels_give_result_shapes[reduce_scatter_tensor]",
+    "in_place_contiguity_unchecked":
+        "test_bad_input_is_refused[all_reduce_in_place_not_contiguous]",
+    "registry_entry_kept_after_wait": "test_work_registry",
+    "empty_result_registered": "test_work_registry",
+    "finalizer_ignores_version": "test_work_registry",
+    "transpose_waits": "test_view_ops_do_not_wait[transpose]",
+    "numpy_reads_before_waiting": "test_work_registry",
+    "bad_group_type_is_value_error": "test_bad_input_is_refused[bad_group_type]",
+    "rank_list_bound_off_by_one": "test_bad_input_is_refused[rank_is_world_size]",
+    "duplicate_ranks_unchecked": "test_bad_input_is_refused[duplicate_ranks]",
+    "two_d_mesh_without_dim_accepted": "test_bad_input_is_refused[mesh_2d_without_dim]",
+    "reduce_op_case_sensitive": "test_eager_values[2-name-f32-all_reduce:MAX]",
+    "complex_counts_as_integer":
+        "test_inputs_at_the_edge_of_a_refusal_are_accepted[avg_of_complex]",
+    "reduce_scatter_avg_not_divided": "test_eager_values[2-name-f32-reduce_scatter:AVG:0]",
+    "negative_dim_bound_off_by_one": "test_eager_values[2-name-f32-all_gather:-2]",
+    "out_dtype_unchecked": "test_bad_input_is_refused[out_wrong_dtype]",
+    "split_count_checked_one_way": "test_bad_input_is_refused[splits_count_below]",
+    "output_rows_from_input_splits": "test_fake_kernels_give_result_shapes[all_reduce]",
+    "src_bound_off_by_one": "test_bad_input_is_refused[src_is_group_size]",
+    "all_to_all_gradient_splits_not_swapped": "test_gradient[2-all_to_all_uneven]",
+    "broadcast_gradient_reaches_every_rank": "test_gradient[2-broadcast]",
+    "no_grad_refused_too": "test_inputs_at_the_edge_of_a_refusal_are_accepted[max_under_no_grad]",
+    "coalesced_starts_before_checking":
+        "test_bad_input_is_refused[coalesced_in_place_second_not_contiguous]",
+    "mismatch_check_skips_rank_one": "test_mismatched_calls_raise_on_every_rank[shapes]",
+    "split_check_compares_the_wrong_entries":
+        "test_mismatched_calls_raise_on_every_rank[split_sizes]",
+    "peer_failure_not_named": "test_a_failed_peer_is_named[dies]",
+    "meta_input_accepted": "test_bad_input_is_refused[input_on_meta]",
+    "out_device_compared_by_index": "test_bad_input_is_refused[out_on_another_device]",
+    "group_agreement_skipped": "test_disagreeing_rank_lists_end_in_an_error",
+    "all_to_all_autograd_splits_swapped": "test_gradient[2-all_to_all_autograd]",
+    "overload_not_side_effectful": "test_dead_code_elimination_keeps_collectives_and_waits[waited]",
+    "all_gather_through_the_backend_method": "test_ops_run_on_a_process_group_written_in_python",
+    "one_shot_threshold_exclusive": "test_one_shot_threshold_is_inclusive",
+    "one_shot_for_avg_too": "test_one_shot_not_chosen[avg]",
+    "one_shot_symm_mem_of_default_group": "test_one_shot_not_chosen[no_symm_mem_on_group]",
+    "one_shot_any_floating_dtype": "test_one_shot_not_chosen[float64]",
+    "one_shot_without_comm_buffer_check": "test_one_shot_not_chosen[graph_input]",
+    "in_place_on_shared_intermediate": "test_all_reduce_of_shared_intermediate_is_cloned",
+    "in_place_on_non_contiguous_intermediate":
+        "test_all_reduce_of_non_contiguous_intermediate_is_cloned",
+    "broadcast_reinplaced": "test_broadcast_becomes_clone_plus_inplace",
+    "one_shot_wait_kept": "test_small_sum_all_reduce_goes_one_shot",
+    "alloc_id_without_namespace":
+        "test_alloc_ids_are_equal_on_every_rank_and_distinct_where_they_must_be",
+    "alloc_id_of_the_rank":
+        "test_alloc_ids_are_equal_on_every_rank_and_distinct_where_they_must_be",
+    "alloc_id_same_for_every_buffer":
+        "test_alloc_ids_are_equal_on_every_rank_and_distinct_where_they_must_be",
+    "comm_buffer_escapes": "test_a_comm_buffer_output_escapes_as_a_clone",
+    "no_copy_back_to_view": "test_all_reduce_inplace_on_a_view_reduces_a_copy_and_copies_back",
+    "view_taken_for_a_fresh_intermediate": "test_one_shot_not_chosen[view]",
+    "alloc_id_full_64_bits":
+        "test_alloc_ids_are_equal_on_every_rank_and_distinct_where_they_must_be",
+    "fingerprint_without_shapes":
+        "test_alloc_ids_are_equal_on_every_rank_and_distinct_where_they_must_be",
+    "negative_threshold_accepted": "test_a_negative_one_shot_threshold_is_refused",
+    "cap_exclusive": "test_a_bucket_that_exactly_fills_its_cap_keeps_its_last_member",
+    "cap_of_bucket_zero_for_all": "test_caps_are_asked_per_bucket_index",
+    "size_is_the_output": "test_reduce_scatter_members_count_their_input_bytes[exactly_full]",
+    "key_without_dtype": "test_every_key_component_separates_buckets[dtype]",
+    "key_without_reduce_op": "test_two_groups_interleaved[bucket_all_gather]",
+    "key_reduce_op_case_sensitive": "test_every_key_component_separates_buckets[reduce_op_rs]",
+    "key_by_group_size": "test_every_key_component_separates_buckets[group]",
+    "dependency_on_open_bucket_only":
+        "test_a_merge_that_would_close_a_cycle_across_keys_is_not_made",
+    "reach_not_propagated": "test_a_cycle_through_two_other_buckets_is_not_closed",
+    "bucket_at_its_first_member": "test_nodes_that_read_no_member_keep_their_place",
+    "slot_at_rank_modulo": "test_group_index_is_the_position_among_sorted_ranks[bucket_all_gather]",
+    "padding_one_row_too_many": "test_zero_size_members_are_merged[reduce_scatter]",
+    "unpad_keeps_padding": "test_padded_reduce_scatter_gives_each_rank_its_chunk[2]",
+    "single_buckets_rewritten": "test_a_member_larger_than_the_cap_sits_alone_between_buckets",
+    "cast_with_two_readers_absorbed": "test_a_cast_with_another_reader_is_kept",
+    "unknown_reduce_op_accepted":
+        "test_bad_candidates_are_refused_naming_the_node[unknown_reduce_op]",
+    "group_size_unchecked": "test_bad_candidates_are_refused_naming_the_node[group_size_too_small]",
+    "wait_block_not_opened": "test_fsdp_blocks_are_tagged_in_program_order",
+    "ro_wait_is_no_write": "test_every_order_keeps_the_rules[mutated_buffer-budget=inf-unlimited]",
+    "ro_wait_ends_no_in_flight_read":
+        "test_every_order_keeps_the_rules[mutated_buffer-budget=inf-unlimited]",
+    "ro_mutation_before_reader":
+        "test_every_order_keeps_the_rules[mutated_buffer-budget=inf-unlimited]",
+    "ro_group_order_not_enforced":
+        "test_every_order_keeps_the_rules[mutated_buffer-budget=inf-unlimited]",
+    "ro_group_order_per_kind":
+        "test_every_order_keeps_the_rules[mutated_buffer-budget=inf-unlimited]",
+    "ro_custom_op_not_a_barrier":
+        "test_every_order_keeps_the_rules[opaque_op-budget=inf-unlimited]",
+    "ro_prologue_left_behind":
+        "test_every_order_keeps_the_rules[fsdp_forward-budget=inf-all_gather=1]",
+    "ro_tagged_blocks_ignored":
+        "test_every_order_keeps_the_rules[fsdp_forward_bucketed-budget=inf-all_gather=1]",
+    "ro_in_flight_off_by_one":
+        "test_every_order_keeps_the_rules[fsdp_forward-budget=inf-all_gather=1]",
+    "ro_memory_bound_strict": "test_memory_bound_is_reached_exactly",
+    "ro_memory_bound_of_the_handed_in_order":
+        "test_reordering_again_keeps_the_order[fsdp_backward-budget=0.1-unlimited]",
+    "ro_stall_ignored": "test_mutated_buffer_keeps_its_versions",
+    "ro_ties_broken_by_name": "test_mutated_buffer_keeps_its_versions",
+    "mem_free_after_first_alias": "test_all_gather_copy_out",
+    "mem_view_counted": "test_bucketed_fsdp_block",
+    "mem_collective_input_freed_before_wait": "test_reduce_scatter_with_padding",
+    "mem_free_before_alloc": "test_all_gather_copy_out",
+    "mem_comm_buffer_freed": "test_comm_buffer_is_persistent",
+    "mem_input_freed": "test_all_gather_copy_out",
+    "mem_output_freed": "test_all_gather_copy_out",
+    "mem_wait_namespace": "test_all_gather_copy_out",
+    "mem_coalesced_holds_every_input": "test_coalesced_members_are_held_until_their_own_wait",
+    "mem_dead_value_kept": "test_all_reduce_in_place_on_an_intermediate",
+    "mem_wait_completes_nothing": "test_all_gather_copy_out",
+    "mem_duplicate_in_order": "test_an_invalid_order_is_refused",
+    "mem_verifier_size": "test_lifecycle_verifier",
+    "mem_verifier_unpredicted_free": "test_lifecycle_verifier",
+    "one_shot_second_barrier_left_out":
+        "test_one_shot_and_two_shot_sum_are_bitwise_the_rank_order_reference[float32-2]",
+    "barrier_puts_into_the_peers_own_slot":
+        "test_rendezvous_gives_one_handle_over_every_peers_buffer[2]",
+    "reduction_in_reverse_rank_order":
+        "test_one_shot_and_two_shot_sum_are_bitwise_the_rank_order_reference[float32-3]",
+    "two_shot_chunk_rounded_down":
+        "test_one_shot_and_two_shot_sum_are_bitwise_the_rank_order_reference[float32-2]",
+    "timeout_reported_as_success": "test_a_wait_times_out_naming_the_peer",
+    "avg_divides_by_one_rank_less": "test_every_dtype_and_reduce_op_in_rank_order_on_every_rank",
+    "max_drops_a_later_ranks_nan": "test_every_dtype_and_reduce_op_in_rank_order_on_every_rank",
+    "call_check_skips_the_last_rank":
+        "test_a_call_that_differs_between_ranks_fails_on_every_rank_naming_the_rank",
+    "barrier_waits_for_one_peer_less":
+        "test_rendezvous_gives_one_handle_over_every_peers_buffer[2]",
+    "native_avg_accepted_for_integers":
+        "test_op_arguments_are_refused_on_every_rank_before_any_wait",
+    "buffer_view_one_element_past_the_end":
+        "test_buffer_and_signal_pad_views_end_exactly_at_their_bounds",
+    "one_channel_too_many": "test_every_channel_up_to_the_last_works_and_one_more_is_refused[2]",
+    "world_size_of_64_refused": "test_group_info_bounds",
+    "a_live_view_of_a_persistent_allocation_not_counted":
+        "test_persistent_allocation_returns_the_same_memory_once_free",
+    "persistent_layout_ignores_the_dtype":
+        "test_persistent_allocation_boundaries_and_its_three_refusals",
+    "persistent_reuse_skips_the_byte_size_check":
+        "test_persistent_allocation_boundaries_and_its_three_refusals",
+    "barrier_timeout_not_fail_stop": "test_a_barrier_that_timed_out_makes_the_handle_fail_stop",
+    "largest_alloc_id_refused": "test_persistent_allocation_boundaries_and_its_three_refusals",
+    "pad_offset_past_the_end_reported_as_sizes":
+        "test_buffer_and_signal_pad_views_end_exactly_at_their_bounds",
+    "empty_checks_size_after_strides": "test_allocation_arguments_are_refused_naming_them",
+    "sim_ring_steps": "test_collective_costs",
+    "sim_ring_bytes": "test_collective_costs",
+    "sim_all_reduce_one_ring": "test_collective_costs",
+    "sim_wait_not_blocking": "test_timeline_program_order",
+    "sim_one_comm_stream": "test_timeline_program_order",
+    "sim_group_not_serialized": "test_timeline_collectives_first",
+    "sim_view_costs": "test_compute_is_a_roofline",
+    "sim_pinned_typo_accepted": "test_pinned_durations",
+    "sim_overlap_inverted": "test_timeline_program_order",
+    "sim_mm_flops_halved": "test_compute_is_a_roofline",
+    "sim_roofline_sum": "test_compute_is_a_roofline",
+    "sim_blocking_not_exposed": "test_blocking_one_shot_all_reduce",
+    "sim_peak_of_program_order": "test_timeline_collectives_first",
+    "sim_trace_duration": "test_chrome_trace",
+    "sim_link_default_first": "test_profiles",
+    "e2e_cap_from_the_default_config":
+        "test_bucket_cap_reaches_forward_and_backward[one_under_two]",
+    "e2e_reduce_scatters_not_bucketed": "test_transformer_training_matches_eager[all]",
+    "e2e_inference_graph_named_forward": "test_inference_graph_goes_through_the_stages",
+    "e2e_lowering_config_dropped": "test_lowering_config_reaches_the_program",
+    "e2e_debug_text_before_its_stage": "test_debug_dir_has_every_stage_of_every_graph",
+    "e2e_waits_counted_as_collectives": "test_debug_dir_has_every_stage_of_every_graph",
+    "e2e_bool_cap_accepted": "test_bad_config_is_refused[cap_bool]",
+    "e2e_forward_collectives_kept_in_backward": "test_transformer_training_matches_eager[off]",
+    "e2e_logger_of_the_package":
+        "test_one_info_line_per_compiled_graph_and_the_text_of_every_stage_at_debug",
+    "e2e_debug_text_at_info":
+        "test_one_info_line_per_compiled_graph_and_the_text_of_every_stage_at_debug",
+    "e2e_zero_cap_accepted": "test_bad_config_is_refused[cap_zero]",
+}

@@ -86,3 +86,24 @@ class TestTracing(expecttest.TestCase):
 %19 = funcol.all_reduce(%18, 'sum', ranks[0,1]) : f32[4, 4]
 %20 = funcol.wait_tensor(%19) : f32[4, 4]
 return [%20]""")
+
+
+def test_group_lookups_carry_the_mark_torch_compiler_sets_without_importing_dynamo():
+    """The group lookups are marked constant as `torch.compiler.assume_constant_result`
+    marks a function (so compiled graphs bake the group name in), and importing refimpl
+    does not import torch._dynamo (1.4 s of CPU in every rank worker)."""
+    import subprocess
+    import sys
+
+    def reference():
+        pass
+
+    torch.compiler.assume_constant_result(reference)
+    for lookup in (fc._resolve_group_name_constant, fc.group_size):
+        marks = {k: v for k, v in vars(lookup).items() if k.startswith("_dynamo")}
+        assert marks == {k: v for k, v in vars(reference).items()}, (lookup, marks)
+    probe = ("import sys, refimpl.functional_collectives, refimpl.symmetric_memory, "
+             "refimpl.multiprocess; print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, timeout=120).stdout.strip()
+    assert out == "False"

@@ -1,8 +1,9 @@
 """The conformance suite catches every mutant of tests/mutants.py (CF-6).
 
 Each mutant is applied to a fresh copy of the checkout, and the conformance suite of
-the mutant's own SPEC section runs there against the `refimpl` backend, the cases that
-name the mutant's rule first and stopping at the first failure (so it runs the mutated
+the mutant's own SPEC section runs there against the `refimpl` backend, the case that
+last caught it first (tests/mutants.py CATCHING_CASE), then the cases that name the
+mutant's rule, stopping at the first failure (so it runs the mutated
 code, C kernels rebuilt from the mutated source included). The suite must fail: a case
 must fail in the run's report; a run that crashes without one does not count.
 """
@@ -41,7 +42,8 @@ def run_section(root, mutant: Mutant, report, zygote=None):
     # itself: not importing the others saves about a second a mutant.
     env = {**os.environ, "PYTHONPATH": str(root), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     env.pop("EXPECTTEST_ACCEPT", None)
-    args = ["--backend", "refimpl", "--section", mutant.section, "--first", mutant.rule,
+    firsts = [arg for first in mutant.first for arg in ("--first", first)]
+    args = ["--backend", "refimpl", "--section", mutant.section, *firsts,
             "-x", "-n", "0", "--json", str(report)]
     if zygote is not None:
         return zygote.run(root, args, env)
@@ -111,6 +113,25 @@ def test_every_list_of_mutants_is_gathered():
              if isinstance(value, list) and value and all(isinstance(m, Mutant) for m in value)
              and name != "MUTANTS"}
     assert lists <= set(section_lists()), sorted(lists - set(section_lists()))
+
+
+def test_each_catching_case_is_a_case_of_its_mutants_section(tmp_path):
+    """CATCHING_CASE only orders a run; one naming a mutant or a case that no longer
+    exists would quietly cost the time it is there to save."""
+    from mutants import CATCHING_CASE
+
+    assert set(CATCHING_CASE) <= {m.name for m in MUTANTS}, \
+        sorted(set(CATCHING_CASE) - {m.name for m in MUTANTS})
+    listing = tmp_path / "cases.json"
+    subprocess.run([sys.executable, "-m", "conformance", "--list", "--json", str(listing)],
+                   cwd=ROOT, check=True, capture_output=True, timeout=300)
+    cases = json.loads(listing.read_text())["cases"]
+    sections = {c["id"].split("::", 1)[1]: {i.rsplit("-", 1)[0] for i in c["spec_ids"]}
+                for c in cases}
+    for m in MUTANTS:
+        case = CATCHING_CASE.get(m.name)
+        assert case is None or m.section in sections.get(case, ()), \
+            f"mutant {m.name}: {case!r} is no case of section {m.section}"
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)

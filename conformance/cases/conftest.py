@@ -11,9 +11,10 @@
   the bracketed torch-version condition optional; listed cases that apply to the running
   torch are strict expected failures (an unexpected pass fails the run); an entry
   matching no case warns (CF-4).
-- `--section ID` keeps the cases naming a rule of that section; `--first ID` runs the
-  cases naming rule ID before the others (with `-x`, a targeted failure ends the run
-  early: the mutation check uses it).
+- `--section ID` keeps the cases naming a rule of that section; `--first X` runs the
+  cases that X names (a SPEC ID, or a case's name with or without its parameters) before
+  the others; given again, the next X's cases come next (with `-x`, a targeted failure
+  ends the run early: the mutation check uses it).
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ def pytest_addoption(parser):
                      help="conformance backend: a registered name or package.module:attr")
     parser.addoption("--section", action="append", default=None,
                      help="only cases that check a rule of this SPEC section (FC, SM, ...)")
-    parser.addoption("--first", metavar="ID", default=None,
-                     help="run the cases naming this SPEC ID before the others")
+    parser.addoption("--first", metavar="ID_OR_CASE", action="append", default=None,
+                     help="run the cases naming this SPEC ID, or the case of this name, "
+                          "before the others (repeatable: in the order given)")
 
 
 def backend_spec(config) -> str:
@@ -210,9 +212,15 @@ def _select_sections(config, items):
 
 
 def _run_first(config, items):
-    first = config.getoption("--first")
-    if first:
-        items.sort(key=lambda item: first not in _spec_ids(item))  # stable: order kept
+    firsts = config.getoption("--first") or []
+
+    def rank(item) -> int:
+        """The position of the first `--first` value naming the item; after all if none."""
+        names = (*_spec_ids(item), item.name, getattr(item, "originalname", item.name))
+        return next((i for i, first in enumerate(firsts) if first in names), len(firsts))
+
+    if firsts:
+        items.sort(key=rank)  # stable: the suite's order within each rank
 
 
 def pytest_collection_finish(session):

@@ -586,10 +586,14 @@ def _fail_stop(spec: str):
         first = None
     except sm.SymmMemTimeout as exc:
         first = (exc.peer, str(exc))
+    # A fail-stop handle raises at once; one that is not waits for a peer that stays
+    # away (rank 1 is held back below): a second is enough to tell the two apart.
+    if hasattr(sm, "set_default_timeout"):
+        sm.set_default_timeout(1_000)
     later = []
-    for call in (lambda: h.barrier(channel=2, timeout_ms=10_000),
+    for call in (lambda: h.barrier(channel=2, timeout_ms=1_000),
                  lambda: h.put_signal(1, channel=3),
-                 lambda: h.wait_signal(1, channel=3, timeout_ms=10_000),
+                 lambda: h.wait_signal(1, channel=3, timeout_ms=1_000),
                  lambda: sm.ops.barrier(t, group),
                  lambda: sm.ops.one_shot_all_reduce(t, "sum", group),
                  lambda: sm.ops.two_shot_all_reduce_(t, "sum", group)):
