@@ -146,7 +146,9 @@ def make(reports: list[dict], note: str = "") -> str:
               "what the others were: `xfail` a listed expected failure "
               "(conformance/expected_failures/; its reason is given below where two upstream "
               "versions differ), `n/i` a concept the backend does not implement, `fail` / "
-              "`XPASS` unexpected results. A case naming several rules counts for each.", ""]
+              "`XPASS` unexpected results, `skip` a case skipped for want of hardware (the CUDA "
+              "cases of symmetric memory on a machine without a GPU). A case naming several "
+              "rules counts for each.", ""]
     lines += _runs(reports)
     for prefix, ids in rule_ids().items():
         if prefix == "CF":  # the suite's own rules: checked by refimpl's tests, not cases
@@ -162,13 +164,14 @@ def make(reports: list[dict], note: str = "") -> str:
 
 
 def _runs(reports: list[dict]) -> list[str]:
-    lines = ["| run | cases | passed | xfailed | not implemented | unexpected | seconds |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| run | cases | passed | xfailed | not implemented | skipped | unexpected | "
+             "seconds |", "|---|---|---|---|---|---|---|---|"]
     for r in reports:
         counts = Counter(c["outcome"] for c in r["cases"])
         lines.append(f"| {label(r)} | {len(r['cases'])} | {counts['passed']} | "
                      f"{counts['xfailed']} | {counts['not_implemented']} | "
-                     f"{counts['failed'] + counts['xpassed']} | {r['seconds']:.0f} |")
+                     f"{counts['skipped']} | {counts['failed'] + counts['xpassed']} | "
+                     f"{r['seconds']:.0f} |")
     return lines + [""]
 
 

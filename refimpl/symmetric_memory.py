@@ -9,9 +9,11 @@ signals, and barriers with timeouts that name the late peer (SM-8..SM-11). The C
 backend keeps each allocation in a POSIX shared-memory segment under /dev/shm that is
 unlinked as soon as every peer mapped it (SM-12). The `refimpl_symm_mem` op library
 runs one-shot and two-shot all-reduce and a barrier through these buffers with C
-kernels (`kernels/cpu/symm_mem.c`, SM-13..SM-18).
+kernels (`kernels/cpu/symm_mem.c`, SM-13..SM-18). A timed-out synchronisation makes its
+handle fail-stop (SM-19); an all-reduce checks that every rank made the same call
+(SM-20); CUDA devices get an allocator and kernels of their own (SM-21..SM-23).
 
-Implements SPEC.md section "6. Symmetric memory": SM-1 .. SM-18.
+Implements SPEC.md section "6. Symmetric memory": SM-1 .. SM-23.
 """
 
 from __future__ import annotations

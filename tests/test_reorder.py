@@ -20,10 +20,10 @@ import operator
 import pytest
 import reorder_rank
 import torch
-import torch.distributed as dist
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from conformance import reorder_programs as rp
+from conformance.memory_programs import fake_world
 from conformance.reorder_rules import order_violations
 from refimpl.multiprocess import run_on_ranks
 from refimpl.reorder import ORIGINAL_ORDER, ReorderConfig, barrier_reason, reorder
@@ -32,16 +32,8 @@ from refimpl.simulator import CostModel, simulate
 
 @pytest.fixture(scope="module")
 def world4():
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
-    elif dist.get_world_size() != 4:
-        pytest.fail(f"these tests need a world of 4, found {dist.get_world_size()}")
-    yield
-    if created:
-        dist.destroy_process_group()
+    with fake_world(4):
+        yield
 
 
 def in_order(gm: torch.fx.GraphModule, names: list[str]) -> torch.fx.GraphModule:

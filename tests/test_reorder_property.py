@@ -17,12 +17,12 @@ import random
 
 import pytest
 import torch
-import torch.distributed as dist
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from conformance import reorder_programs as rp
+from conformance.memory_programs import fake_world
 from conformance.reorder_rules import _in_flight, order_violations
 from refimpl.reorder import ReorderConfig, reorder
 from refimpl.simulator import CostModel
@@ -30,16 +30,8 @@ from refimpl.simulator import CostModel
 
 @pytest.fixture(scope="module")
 def world4():
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
-    elif dist.get_world_size() != 4:
-        pytest.fail(f"these tests need a world of 4, found {dist.get_world_size()}")
-    yield
-    if created:
-        dist.destroy_process_group()
+    with fake_world(4):
+        yield
 
 
 STEPS = ["compute", "compute", "view", "inplace", "gather", "all_reduce_", "all_reduce",
