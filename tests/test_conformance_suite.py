@@ -126,6 +126,35 @@ def test_help_says_what_backend_accepts():
         assert phrase in text, text
 
 
+def test_first_orders_named_cases_then_rules_then_the_rest(tmp_path):
+    """`--first` takes a case's name (with or without its parameters) or a SPEC ID, and
+    repeated orders by the first value that names a case; the suite's order otherwise."""
+    ids = {}
+
+    def listed(*firsts):
+        report = tmp_path / "list.json"
+        args = [a for f in firsts for a in ("--first", f)]
+        subprocess.run([sys.executable, "-m", "conformance", "--section", "SM", "--list",
+                        "--json", str(report), *args], cwd=ROOT, check=True,
+                       capture_output=True, timeout=120)
+        cases = json.loads(report.read_text())["cases"]
+        ids.update({c["id"].split("::")[1]: c["spec_ids"] for c in cases})
+        return [c["id"].split("::")[1] for c in cases]
+
+    suite = listed()
+    last, rule = suite[-1], "SM-10"
+    naming = [c for c in suite if rule in ids[c] and c != last]
+    assert naming and len(naming) < len(suite) - 1, f"{rule} must name some cases, not all"
+    rest = [c for c in suite if c != last and c not in naming]
+    assert listed(last, rule) == [last, *naming, *rest]
+    assert listed(rule) == [c for c in suite if rule in ids[c]] + \
+        [c for c in suite if rule not in ids[c]]
+    function = next(c for c in reversed(suite) if "[" in c).split("[")[0]
+    params = [c for c in suite if c.split("[")[0] == function]
+    assert len(params) > 1 and suite[:len(params)] != params
+    assert listed(function) == params + [c for c in suite if c not in params]
+
+
 def test_expected_failures_are_strict_and_stale_entries_warn(tmp_path):
     """CF-4: a listed case that passes fails the run; an entry matching no case warns."""
     proc, outcomes, _ = _run_suite(
