@@ -367,6 +367,10 @@ CL = [
            "        if threshold < 0:\n",
            "        if threshold < 0 and self.auto_select:\n",
            "the threshold checked only when auto_select uses it"),
+    Mutant("zero_threshold_refused", "CL-16", _CL,
+           "        if threshold < 0:\n",
+           "        if threshold <= 0:\n",
+           "a threshold of 0 bytes refused with the negative ones: the bound off by one"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -374,6 +378,11 @@ CL = [
 # --------------------------------------------------------------------------------------
 _BK = "refimpl/bucketing.py"
 BK = [
+    Mutant("cast_skipped_without_the_out_variant", "BK-9", _BK,
+           '        if cat.meta["val"].dtype != dtype:\n',
+           '        if cat.meta["val"].dtype == dtype:\n',
+           "the out-of-place gather casts only what needs no cast: a bf16 bucket of f32 "
+           "params is gathered in f32"),
     Mutant("cap_exclusive", "BK-3", _BK,
            "bucket.size_bytes + size > bucket.cap_bytes:",
            "bucket.size_bytes + size >= bucket.cap_bytes:",
@@ -514,6 +523,28 @@ RO = [
 # 6. Symmetric memory (SM), C kernels included
 # --------------------------------------------------------------------------------------
 SM = [
+    Mutant("stride_zero_refused", "SM-3", "refimpl/symmetric_memory.py",
+           "any(not isinstance(s, int) or s < 0 for s in stride)",
+           "any(not isinstance(s, int) or s <= 0 for s in stride)",
+           "strides checked as positive: a broadcast row (stride 0) is refused"),
+    Mutant("empty_takes_no_size_sequence", "SM-3", "refimpl/symmetric_memory.py",
+           "    if len(size) == 1 and isinstance(size[0], Sequence):\n",
+           "    if len(size) > 1 and isinstance(size[0], Sequence):\n",
+           "empty((2, 3)) not unpacked as torch.empty does"),
+    Mutant("rendezvous_group_check_inverted", "SM-5", "refimpl/symmetric_memory.py",
+           "alloc.group_name is not None and alloc.group_name != group_name:",
+           "alloc.group_name is not None and alloc.group_name == group_name:",
+           "the group check of rendezvous inverted: the tensor's own group is refused"),
+    Mutant("whole_signal_pad_refused", "SM-8", "refimpl/symmetric_memory.py",
+           "not 0 <= storage_offset <= elements:", "not 0 < storage_offset <= elements:",
+           "the default view of the pad (offset 0, no sizes) refused: the bound off by one"),
+    Mutant("all_reduce_refuses_a_group_of_one", "SM-2", "kernels/cpu/symm_mem.c",
+           "if (g->world < 1 || g->world > MAX_WORLD", "if (g->world <= 1 || g->world > MAX_WORLD",
+           "the all-reduce's group check off by one: a group of one rank, which SM-2 allows, "
+           "is refused"),
+    Mutant("reduce_refuses_a_group_of_one", "SM-15", "kernels/cpu/symm_mem.c",
+           "if (nsrc < 1 || numel < 0 ||", "if (nsrc <= 1 || numel < 0 ||",
+           "the reduction's argument check off by one: a group of one rank is refused"),
     # C kernels
     Mutant("one_shot_second_barrier_left_out", "SM-15", "kernels/cpu/symm_mem.c",
            "  rsm_reduce(out, srcs, g->world, numel, dtype, op);\n"
@@ -877,6 +908,18 @@ CATCHING_CASE: dict[str, str] = {
     "fingerprint_without_shapes":
         "test_alloc_ids_are_equal_on_every_rank_and_distinct_where_they_must_be",
     "negative_threshold_accepted": "test_a_negative_one_shot_threshold_is_refused",
+    "zero_threshold_refused": "test_a_negative_one_shot_threshold_is_refused",
+    "stride_zero_refused": "test_allocation_arguments_are_refused_naming_them",
+    "empty_takes_no_size_sequence": "test_allocation_arguments_are_refused_naming_them",
+    "rendezvous_group_check_inverted":
+        "test_rendezvous_takes_the_group_the_tensor_was_allocated_for",
+    "whole_signal_pad_refused": "test_buffer_and_signal_pad_views_end_exactly_at_their_bounds",
+    "all_reduce_refuses_a_group_of_one":
+        "test_all_reduces_at_the_smallest_group_and_sizes[one_rank]",
+    "reduce_refuses_a_group_of_one":
+        "test_all_reduces_at_the_smallest_group_and_sizes[one_rank]",
+    "cast_skipped_without_the_out_variant":
+        "test_all_gather_without_the_out_variant_gathers_the_cast_concatenation",
     "cap_exclusive": "test_a_bucket_that_exactly_fills_its_cap_keeps_its_last_member",
     "cap_of_bucket_zero_for_all": "test_caps_are_asked_per_bucket_index",
     "size_is_the_output": "test_reduce_scatter_members_count_their_input_bytes[exactly_full]",

@@ -85,6 +85,23 @@ def test_the_python_switch_overrides_the_environment():
     assert run_on_ranks(_switch, 1) == [(False, True)]
 
 
+def test_the_peer_timeout_must_be_positive():
+    """FC-28: `timeout_s` of 0 or below is refused naming it; the smallest positive is
+    kept; None leaves the timeout as it was."""
+    before = fc._peer_timeout_s()
+    for bad in (0, 0.0, -1, float("nan")):
+        with pytest.raises(ValueError, match=r"timeout_s.*\[FC-28\]"):
+            fc.set_collective_checks(None, timeout_s=bad)
+        assert fc._peer_timeout_s() == before
+    try:
+        fc.set_collective_checks(None, timeout_s=1e-3)
+        assert fc._peer_timeout_s() == 1e-3
+        fc.set_collective_checks(None)
+        assert fc._peer_timeout_s() == 1e-3
+    finally:
+        fc._checks["timeout_s"] = None
+
+
 def _late_peer():
     fc.set_collective_checks(True, timeout_s=1)
     if dist.get_rank() == 1:

@@ -375,6 +375,19 @@ def test_out_variant_collectives_are_no_candidates(backend):
     assert result["collectives"] == (3, 2)
 
 
+@pytest.mark.spec("BK-8", "BK-9", "BK-6")
+def test_all_gather_without_the_out_variant_gathers_the_cast_concatenation(backend):
+    """Without `use_out_variant` the members' concatenation, cast to the bucket's dtype
+    once, is gathered out of place; every rank's graph is the same."""
+    result = run_case(backend, 2, "fsdp_all_gather", AG, dtype=BF16,
+                      options={"use_out_variant": False},
+                      program_args={"rows": (3, 1), "cast": True})
+    assert result["collectives"] == (2, 1)
+    assert_expected_inline(result["comm_trace"], """\
+all_gather_into_tensor out-of-place ranks[0,1] in=b0:bf16[12]=computed out=b1:bf16[24]
+wait b1""")
+
+
 @pytest.mark.spec("BK-9")
 def test_a_cast_with_another_reader_is_kept(backend):
     result = run_case(backend, 2, "fsdp_all_gather", AG, dtype=BF16,

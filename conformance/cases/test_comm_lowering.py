@@ -622,3 +622,7 @@ def test_a_negative_one_shot_threshold_is_refused(backend, fake_world):
     options = {"one_shot_all_reduce_threshold_bytes": -1}
     with pytest.raises(ValueError, match="one_shot_all_reduce_threshold_bytes"):
         comm_trace(backend, "ar_small_intermediate", [(4,)], options)
+    # The boundary: 0 is a byte count and is accepted (16 bytes are then over it).
+    trace = comm_trace(backend, "ar_small_intermediate", [(4,)],
+                       {**ONE_SHOT, "one_shot_all_reduce_threshold_bytes": 0})
+    assert "all_reduce" in trace and "one_shot" not in trace, trace

@@ -129,6 +129,25 @@ def test_rendezvous_refuses_a_plain_tensor_without_waiting_on_peers(backend):
     assert None not in run(backend, _plain_tensor_is_refused, 2)
 
 
+def _group_of_the_allocation(spec: str):
+    sm, group, device = _setup(spec, "empty_strided_p2p", "rendezvous")
+    other = dist.new_group([0, 1]).group_name  # the same ranks, another group
+    sm.enable_symm_mem_for_group(other)
+    t = sm.empty_strided_p2p((4,), (1,), torch.float32, device, group)
+    try:
+        sm.rendezvous(t, other)
+        refused = None
+    except ValueError as exc:
+        refused = str(exc).split(":")[0]
+    return refused, sm.rendezvous(t, group).world_size
+
+
+@pytest.mark.spec("SM-5")
+def test_rendezvous_takes_the_group_the_tensor_was_allocated_for(backend):
+    backend.require(CONCEPT, "empty_strided_p2p", "rendezvous")
+    assert run(backend, _group_of_the_allocation, 2) == [("group", 2)] * 2
+
+
 def _persistent(spec: str, alloc_id: int):
     sm, group, device = _setup(spec, "empty_strided_p2p")
     first = sm.empty_strided_p2p((64,), (1,), torch.float32, device, group, alloc_id=alloc_id)
@@ -178,6 +197,22 @@ def test_one_shot_and_two_shot_sum_are_bitwise_the_rank_order_reference(backend,
         assert torch.equal(one, want), f"one-shot on rank {rank}"
         assert torch.equal(out, want), f"one-shot out= on rank {rank}"
         assert torch.equal(two, want), f"two-shot on rank {rank}"
+        assert unchanged, f"one-shot changed its input on rank {rank}"
+
+
+@pytest.mark.spec("SM-15", "SM-16", "SM-2")
+@pytest.mark.parametrize("world, numel", [(1, 5), (2, 0), (3, 2)],
+                         ids=["one_rank", "no_element", "fewer_elements_than_ranks"])
+def test_all_reduces_at_the_smallest_group_and_sizes(backend, world, numel):
+    """A group of one (SM-2 allows it) reduces to the input itself; an input of no
+    element gives an empty result; two-shot with fewer elements than ranks leaves some
+    ranks an empty chunk (SM-16)."""
+    backend.require(CONCEPT, "empty", "ops")
+    results = run(backend, _all_reduces, world, "float32", numel)
+    want = _reference_sum([_rank_input(r, torch.float32, numel) for r in range(world)])
+    for rank, (one, out, two, unchanged) in enumerate(results):
+        for name, got in (("one-shot", one), ("one-shot out=", out), ("two-shot", two)):
+            assert got.shape == (numel,) and torch.equal(got, want), f"{name} on rank {rank}"
         assert unchanged, f"one-shot changed its input on rank {rank}"
 
 
@@ -401,6 +436,7 @@ def _bounds(spec: str):
         tuple(h.get_buffer(peer, (2,), torch.int16, storage_offset=4).shape),
         tuple(h.get_buffer(peer, (0,), torch.int16, storage_offset=6).shape),
         tuple(h.get_signal_pad(peer, (h.signal_pad_size // 8,), torch.int64).shape),
+        tuple(h.get_signal_pad(peer).shape),  # all of the pad, as uint32
         tuple(h.get_signal_pad(peer, storage_offset=10).shape),  # the rest of the pad
         tuple(h.get_signal_pad(peer, storage_offset=h.signal_pad_size // 4).shape),
     ]
@@ -426,7 +462,8 @@ def test_buffer_and_signal_pad_views_end_exactly_at_their_bounds(backend):
     backend.require(CONCEPT, "empty", "rendezvous")
     world = 3
     for rank, (fits, over, written, pad) in enumerate(run(backend, _bounds, world)):
-        assert fits == [(6,), (3,), (2,), (0,), (pad // 8,), (pad // 4 - 10,), (0,)]
+        assert fits == [(6,), (3,), (2,), (0,), (pad // 8,), (pad // 4,), (pad // 4 - 10,),
+                        (0,)]
         assert over == ["sizes/storage_offset"] * 5 + ["storage_offset", "rank", "rank"]
         assert written == 100 + (rank - 1) % world
 
@@ -771,7 +808,12 @@ def test_allocation_arguments_are_refused_naming_them(backend):
     assert (tuple(t.shape), t.dtype, t.is_contiguous()) == ((2, 3), torch.float16, True)
     s = sm.empty_strided_p2p((3, 2), (1, 3), torch.float32, device)
     assert s.stride() == (1, 3) and s.untyped_storage().nbytes() == 24
+    # A stride of 0 (a broadcast row) is a layout too: it spans one row.
+    b = sm.empty_strided_p2p((2, 3), (0, 1), torch.float32, device)
+    assert b.stride() == (0, 1) and b.untyped_storage().nbytes() == 12
     assert sm.empty(0, 4, device=device).numel() == 0
+    assert tuple(sm.empty((2, 3), device=device).shape) == (2, 3)  # a size sequence, as
+    assert tuple(sm.empty([4], device=device).shape) == (4,)  # torch.empty takes one
     for call, arg in ((lambda: sm.empty(-1, 2, device=device), "size"),
                       (lambda: sm.empty(3, -2, device=device), "size"),
                       (lambda: sm.empty_strided_p2p((2,), (1, 1), torch.float32, device),
