@@ -156,6 +156,18 @@ def memory_bound(ops, ctx, x, s1, s2):
     return g1 + small, g2 + small
 
 
+def stall_tie(ops, ctx, x, w, y):
+    """A collective (30 us pinned) issued first; 30 us of compute (a matmul and ten 1-us
+    ops); then the reader of the collective's result, then independent compute. When the
+    compute is done the collective has ended exactly now: its reader stalls nothing and
+    goes first by position (RO-12's "ended by now" includes now)."""
+    reduced = _wait(ops, ops.all_reduce(x, "sum", ctx.world))
+    h = w @ w
+    for _ in range(10):
+        h = h + 1
+    return reduced * 2, h, y * 3
+
+
 def _rows(ctx) -> int:
     return 8 // ctx.n
 
@@ -171,6 +183,7 @@ def _shapes(name: str, ctx: Ctx) -> list[tuple]:
         "two_groups": [(2,), (2,), (2,), (2 * ctx.n,)],
         "opaque_op": [(4,), (r,), (r,)],
         "memory_bound": [(60,), (r,), (r,)],  # on 4 ranks: peak 500 B, a gather 32 B
+        "stall_tie": [(4,), (2, 2), (4,)],
     }[name]
 
 
@@ -178,7 +191,7 @@ FUNCTIONS = {
     "fsdp_forward": fsdp_forward, "fsdp_forward_bucketed": fsdp_forward_params,
     "fsdp_backward": fsdp_backward, "mutated_buffer": mutated_buffer,
     "lowered_all_reduce": shared_all_reduce, "two_groups": two_groups,
-    "opaque_op": opaque_op, "memory_bound": memory_bound,
+    "opaque_op": opaque_op, "memory_bound": memory_bound, "stall_tie": stall_tie,
 }
 PROGRAMS = list(FUNCTIONS)
 
@@ -273,6 +286,7 @@ CASES = [
     Case("opaque_op", math.inf),
     Case("memory_bound", 0.065),  # on 4 ranks: 532 B may be planned, 500 + 32 (RO-9)
     Case("memory_bound", 0.05),
+    Case("stall_tie", math.inf),
 ]
 
 

@@ -462,6 +462,10 @@ BK = [
 # --------------------------------------------------------------------------------------
 _RO = "refimpl/reorder.py"
 RO = [
+    Mutant("stalls_refreshed_only_after_their_end", "RO-12", "refimpl/reorder.py",
+           "while stalling and stalling[0][0] <= self.clock:",
+           "while stalling and stalling[0][0] < self.clock:",
+           "a stalling block freed only once the clock is past its collective's end"),
     Mutant("ro_wait_is_no_write", "RO-4", _RO,
            "                writes.update(model.completes[node])\n", "",
            "the wait only reads its argument: a reader of the in-place collective's buffer "
@@ -632,6 +636,10 @@ SM = [
 # --------------------------------------------------------------------------------------
 MEMORY = "refimpl/memory.py"
 MEM = [
+    Mutant("peak_node_last_of_a_tie", "MEM-1", MEMORY,
+           "self.peak_node is None or self.live_bytes > self.peak_bytes:",
+           "self.peak_node is None or self.live_bytes >= self.peak_bytes:",
+           "the peak node updated on a tie: the last node at the peak, not the first"),
     Mutant("mem_free_after_first_alias", "MEM-3", MEMORY,
            "                used.extend(b.index for b in self.node_buffers.get(arg, ()))\n",
            "                used.extend(b.index for b in self.node_buffers.get(arg, ())\n"
@@ -703,6 +711,9 @@ MEM = [
 # --------------------------------------------------------------------------------------
 SIMULATOR = "refimpl/simulator.py"
 SIM = [
+    Mutant("pinned_zero_refused", "SIM-1", "refimpl/simulator.py",
+           "not math.isfinite(us) or us < 0:", "not math.isfinite(us) or us <= 0:",
+           "a pinned duration of 0 us refused: the bound off by one"),
     Mutant("sim_ring_steps", "SIM-2", SIMULATOR,
            "    return (n - 1) * link.alpha_us + (n - 1) / n * nbytes / link.beta_bytes_per_us\n",
            "    return n * link.alpha_us + (n - 1) / n * nbytes / link.beta_bytes_per_us\n",
@@ -913,6 +924,9 @@ CATCHING_CASE: dict[str, str] = {
     "empty_takes_no_size_sequence": "test_allocation_arguments_are_refused_naming_them",
     "rendezvous_group_check_inverted":
         "test_rendezvous_takes_the_group_the_tensor_was_allocated_for",
+    "stalls_refreshed_only_after_their_end": "test_a_collective_that_ends_now_stalls_nothing",
+    "peak_node_last_of_a_tie": "test_dead_value",
+    "pinned_zero_refused": "test_pinned_durations",
     "whole_signal_pad_refused": "test_buffer_and_signal_pad_views_end_exactly_at_their_bounds",
     "all_reduce_refuses_a_group_of_one":
         "test_all_reduces_at_the_smallest_group_and_sizes[one_rank]",

@@ -235,6 +235,32 @@ def test_fsdp_forward_raises_every_gather(backend, world4):
 return %28""")
 
 
+# The all_reduce ends at 30 us, exactly when the matmul and the ten adds end: its reader
+# stalls nothing (ended by now), so it precedes `y * 3` by position (RO-12).
+@pytest.mark.spec("RO-12")
+def test_a_collective_that_ends_now_stalls_nothing(backend, world4):
+    assert_expected_inline(golden(backend, rp.Case("stall_tie", math.inf)), """\
+%0 = input : f32[4]
+%1 = input : f32[2, 2]
+%2 = input : f32[4]
+%3 = funcol.all_reduce(%0, 'sum', ranks[0,1,2,3]) : f32[4]
+%4 = aten.mm(%1, %1) : f32[2, 2]
+%5 = aten.add.Tensor(%4, 1) : f32[2, 2]
+%6 = aten.add.Tensor(%5, 1) : f32[2, 2]
+%7 = aten.add.Tensor(%6, 1) : f32[2, 2]
+%8 = aten.add.Tensor(%7, 1) : f32[2, 2]
+%9 = aten.add.Tensor(%8, 1) : f32[2, 2]
+%10 = aten.add.Tensor(%9, 1) : f32[2, 2]
+%11 = aten.add.Tensor(%10, 1) : f32[2, 2]
+%12 = aten.add.Tensor(%11, 1) : f32[2, 2]
+%13 = aten.add.Tensor(%12, 1) : f32[2, 2]
+%14 = aten.add.Tensor(%13, 1) : f32[2, 2]
+%15 = funcol.wait_tensor(%3) : f32[4]
+%16 = aten.mul.Tensor(%15, 2) : f32[4]
+%17 = aten.mul.Tensor(%2, 3) : f32[4]
+return [%16, %14, %17]""")
+
+
 # One gather in flight (the seed's FSDP chain): block i + 1 follows wait i at once, so
 # it overlaps layer i's compute (RO-8, RO-10).
 @pytest.mark.spec("RO-8", "RO-10", "RO-11")

@@ -150,6 +150,9 @@ def test_pinned_durations(backend, world4):
     for bad in (-1.0, math.inf, math.nan):
         with pytest.raises(ValueError, match="pinned"):
             ns.CostModel(pinned={mm.name: bad})
+    # The boundary: a duration of 0 us is finite and >= 0, so it is taken.
+    tl = ns.simulate(gm, ns.CostModel(_profile(ns), pinned={mm.name: 0}))
+    assert [e.end_us - e.start_us for e in tl.events if e.node is mm] == [0]
 
 
 @pytest.mark.spec("SIM-11")
