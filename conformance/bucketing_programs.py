@@ -243,9 +243,25 @@ def with_out_variant(fc, dtype, group=WORLD):
     return step, xs
 
 
+def waited_through_a_view(fc, dtype, group=WORLD):
+    """Two all_gathers around one whose only user is a view, which the wait then reads:
+    no candidate (BK-1: its only user must be the wait)."""
+    pg = group_of(group)
+    me, n = dist.get_rank(), pg.size()
+    xs = [rank_input(me, (2, 2), dtype, salt=120 + i) for i in range(3)]
+
+    def step(a, b, c):
+        first = fc.all_gather_tensor(a, 0, pg)
+        viewed = fc.ops.all_gather_into_tensor(b, n, pg.group_name).view(2 * n, 2)
+        return first, fc.ops.wait_tensor(viewed) * 1, fc.all_gather_tensor(c, 0, pg)
+
+    return step, xs
+
+
 PROGRAMS = {f.__name__: f for f in (fsdp_all_gather, fsdp_reduce_scatter, interleaved, chain,
                                     mixed_dtypes, other_dims, all_reduces, keyed,
-                                    cross_key_cycle, three_key_chain, with_out_variant)}
+                                    cross_key_cycle, three_key_chain, with_out_variant,
+                                    waited_through_a_view)}
 
 
 # --------------------------------------------------------------------------------------
@@ -311,7 +327,8 @@ def block_runs(gm: torch.fx.GraphModule) -> list[str]:
 
 
 def conformance_case(spec: str, program: str, pass_name: str, cap_mb, dtype,
-                     options: dict | None = None, program_args: dict | None = None) -> dict:
+                     options: dict | None = None, program_args: dict | None = None,
+                     again_cap_mb=None) -> dict:
     """A conformance case on one rank: the backend's own API traces, its pass buckets."""
     from conformance.harness import backend_in_rank
 
@@ -319,17 +336,21 @@ def conformance_case(spec: str, program: str, pass_name: str, cap_mb, dtype,
     fc = backend.require("functional_collectives")
     bucketing = backend.require("bucketing", pass_name)
     return trace_bucket_run(fc, bucketing, program, pass_name, cap_mb, dtype, options,
-                            program_args)
+                            program_args, again_cap_mb)
 
 
 def trace_bucket_run(fc, bucketing, program: str, pass_name: str, cap_mb, dtype,
-                     options: dict | None = None, program_args: dict | None = None) -> dict:
-    """On a rank: trace `program`, bucket a copy, run both for real; report the outcome."""
+                     options: dict | None = None, program_args: dict | None = None,
+                     again_cap_mb=None) -> dict:
+    """On a rank: trace `program`, bucket a copy, run both for real; report the outcome.
+    With `again_cap_mb` the pass runs a second time on its own result, with that cap."""
     fn, inputs = PROGRAMS[program](fc, dtype, **(program_args or {}))
     original = trace(fn, inputs)
     bucketed = trace(fn, inputs)
     asked: list[int] = []
     getattr(bucketing, pass_name)(bucketed, cap_fn(cap_mb, asked), **(options or {}))
+    if again_cap_mb is not None:
+        getattr(bucketing, pass_name)(bucketed, cap_fn(again_cap_mb), **(options or {}))
     before = original(*[t.clone() for t in inputs])
     recorder = _SlotRecorder(bucketed)
     after = recorder.run(*[t.clone() for t in inputs])
@@ -453,6 +474,8 @@ BAD_ARGUMENTS = {
     "cap_not_callable": ("bucket_all_gather", "TypeError", "bucket_cap_mb_by_bucket_idx"),
     "cap_zero": ("bucket_all_gather", "ValueError", "bucket_cap_mb_by_bucket_idx"),
     "cap_nan": ("bucket_reduce_scatter", "ValueError", "bucket_cap_mb_by_bucket_idx"),
+    "cap_true": ("bucket_all_gather", "ValueError", "bucket_cap_mb_by_bucket_idx"),
+    "cap_string": ("bucket_all_reduce", "ValueError", "bucket_cap_mb_by_bucket_idx"),
     "mixed_dtypes_reduce_scatter": ("bucket_reduce_scatter", "ValueError", "mixed_dtypes"),
     "mixed_dtypes_all_reduce": ("bucket_all_reduce", "ValueError", "mixed_dtypes"),
 }
@@ -470,6 +493,8 @@ def bad_arguments(spec: str) -> dict:
         "cap_not_callable": lambda gm: (gm, 25),
         "cap_zero": lambda gm: (gm, cap_fn(0)),
         "cap_nan": lambda gm: (gm, cap_fn(float("nan"))),
+        "cap_true": lambda gm: (gm, cap_fn(True)),  # a bool is no number of MiB
+        "cap_string": lambda gm: (gm, cap_fn("25")),
         "mixed_dtypes_reduce_scatter": lambda gm: (gm, cap_fn(25)),
         "mixed_dtypes_all_reduce": lambda gm: (gm, cap_fn(25)),
     }

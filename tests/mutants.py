@@ -367,6 +367,10 @@ CL = [
            "        if threshold < 0:\n",
            "        if threshold < 0 and self.auto_select:\n",
            "the threshold checked only when auto_select uses it"),
+    Mutant("config_types_checked_only_for_bools_as_ints", "CL-16", _CL,
+           "    if not isinstance(value, expected) or (expected is int and",
+           "    if not isinstance(value, expected) and (expected is int and",
+           "`or` written `and`: a field of the wrong type passes unless it is a bool for an int"),
     Mutant("zero_threshold_refused", "CL-16", _CL,
            "        if threshold < 0:\n",
            "        if threshold <= 0:\n",
@@ -378,6 +382,25 @@ CL = [
 # --------------------------------------------------------------------------------------
 _BK = "refimpl/bucketing.py"
 BK = [
+    Mutant("second_pass_reuses_the_largest_index", "BK-17", _BK,
+           "    return max(used) + 1 if used else 0\n", "    return max(used) if used else 0\n",
+           "a later pass numbers its buckets from the largest index there, not after it"),
+    Mutant("absorbed_blocks_keep_their_index", "BK-17", _BK,
+           "    if not absorbed:\n        return\n", "    if absorbed:\n        return\n",
+           "the check inverted: the blocks a new bucket merges keep their old index"),
+    Mutant("cap_type_check_and", "BK-3", _BK,
+           "if isinstance(cap, bool) or not isinstance(cap, (int, float)) or",
+           "if isinstance(cap, bool) and not isinstance(cap, (int, float)) or",
+           "`or` written `and`: a cap of True, or of a string, is not refused as no number"),
+    Mutant("candidate_user_any_call", "BK-1", _BK,
+           'return user.op == "call_function" and user.target in _WAITS and user.args[0] is node',
+           'return user.op == "call_function" or user.target in _WAITS and user.args[0] is node',
+           "`and` written `or`: a collective whose one user is any op counts as a candidate"),
+    Mutant("candidate_user_any_reader", "BK-1", _BK,
+           'return user.op == "call_function" and user.target in _WAITS and user.args[0] is node',
+           'return user.op == "call_function" and user.target in _WAITS or user.args[0] is node',
+           "`and` written `or`: a collective whose one user reads it first counts as a "
+           "candidate, wait or not"),
     Mutant("cast_skipped_without_the_out_variant", "BK-9", _BK,
            '        if cat.meta["val"].dtype != dtype:\n',
            '        if cat.meta["val"].dtype == dtype:\n',
@@ -919,6 +942,8 @@ CATCHING_CASE: dict[str, str] = {
     "fingerprint_without_shapes":
         "test_alloc_ids_are_equal_on_every_rank_and_distinct_where_they_must_be",
     "negative_threshold_accepted": "test_a_negative_one_shot_threshold_is_refused",
+    "config_types_checked_only_for_bools_as_ints":
+        "test_a_negative_one_shot_threshold_is_refused",
     "zero_threshold_refused": "test_a_negative_one_shot_threshold_is_refused",
     "stride_zero_refused": "test_allocation_arguments_are_refused_naming_them",
     "empty_takes_no_size_sequence": "test_allocation_arguments_are_refused_naming_them",
@@ -932,6 +957,13 @@ CATCHING_CASE: dict[str, str] = {
         "test_all_reduces_at_the_smallest_group_and_sizes[one_rank]",
     "reduce_refuses_a_group_of_one":
         "test_all_reduces_at_the_smallest_group_and_sizes[one_rank]",
+    "second_pass_reuses_the_largest_index":
+        "test_a_second_pass_numbers_on_and_absorbs_the_blocks_it_merges",
+    "absorbed_blocks_keep_their_index":
+        "test_a_second_pass_numbers_on_and_absorbs_the_blocks_it_merges",
+    "cap_type_check_and": "test_bad_arguments_are_refused_naming_them[cap_true]",
+    "candidate_user_any_call": "test_a_collective_whose_user_is_not_its_wait_is_no_candidate",
+    "candidate_user_any_reader": "test_a_collective_whose_user_is_not_its_wait_is_no_candidate",
     "cast_skipped_without_the_out_variant":
         "test_all_gather_without_the_out_variant_gathers_the_cast_concatenation",
     "cap_exclusive": "test_a_bucket_that_exactly_fills_its_cap_keeps_its_last_member",

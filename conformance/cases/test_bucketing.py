@@ -37,13 +37,15 @@ MiB = 2**20
 
 
 def run_case(backend, world_size, program, pass_name, cap_mb=25, dtype=torch.float32,
-             options=None, program_args=None, groups_alike=True, every_rank=False):
+             options=None, program_args=None, groups_alike=True, every_rank=False,
+             again_cap_mb=None):
     """Rank 0's result (every rank's with `every_rank`); every rank's values checked, and
-    with `groups_alike` (every rank's group of the same size) every rank's merges too."""
+    with `groups_alike` (every rank's group of the same size) every rank's merges too.
+    `again_cap_mb`: the pass runs a second time on its own result, with that cap."""
     backend.require("functional_collectives")
     backend.require("bucketing", pass_name)
     results = harness.run(backend, conformance_case, world_size, program, pass_name, cap_mb,
-                          dtype, options, program_args)
+                          dtype, options, program_args, again_cap_mb)
     for rank, result in enumerate(results):
         assert result["mismatch"] == "", f"rank {rank}: {result['mismatch']}"
     if groups_alike:
@@ -375,6 +377,12 @@ def test_out_variant_collectives_are_no_candidates(backend):
     assert result["collectives"] == (3, 2)
 
 
+@pytest.mark.spec("BK-1")
+def test_a_collective_whose_user_is_not_its_wait_is_no_candidate(backend):
+    result = run_case(backend, 2, "waited_through_a_view", AG)
+    assert result["collectives"] == (3, 2)
+
+
 @pytest.mark.spec("BK-8", "BK-9", "BK-6")
 def test_all_gather_without_the_out_variant_gathers_the_cast_concatenation(backend):
     """Without `use_out_variant` the members' concatenation, cast to the bucket's dtype
@@ -564,6 +572,24 @@ all_gather_wait 0: wait_tensor view split_with_sizes getitem getitem clone _unsa
 all_gather 1: empty slice view view cat copy_ all_gather_into_tensor_out
 all_gather_wait 1: wait_tensor view split_with_sizes getitem getitem clone _unsafe_view clone _unsafe_view
 - 4""")  # noqa: E501
+
+
+# A second call merges the two buckets of the first into bucket 2 (numbered on from the
+# largest index there); the rest of blocks 0 and 1 joins block 2 (BK-17).
+@pytest.mark.spec("BK-17")
+def test_a_second_pass_numbers_on_and_absorbs_the_blocks_it_merges(backend):
+    result = run_case(backend, 2, "fsdp_reduce_scatter", RS, cap_mb=byte_caps(32),
+                      program_args={"rows_per_rank": (1, 1, 1, 1)}, again_cap_mb=25)
+    assert result["collectives"] == (4, 1)
+    assert_expected_inline("\n".join(result["blocks"]), """\
+- 2
+reduce_scatter 2: view view cat view
+- 2
+reduce_scatter 2: view view cat view view view cat view reduce_scatter_tensor
+reduce_scatter_wait 2: wait_tensor split_with_sizes getitem getitem view view split_with_sizes getitem getitem view view
+- 2
+reduce_scatter_wait 2: split_with_sizes getitem getitem view view
+- 2""")  # noqa: E501
 
 
 @pytest.mark.spec("BK-17")

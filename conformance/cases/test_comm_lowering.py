@@ -622,6 +622,15 @@ def test_a_negative_one_shot_threshold_is_refused(backend, fake_world):
     options = {"one_shot_all_reduce_threshold_bytes": -1}
     with pytest.raises(ValueError, match="one_shot_all_reduce_threshold_bytes"):
         comm_trace(backend, "ar_small_intermediate", [(4,)], options)
+    for options, field in (({"one_shot_all_reduce_threshold_bytes": True},
+                             "one_shot_all_reduce_threshold_bytes"),  # a bool is no count
+                            ({"one_shot_all_reduce_threshold_bytes": 1.5},
+                             "one_shot_all_reduce_threshold_bytes"),
+                            ({"auto_select": 1}, "auto_select"),
+                            ({"force_one_shot_all_reduce": "yes"}, "force_one_shot_all_reduce"),
+                            ({"alloc_id_namespace": 7}, "alloc_id_namespace")):
+        with pytest.raises(TypeError, match=f"^{field}: "):
+            comm_trace(backend, "ar_small_intermediate", [(4,)], options)
     # The boundary: 0 is a byte count and is accepted (16 bytes are then over it).
     trace = comm_trace(backend, "ar_small_intermediate", [(4,)],
                        {**ONE_SHOT, "one_shot_all_reduce_threshold_bytes": 0})
