@@ -83,6 +83,14 @@ def copy_checkout(dest: Path) -> Path:
 # --------------------------------------------------------------------------------------
 F = "refimpl/functional_collectives.py"
 FC = [
+    Mutant("dim_type_check_and", "FC-20", F,
+           "    if isinstance(dim, bool) or not isinstance(dim, int) or not -ndim <= dim < ndim:",
+           "    if isinstance(dim, bool) and not isinstance(dim, int) or not -ndim <= dim < ndim:",
+           "`or` written `and`: a bool (or a float) passes as a dim"),
+    Mutant("rank_type_check_and", "FC-15", F,
+           "        if isinstance(r, bool) or not isinstance(r, int):",
+           "        if isinstance(r, bool) and not isinstance(r, int):",
+           "`or` written `and`: True passes as rank 1 in a rank list"),
     Mutant("all_gather_group_size_unchecked", "FC-19", F,
            "    if group_size != pg.size():\n",
            "    if group_size > pg.size():\n",
@@ -957,6 +965,8 @@ CATCHING_CASE: dict[str, str] = {
         "test_all_reduces_at_the_smallest_group_and_sizes[one_rank]",
     "reduce_refuses_a_group_of_one":
         "test_all_reduces_at_the_smallest_group_and_sizes[one_rank]",
+    "dim_type_check_and": "test_bad_input_is_refused[gather_dim_bool]",
+    "rank_type_check_and": "test_bad_input_is_refused[rank_is_bool]",
     "second_pass_reuses_the_largest_index":
         "test_a_second_pass_numbers_on_and_absorbs_the_blocks_it_merges",
     "absorbed_blocks_keep_their_index":

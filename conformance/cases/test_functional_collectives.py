@@ -517,6 +517,7 @@ BAD_INPUTS = {
     "indivisible_raw_reduce_scatter": ("FC-20", V, ["divisible"]),
     "gather_dim_is_ndim": ("FC-20", (ValueError, IndexError), ["gather_dim"]),
     "gather_dim_below_minus_ndim": ("FC-20", (ValueError, IndexError), ["gather_dim"]),
+    "gather_dim_bool": ("FC-20", V, ["gather_dim"]),
     "scatter_dim_is_ndim": ("FC-20", (ValueError, IndexError), ["scatter_dim"]),
     "all_gather_of_0d": ("FC-20", V, ["dim"]),
     "raw_all_gather_of_0d": ("FC-20", V, ["dim"]),
@@ -526,6 +527,7 @@ BAD_INPUTS = {
     "rank_repeated_across_rows": ("FC-15", V, ["group", "duplicate"]),
     "rank_is_world_size": ("FC-15", V, ["group", "outside"]),
     "negative_rank": ("FC-15", V, ["group", "-1"]),
+    "rank_is_bool": ("FC-15", (TypeError,), ["group", "True"]),
     "empty_rank_list": ("FC-15", V, ["group", "empty"]),
     "caller_not_in_rank_list": ("FC-15", V, ["group"]),
     "mesh_2d_without_dim": ("FC-16", V, ["group", "dim"]),
@@ -594,6 +596,7 @@ def _bad_call(fc, name):
             x[:3].contiguous(), "sum", n, g),
         "gather_dim_is_ndim": lambda: fc.all_gather_tensor(x, 2, world),
         "gather_dim_below_minus_ndim": lambda: fc.all_gather_tensor(x, -3, world),
+        "gather_dim_bool": lambda: fc.all_gather_tensor(x, True, world),  # no int, like src
         "scatter_dim_is_ndim": lambda: fc.reduce_scatter_tensor(x, "sum", 2, world),
         "all_gather_of_0d": lambda: fc.all_gather_tensor(torch.tensor(1.0), 0, world),
         "raw_all_gather_of_0d": lambda: fc.ops.all_gather_into_tensor(torch.tensor(1.0), n, g),
@@ -604,6 +607,7 @@ def _bad_call(fc, name):
         "rank_repeated_across_rows": lambda: fc.all_reduce(x, "sum", [[0, 1], [1, 0]]),
         "rank_is_world_size": lambda: fc.all_reduce(x, "sum", [*range(n - 1), n]),
         "negative_rank": lambda: fc.all_reduce(x, "sum", [-1, *range(n)]),
+        "rank_is_bool": lambda: fc.all_reduce(x, "sum", [0, True, *range(2, n)]),
         "empty_rank_list": lambda: fc.all_reduce(x, "sum", []),
         "caller_not_in_rank_list": lambda: fc.all_reduce(x, "sum", [r for r in range(n)
                                                                     if r != me]),
