@@ -83,6 +83,10 @@ def copy_checkout(dest: Path) -> Path:
 # --------------------------------------------------------------------------------------
 F = "refimpl/functional_collectives.py"
 FC = [
+    Mutant("mesh_dim_type_check_and", "FC-16", F,
+           "    if isinstance(dim, bool) or not isinstance(dim, (int, str)):",
+           "    if isinstance(dim, bool) and not isinstance(dim, (int, str)):",
+           "`or` written `and`: False passes as mesh dim 0"),
     Mutant("dim_type_check_and", "FC-20", F,
            "    if isinstance(dim, bool) or not isinstance(dim, int) or not -ndim <= dim < ndim:",
            "    if isinstance(dim, bool) and not isinstance(dim, int) or not -ndim <= dim < ndim:",
@@ -965,6 +969,7 @@ CATCHING_CASE: dict[str, str] = {
         "test_all_reduces_at_the_smallest_group_and_sizes[one_rank]",
     "reduce_refuses_a_group_of_one":
         "test_all_reduces_at_the_smallest_group_and_sizes[one_rank]",
+    "mesh_dim_type_check_and": "test_bad_input_is_refused[mesh_dim_bool]",
     "dim_type_check_and": "test_bad_input_is_refused[gather_dim_bool]",
     "rank_type_check_and": "test_bad_input_is_refused[rank_is_bool]",
     "second_pass_reuses_the_largest_index":

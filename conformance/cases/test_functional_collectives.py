@@ -531,6 +531,7 @@ BAD_INPUTS = {
     "empty_rank_list": ("FC-15", V, ["group", "empty"]),
     "caller_not_in_rank_list": ("FC-15", V, ["group"]),
     "mesh_2d_without_dim": ("FC-16", V, ["group", "dim"]),
+    "mesh_dim_bool": ("FC-16", V, ["group", "dim"]),
     "unknown_group_name": ("FC-13", V, ["no-such-group"]),
     "bad_group_type": ("FC-13", (TypeError,), ["group"]),
     "group_size_below": ("FC-19", V, ["group_size"]),
@@ -612,6 +613,8 @@ def _bad_call(fc, name):
         "caller_not_in_rank_list": lambda: fc.all_reduce(x, "sum", [r for r in range(n)
                                                                     if r != me]),
         "mesh_2d_without_dim": lambda: fc.all_reduce(x, "sum", init_device_mesh("cpu", (n, 1))),
+        "mesh_dim_bool": lambda: fc.all_reduce(x, "sum", (init_device_mesh("cpu", (n, 1)),
+                                                          False)),
         "unknown_group_name": lambda: fc.all_reduce(x, "sum", "no-such-group"),
         "bad_group_type": lambda: fc.all_reduce(x, "sum", 2.5),
         "group_size_below": lambda: fc.ops.all_gather_into_tensor(x, n - 1, g),
