@@ -562,6 +562,26 @@ RO = [
 # 6. Symmetric memory (SM), C kernels included
 # --------------------------------------------------------------------------------------
 SM = [
+    Mutant("timeout_type_check_and", "SM-11", "refimpl/symmetric_memory.py",
+           "if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or timeout_ms < 0:",
+           "if not isinstance(timeout_ms, int) and isinstance(timeout_ms, bool) or timeout_ms < 0:",
+           "`or` written `and`: a float or a bool passes as a timeout"),
+    Mutant("index_type_check_and", "SM-9", "refimpl/symmetric_memory.py",
+           "if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < limit:",
+           "if not isinstance(value, int) and isinstance(value, bool) or not 0 <= value < limit:",
+           "`or` written `and`: True passes as a rank or a channel"),
+    Mutant("view_sizes_type_check_and", "SM-8", "refimpl/symmetric_memory.py",
+           "        if any(not isinstance(s, int) or s < 0 for s in sizes):",
+           "        if any(not isinstance(s, int) and s < 0 for s in sizes):",
+           "`or` written `and`: a float passes as a view size"),
+    Mutant("size_type_check_and", "SM-3", "refimpl/symmetric_memory.py",
+           "if any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in size):",
+           "if any(not isinstance(s, int) and isinstance(s, bool) or s < 0 for s in size):",
+           "`or` written `and`: a float or a bool passes as a size"),
+    Mutant("alloc_id_type_check_and", "SM-4", "refimpl/symmetric_memory.py",
+           "(not isinstance(alloc_id, int) or isinstance(alloc_id, bool)):",
+           "(not isinstance(alloc_id, int) and isinstance(alloc_id, bool)):",
+           "`or` written `and`: True passes as an alloc_id"),
     Mutant("stride_zero_refused", "SM-3", "refimpl/symmetric_memory.py",
            "any(not isinstance(s, int) or s < 0 for s in stride)",
            "any(not isinstance(s, int) or s <= 0 for s in stride)",
@@ -969,6 +989,16 @@ CATCHING_CASE: dict[str, str] = {
         "test_all_reduces_at_the_smallest_group_and_sizes[one_rank]",
     "reduce_refuses_a_group_of_one":
         "test_all_reduces_at_the_smallest_group_and_sizes[one_rank]",
+    "timeout_type_check_and":
+        "test_arguments_of_the_wrong_type_are_refused_naming_them",
+    "index_type_check_and":
+        "test_arguments_of_the_wrong_type_are_refused_naming_them",
+    "view_sizes_type_check_and":
+        "test_arguments_of_the_wrong_type_are_refused_naming_them",
+    "size_type_check_and":
+        "test_arguments_of_the_wrong_type_are_refused_naming_them",
+    "alloc_id_type_check_and":
+        "test_arguments_of_the_wrong_type_are_refused_naming_them",
     "mesh_dim_type_check_and": "test_bad_input_is_refused[mesh_dim_bool]",
     "dim_type_check_and": "test_bad_input_is_refused[gather_dim_bool]",
     "rank_type_check_and": "test_bad_input_is_refused[rank_is_bool]",

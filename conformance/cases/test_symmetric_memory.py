@@ -129,6 +129,44 @@ def test_rendezvous_refuses_a_plain_tensor_without_waiting_on_peers(backend):
     assert None not in run(backend, _plain_tensor_is_refused, 2)
 
 
+def _wrongly_typed_arguments(spec: str):
+    """Each call passes one argument of the wrong type (a float or a bool where an int
+    belongs): the argument each refusal names, or None where the call went through."""
+    sm, group, device = _setup(spec, "empty", "empty_strided_p2p", "rendezvous")
+    t = sm.empty(8, dtype=torch.float32, device=device)
+    h = sm.rendezvous(t, group)
+    f32 = torch.float32
+    calls = {
+        "size": lambda: sm.empty(2.0, device=device),
+        "size ": lambda: sm.empty(True, device=device),
+        "stride": lambda: sm.empty_strided_p2p((2,), (1.0,), f32, device),
+        "alloc_id": lambda: sm.empty_strided_p2p((2,), (1,), f32, device, group, alloc_id=True),
+        "sizes": lambda: h.get_buffer(0, (2.0,), f32),
+        "storage_offset": lambda: h.get_buffer(0, (2,), f32, storage_offset=1.0),
+        "rank": lambda: h.get_buffer(False, (2,), f32),
+        "channel": lambda: h.barrier(channel=True),
+        "timeout_ms": lambda: h.barrier(timeout_ms=1.5),
+        "timeout_ms ": lambda: h.barrier(timeout_ms=True),
+        "dst_rank": lambda: h.put_signal(True),
+    }
+    named = {}
+    for want, call in calls.items():
+        try:
+            call()
+            named[want] = None
+        except (ValueError, TypeError) as exc:
+            named[want] = str(exc).split(":")[0]
+    h.barrier()
+    return named
+
+
+@pytest.mark.spec("SM-3", "SM-4", "SM-8", "SM-9", "SM-11")
+def test_arguments_of_the_wrong_type_are_refused_naming_them(backend):
+    backend.require(CONCEPT, "empty", "empty_strided_p2p", "rendezvous")
+    for rank, named in enumerate(run(backend, _wrongly_typed_arguments, 2)):
+        assert named == {want: want.strip() for want in named}, f"rank {rank}: {named}"
+
+
 def _group_of_the_allocation(spec: str):
     sm, group, device = _setup(spec, "empty_strided_p2p", "rendezvous")
     other = dist.new_group([0, 1]).group_name  # the same ranks, another group
