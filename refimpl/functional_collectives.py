@@ -303,7 +303,7 @@ def _assume_constant_result(fn):
 
     The decorator imports torch._dynamo (1.4 s of CPU) only to set one attribute; every
     process that imports refimpl, each rank worker included, would pay it. The attribute
-    is the one the decorator sets (tests/test_functional_collectives.py checks it)."""
+    is the one the decorator sets (tests/test_funcol_tracing.py checks it)."""
     fn._dynamo_marked_constant = True
     return fn
 
