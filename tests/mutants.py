@@ -973,10 +973,12 @@ CATCHING_CASE: dict[str, str] = {
         "test_alloc_ids_are_equal_on_every_rank_and_distinct_where_they_must_be",
     "fingerprint_without_shapes":
         "test_alloc_ids_are_equal_on_every_rank_and_distinct_where_they_must_be",
-    "negative_threshold_accepted": "test_a_negative_one_shot_threshold_is_refused",
+    "negative_threshold_accepted":
+        "test_config_refuses_a_negative_threshold_and_fields_of_another_type",
     "config_types_checked_only_for_bools_as_ints":
-        "test_a_negative_one_shot_threshold_is_refused",
-    "zero_threshold_refused": "test_a_negative_one_shot_threshold_is_refused",
+        "test_config_refuses_a_negative_threshold_and_fields_of_another_type",
+    "zero_threshold_refused":
+        "test_config_refuses_a_negative_threshold_and_fields_of_another_type",
     "stride_zero_refused": "test_allocation_arguments_are_refused_naming_them",
     "empty_takes_no_size_sequence": "test_allocation_arguments_are_refused_naming_them",
     "rendezvous_group_check_inverted":

@@ -88,18 +88,18 @@ def test_the_python_switch_overrides_the_environment():
 def test_the_peer_timeout_must_be_positive():
     """FC-28: `timeout_s` of 0 or below is refused naming it; the smallest positive is
     kept; None leaves the timeout as it was."""
-    before = fc._peer_timeout_s()
-    for bad in (0, 0.0, -1, float("nan")):
-        with pytest.raises(ValueError, match=r"timeout_s.*\[FC-28\]"):
-            fc.set_collective_checks(None, timeout_s=bad)
-        assert fc._peer_timeout_s() == before
+    saved, before = dict(fc._checks), fc._peer_timeout_s()
     try:
+        for bad in (0, 0.0, -1, float("nan")):
+            with pytest.raises(ValueError, match=r"timeout_s.*\[FC-28\]"):
+                fc.set_collective_checks(None, timeout_s=bad)
+            assert fc._peer_timeout_s() == before
         fc.set_collective_checks(None, timeout_s=1e-3)
         assert fc._peer_timeout_s() == 1e-3
         fc.set_collective_checks(None)
         assert fc._peer_timeout_s() == 1e-3
     finally:
-        fc._checks["timeout_s"] = None
+        fc._checks.update(saved)  # this process's switch and timeout as they were
 
 
 def _late_peer():

@@ -618,7 +618,7 @@ def test_lower_refuses_what_it_cannot_lower(backend, fake_world, name):
 
 # ---- CL-16: bad input -------------------------------------------------------------------
 @pytest.mark.spec("CL-16")
-def test_a_negative_one_shot_threshold_is_refused(backend, fake_world):
+def test_config_refuses_a_negative_threshold_and_fields_of_another_type(backend, fake_world):
     options = {"one_shot_all_reduce_threshold_bytes": -1}
     with pytest.raises(ValueError, match="one_shot_all_reduce_threshold_bytes"):
         comm_trace(backend, "ar_small_intermediate", [(4,)], options)
