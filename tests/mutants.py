@@ -691,6 +691,12 @@ SM = [
 # --------------------------------------------------------------------------------------
 MEMORY = "refimpl/memory.py"
 MEM = [
+    Mutant("autograd_wrappers_no_collectives", "MEM-5", "refimpl/_fx.py",
+           'COLLECTIVE_NAMESPACES = ("refimpl_c10d", "_c10d_functional", '
+           '"_c10d_functional_autograd")',
+           'COLLECTIVE_NAMESPACES = ("refimpl_c10d", "_c10d_functional")',
+           "upstream's differentiable wrappers left out of the collective namespaces: their "
+           "inputs are freed at the collective, not held to the wait"),
     Mutant("peak_node_last_of_a_tie", "MEM-1", MEMORY,
            "self.peak_node is None or self.live_bytes > self.peak_bytes:",
            "self.peak_node is None or self.live_bytes >= self.peak_bytes:",
@@ -984,6 +990,7 @@ CATCHING_CASE: dict[str, str] = {
     "rendezvous_group_check_inverted":
         "test_rendezvous_takes_the_group_the_tensor_was_allocated_for",
     "stalls_refreshed_only_after_their_end": "test_a_collective_that_ends_now_stalls_nothing",
+    "autograd_wrappers_no_collectives": "test_upstream_autograd_collective_holds_its_input",
     "peak_node_last_of_a_tie": "test_dead_value",
     "pinned_zero_refused": "test_pinned_durations",
     "whole_signal_pad_refused": "test_buffer_and_signal_pad_views_end_exactly_at_their_bounds",

@@ -237,6 +237,27 @@ def test_upstream_wait_is_a_rename(backend, fake_world):
 high-water 240 at %7""")
 
 
+# Upstream's differentiable wrappers (`_c10d_functional_autograd`) are collectives too:
+# the pad stays held until the wait (MEM-5); the wait, upstream's, is a rename (MEM-4).
+@pytest.mark.spec("MEM-5", "MEM-4")
+def test_upstream_autograd_collective_holds_its_input(backend, fake_world):
+    import types
+
+    import torch
+
+    ops = types.SimpleNamespace(
+        reduce_scatter_tensor=torch.ops._c10d_functional_autograd.reduce_scatter_tensor,
+        wait_tensor=torch.ops._c10d_functional.wait_tensor)
+    gm = mp.traced("reduce_scatter_padded", ops=ops)
+    assert_expected_inline(plan_text(backend, gm), """\
+%0 input                           +48 %0                       live 48
+%1 aten.constant_pad_nd            +64 %1                       live 112
+%2 funcol.reduce_scatter_tensor    +32 %2                       live 144
+%3 funcol.wait_tensor              -64 %1                       live 80
+%5 aten.mul.Tensor                 +32 %5 -32 %2                live 80
+high-water 144 at %2""")
+
+
 def _raised_second_gather(gm):
     """two_layers with the second all_gather issued before the first matmul."""
     nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
