@@ -8,7 +8,10 @@ On 2 gloo ranks, each rank runs `all_reduce(x * 2, "sum") + 1` with `x` of 4 KiB
   the bare `one_shot_all_reduce` op on a symmetric buffer (the program adds the `x * 2`
   written into its persistent comm buffer, the buffer's lookup, and the `+ 1`), and
   against the program's own three ops called by hand as the graph calls them (a buffer
-  allocated once, no GraphModule): what is left of the lowering's cost.
+  allocated once, no GraphModule): what is left of the lowering's cost;
+- the same with `fuse_pointwise` (CL-17): `x * 2` and `+ 1` run inside the one-shot
+  kernel (`one_shot_all_reduce_pointwise`), called as the GraphModule and as its
+  generated `forward` (what is left is the module call).
 Prints microseconds per call (median over ranks of the best of several repeats) and the
 ratios. Also times `lower()` itself on a graph of 1,000 all_reduces.
 
@@ -67,18 +70,21 @@ def rank_timings(iters: int, repeats: int) -> dict:
             sm.ops.one_shot_all_reduce.default(by_hand_buf, "sum", WORLD), 1)
 
     gm = make_fx(functools.partial(program, fc), tracing_mode="fake")(x)
+    fused = lower(gm, CommLoweringConfig(auto_select=True, fuse_pointwise=True))
     upstream = torch.compile(functools.partial(program, ufc), backend="inductor",
                              fullgraph=True)
     variants = {
         "upstream inductor (gloo)": upstream,
         "refimpl lowered (gloo)": lower(gm),
         "refimpl lowered one-shot": lower(gm, CommLoweringConfig(auto_select=True)),
+        "refimpl lowered fused": fused,
+        "fused program forward": fused.forward,
         "same ops by hand (one-shot)": by_hand,
         "bare one-shot op": lambda _: sm.ops.one_shot_all_reduce(buf, "sum", WORLD),
     }
     results = {}
     for name, fn in variants.items():
-        n = iters * (10 if "one-shot" in name else 1)
+        n = iters * (1 if "gloo" in name else 10)
         results[name] = best_us(fn, x, n, repeats)
     return results
 
@@ -123,6 +129,9 @@ def main():
     print(f"lowered one-shot / bare op  {one_shot / med['bare one-shot op']:10.2f}x")
     print(f"lowered one-shot / by hand  "
           f"{one_shot / med['same ops by hand (one-shot)']:10.2f}x")
+    bare = med["bare one-shot op"]
+    print(f"lowered fused / bare op     {med['refimpl lowered fused'] / bare:10.2f}x")
+    print(f"fused forward / bare op     {med['fused program forward'] / bare:10.2f}x")
     print(f"lower() on 1,000 all_reduces: {lowering_time_s(1000):.2f} s")
 
 

@@ -183,6 +183,61 @@ def ar_comm_buffer_escapes(fc, x):
     return fc.all_reduce(y, "sum", WORLD), y
 
 
+# ---- CL-17: chains of add/sub/mul by a number around a one-shot all_reduce ----------------
+def ar_pointwise_chains(fc, x):
+    """A prologue and an epilogue of three steps each, all fusable."""
+    return (fc.all_reduce(((x * 2) + 3) - 0.5, "sum", WORLD) * 1.5 - 1) * 4
+
+
+def ar_pointwise_shared_step(fc, x):
+    """The prologue stops below `y`, which the output reads too; the epilogue is whole."""
+    y = x * 2
+    return fc.all_reduce((y + 1) - 3, "sum", WORLD) * 3, y
+
+
+def ar_pointwise_result_read_twice(fc, x):
+    """No epilogue: the result has two readers."""
+    r = fc.all_reduce(x * 2, "sum", WORLD)
+    return r + 1, r
+
+
+def ar_pointwise_epilogue_step_read_twice(fc, x):
+    """The epilogue stops after `s`, which two nodes read."""
+    s = fc.all_reduce(x * 2, "sum", WORLD) + 1
+    return s * 2, s
+
+
+def ar_pointwise_alpha(fc, x):
+    """add with alpha is no step: nothing to fuse, the plain one-shot kernel."""
+    return fc.all_reduce(torch.add(x, 1, alpha=2), "sum", WORLD)
+
+
+def ar_pointwise_bool(fc, x):
+    """A bool is no number: the prologue is not fused, the epilogue is."""
+    return fc.all_reduce(x * True, "sum", WORLD) + 1
+
+
+# 2**53 + 2**29 + 1 has no exact double: ATen casts it to float32 directly (2**53 + 2**30),
+# through a double it would become 2**53.
+INEXACT_INT = 2**53 + 2**29 + 1
+
+
+def ar_pointwise_inexact_int(fc, x):
+    return fc.all_reduce(x * INEXACT_INT, "sum", WORLD) + 1
+
+
+def ar_pointwise_other_dtype(fc, x):
+    """A step from int32 to float32 changes the dtype: no step."""
+    return fc.all_reduce(x.to(torch.int32) * 2.5, "sum", WORLD)
+
+
+def ar_pointwise_source_written(fc, x):
+    """`x * 2` reads x before all_reduce_ writes it: the prologue cannot move past that."""
+    y = x * 2
+    done = fc.ops.wait_tensor(fc.ops.all_reduce_(x, "sum", WORLD))
+    return fc.all_reduce(y, "sum", WORLD) + done
+
+
 PROGRAMS = {f.__name__: f for f in [
     ar_graph_input, ar_intermediate, ar_intermediate_shared, ar_inplace, ar_coalesced,
     all_gather, reduce_scatter, all_to_all, all_gather_coalesced, reduce_scatter_coalesced,
@@ -192,6 +247,9 @@ PROGRAMS = {f.__name__: f for f in [
     broadcast_inplace_non_contiguous, all_gather_non_contiguous,
     reduce_scatter_non_contiguous, ar_small_max, ar_small_f64, ar_small_view,
     ar_small_other_group, ar_two_small, ar_comm_buffer_escapes,
+    ar_pointwise_chains, ar_pointwise_shared_step, ar_pointwise_result_read_twice,
+    ar_pointwise_epilogue_step_read_twice, ar_pointwise_alpha, ar_pointwise_bool,
+    ar_pointwise_inexact_int, ar_pointwise_other_dtype, ar_pointwise_source_written,
 ]}
 
 

@@ -11,9 +11,11 @@ group with symmetric memory becomes a one-shot all-reduce whose input producer w
 straight into a comm buffer; comm buffers carry an `alloc_id` that is the same on every
 rank and in every call, distinct between buffers and graphs, and they never take part in
 ordinary buffer reuse (CL-10..CL-14). The lowered graph computes the same values as the
-original (CL-15). Bad configs and collectives on unknown groups are refused (CL-16).
+original (CL-15). Bad configs and collectives on unknown groups are refused (CL-16). With
+`fuse_pointwise`, the add/sub/mul-by-a-number chains that feed a one-shot all-reduce and
+that read its result run inside its kernel (`one_shot_all_reduce_pointwise`, CL-17).
 
-Implements SPEC.md section "Comm lowering": CL-1 .. CL-16.
+Implements SPEC.md section "Comm lowering": CL-1 .. CL-17.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from refimpl import _fx
 __all__ = [
     "CommLoweringConfig", "CommBufferError", "lower", "comm_buffer_refusal",
     "realize_as_comm_buffer", "comm_buffers", "graph_fingerprint", "COMM_BUFFER_META",
+    "pointwise_step",
 ]
 
 # node.meta key of a comm buffer: {"group_name", "alloc_id", "type"} (CL-11, CL-13).
@@ -50,6 +53,8 @@ class CommLoweringConfig:
         refused with an error that says why (the explicit request of CL-11).
     alloc_id_namespace: mixed into every alloc_id, to keep apart two structurally
         identical graphs whose comm buffers are alive at the same time (CL-12).
+    fuse_pointwise: a one-shot all-reduce takes the chains of add/sub/mul by a number
+        that compute its input and that read its result into its kernel (CL-17).
     """
 
     auto_select: bool = False
@@ -57,11 +62,12 @@ class CommLoweringConfig:
     reorder_for_compute_comm_overlap: bool = False
     force_one_shot_all_reduce: bool = False
     alloc_id_namespace: str = ""
+    fuse_pointwise: bool = False
 
     def __post_init__(self):
         """Refuse a field of the wrong type or range when the config is made (CL-16)."""
         for name in ("auto_select", "reorder_for_compute_comm_overlap",
-                     "force_one_shot_all_reduce"):
+                     "force_one_shot_all_reduce", "fuse_pointwise"):
             _require_type(name, getattr(self, name), bool)
         _require_type("alloc_id_namespace", self.alloc_id_namespace, str)
         threshold = self.one_shot_all_reduce_threshold_bytes
@@ -244,22 +250,28 @@ def realize_as_comm_buffer(node: torch.fx.Node, group_name: str, alloc_id: int) 
         raise CommBufferError(f"input: cannot realize as a comm buffer: {why} [CL-11]")
     if COMM_BUFFER_META in node.meta:
         return
+    buffer = _new_comm_buffer(node.meta["val"], group_name, alloc_id, before=node)
+    node.target = _out_overload(node.target)
+    node.kwargs = {**node.kwargs, "out": buffer}
+    node.meta["val"] = buffer.meta["val"]
+    node.meta[COMM_BUFFER_META] = buffer.meta[COMM_BUFFER_META]
+
+
+def _new_comm_buffer(val: torch.Tensor, group_name: str, alloc_id: int, *,
+                     before: torch.fx.Node) -> torch.fx.Node:
+    """`empty_strided_p2p(size, contiguous stride, ...)` for a tensor like `val` (CL-11)."""
     from refimpl.symmetric_memory import empty_strided_p2p
 
-    val = node.meta["val"]
     stride = torch._prims_common.make_contiguous_strides_for(val.shape)
-    builder = _FakeKernelBuilder(node.graph)
+    builder = _FakeKernelBuilder(before.graph)
     with builder.fake_mode:
         buf_val = torch.empty_strided(val.shape, stride, dtype=val.dtype, device=val.device)
     buffer = builder.call(
         empty_strided_p2p, [tuple(val.shape), tuple(stride), val.dtype, val.device,
-                            group_name, alloc_id], before=node, val=buf_val)
-    meta = {"group_name": group_name, "alloc_id": alloc_id, "type": "symm_mem"}
-    buffer.meta[COMM_BUFFER_META] = meta
-    node.target = _out_overload(node.target)
-    node.kwargs = {**node.kwargs, "out": buffer}
-    node.meta["val"] = buf_val
-    node.meta[COMM_BUFFER_META] = meta
+                            group_name, alloc_id], before=before, val=buf_val)
+    buffer.meta[COMM_BUFFER_META] = {"group_name": group_name, "alloc_id": alloc_id,
+                                     "type": "symm_mem"}
+    return buffer
 
 
 def comm_buffers(gm: torch.fx.GraphModule) -> list[dict]:
@@ -301,6 +313,75 @@ def one_shot_refusal(inp: torch.fx.Node, reduce_op: str, group_name: str,
     return comm_buffer_refusal(inp)
 
 
+# --------------------------------------------------------------------------------------
+# Pointwise chains fused into the one-shot kernel (CL-17)
+# --------------------------------------------------------------------------------------
+_POINTWISE_OPS = {aten.add.Tensor: "add", aten.sub.Tensor: "sub", aten.mul.Tensor: "mul"}
+_COMMUTATIVE = ("add", "mul")
+_POINTWISE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def pointwise_step(node: torch.fx.Node) -> tuple[torch.fx.Node, str, int | float] | None:
+    """(tensor operand, op, number) when `node` is a step the one-shot kernel can apply
+    (SM-24): add, sub or mul of a tensor and a Python number with an exact double, no
+    keyword argument, its result of the tensor's floating dtype and shape; else None."""
+    op = _POINTWISE_OPS.get(node.target) if node.op == "call_function" else None
+    if op is None or node.kwargs or len(node.args) != 2:
+        return None
+    tensor, number = node.args
+    if op in _COMMUTATIVE and isinstance(number, torch.fx.Node):
+        tensor, number = number, tensor
+    if (not isinstance(tensor, torch.fx.Node) or isinstance(number, bool)
+            or not isinstance(number, (int, float))
+            or (isinstance(number, int) and float(number) != number)):
+        return None
+    val, source = node.meta.get("val"), tensor.meta.get("val")
+    if not (isinstance(val, torch.Tensor) and isinstance(source, torch.Tensor)):
+        return None
+    if val.dtype != source.dtype or val.dtype not in _POINTWISE_DTYPES \
+            or val.shape != source.shape:
+        return None
+    return tensor, op, number
+
+
+def _base(node: torch.fx.Node) -> torch.fx.Node:
+    """The buffer a view (or an in-place result) of a node belongs to."""
+    while (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+           and _returns_alias(node.target) and node.args
+           and isinstance(node.args[0], torch.fx.Node)):
+        node = node.args[0]
+    return node
+
+
+def _written_between(first: torch.fx.Node, last: torch.fx.Node, source: torch.fx.Node) -> bool:
+    """Whether a node from `first` up to `last` writes into `source`'s buffer."""
+    base, node = _base(source), first
+    while node is not last:
+        schema = getattr(node.target, "_schema", None)
+        for i, a in enumerate(schema.arguments if schema is not None else ()):
+            written = node.args[i] if i < len(node.args) and not a.kwarg_only \
+                else node.kwargs.get(a.name)
+            if (a.alias_info is not None and a.alias_info.is_write
+                    and any(_base(n) is base for n in _fx_nodes(written))):
+                return True
+        node = node.next
+    return False
+
+
+def _fx_nodes(arg) -> list[torch.fx.Node]:
+    if isinstance(arg, torch.fx.Node):
+        return [arg]
+    if isinstance(arg, (list, tuple)):
+        return [n for a in arg for n in _fx_nodes(a)]
+    return []
+
+
+def _steps_text(steps: list[tuple[str, int | float]]) -> str:
+    from refimpl.symmetric_memory import pointwise_steps
+
+    return pointwise_steps(steps)
+
+
 class _Lowering:
     """One run of `lower`: the graph being rewritten and the comm buffers handed out."""
 
@@ -321,12 +402,16 @@ class _Lowering:
                                   f"all_reduce of {inp.name!r} one-shot: {why} [CL-10]")
         return why is None
 
+    def next_alloc_id(self) -> int:
+        """The alloc_id of the graph's next comm buffer (CL-12)."""
+        alloc_id = _alloc_id(self.fingerprint, self.config.alloc_id_namespace,
+                             self.next_buffer)
+        self.next_buffer += 1
+        return alloc_id
+
     def comm_buffer(self, inp, group_name) -> None:
         if COMM_BUFFER_META not in inp.meta:
-            alloc_id = _alloc_id(self.fingerprint, self.config.alloc_id_namespace,
-                                 self.next_buffer)
-            self.next_buffer += 1
-            realize_as_comm_buffer(inp, group_name, alloc_id)
+            realize_as_comm_buffer(inp, group_name, self.next_alloc_id())
 
     def one_shot(self, node, inp, group_name):
         """A blocking one-shot all-reduce of `inp`, realized as a comm buffer."""
@@ -334,6 +419,63 @@ class _Lowering:
         symm = torch.ops.refimpl_symm_mem
         return self.build.call(symm.one_shot_all_reduce.default, [inp, "sum", group_name],
                                before=node)
+
+    def prologue(self, inp, anchor):
+        """The chain of steps computing `inp` that the kernel can take over: (the tensor it
+        starts from, its steps in order, its nodes). Every node of it is read by the next
+        only, and nothing up to `anchor` writes into the tensor it starts from."""
+        steps, chain, current = [], [], inp
+        while len(current.users) == 1 and (step := pointwise_step(current)) is not None:
+            source, op, number = step
+            if _written_between(current, anchor, source):
+                break
+            steps.append((op, number))
+            chain.append(current)
+            current = source
+        return current, steps[::-1], chain
+
+    @staticmethod
+    def epilogue(result):
+        """The chain of steps reading `result` that the kernel can take over: (its last
+        node, its steps in order, its nodes), each node read by the next only."""
+        steps, chain, current = [], [], result
+        while len(current.users) == 1:
+            user = next(iter(current.users))
+            step = pointwise_step(user)
+            if step is None or step[0] is not current:
+                break
+            steps.append(step[1:])
+            chain.append(user)
+            current = user
+        return current, steps, chain
+
+    def one_shot_fused(self, node, inp, group_name):
+        """The one-shot all-reduce of `inp` in place of `node`, with the chains around it
+        in its kernel (CL-17); the plain kernel (CL-10) when neither chain has a step."""
+        source, before, prologue_nodes = self.prologue(inp, node)
+        if before:
+            buffer = _new_comm_buffer(_val(inp), group_name, self.next_alloc_id(), before=node)
+        else:
+            self.comm_buffer(inp, group_name)
+            buffer = source = inp
+        symm = torch.ops.refimpl_symm_mem
+        fused = self.build.call(symm.one_shot_all_reduce_pointwise.default,
+                                [buffer, source, "sum", group_name, _steps_text(before), ""],
+                                before=node)
+        self.skip_waits(node, fused)
+        _replace(node, fused)
+        for chain_node in prologue_nodes:  # the all_reduce read the first; each the next
+            self.graph.erase_node(chain_node)
+        last, after, epilogue_nodes = self.epilogue(fused)
+        if after:
+            fused.args = (*fused.args[:5], _steps_text(after))
+            last.replace_all_uses_with(fused)
+            for chain_node in reversed(epilogue_nodes):
+                self.graph.erase_node(chain_node)
+        if not before and not after:  # nothing to fuse: the plain kernel (CL-10)
+            plain = self.build.call(symm.one_shot_all_reduce.default, [inp, "sum", group_name],
+                                    before=fused)
+            _replace(fused, plain)
 
     def skip_waits(self, node, result):
         """A blocking kernel leaves the waits of its collective nothing to do (CL-9)."""
@@ -355,6 +497,8 @@ class _Lowering:
     def all_reduce(self, node):
         inp, reduce_op, group_name = node.args
         if self.wants_one_shot(inp, reduce_op, group_name):
+            if self.config.fuse_pointwise:
+                return self.one_shot_fused(node, inp, group_name)
             result = self.one_shot(node, inp, group_name)
             self.skip_waits(node, result)
             return _replace(node, result)

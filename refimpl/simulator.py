@@ -220,6 +220,7 @@ SYMM_MEM_NAMESPACES = ("refimpl_symm_mem", "symm_mem")
 BLOCKING_COSTS = {
     "one_shot_all_reduce": (_input_bytes, _ONE_SHOT),
     "one_shot_all_reduce_out": (_input_bytes, _ONE_SHOT),
+    "one_shot_all_reduce_pointwise": (_input_bytes, _ONE_SHOT),
     "two_shot_all_reduce_": (_input_bytes, _TWICE_RING),
 }
 

@@ -12,8 +12,10 @@ runs one-shot and two-shot all-reduce and a barrier through these buffers with C
 kernels (`kernels/cpu/symm_mem.c`, SM-13..SM-18). A timed-out synchronisation makes its
 handle fail-stop (SM-19); an all-reduce checks that every rank made the same call
 (SM-20); CUDA devices get an allocator and kernels of their own (SM-21..SM-23).
+`one_shot_all_reduce_pointwise` applies chains of add/sub/mul by a number to the input
+as it writes the buffer and to the result (SM-24), for lowering's fusion (CL-17).
 
-Implements SPEC.md section "6. Symmetric memory": SM-1 .. SM-23.
+Implements SPEC.md section "6. Symmetric memory": SM-1 .. SM-24.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ __all__ = [
     "set_default_timeout", "leaked_segments", "ops", "LIBRARY", "SIGNAL_PAD_SIZE",
     "SEGMENT_PREFIX", "SUPPORTED_DTYPES", "REDUCE_OPS", "DEVICE", "device_for_rank",
     "SymmetricAllocation", "CpuAllocator", "CpuSymmetricMemory", "OP_CHANNEL",
-    "kernel_build_info",
+    "kernel_build_info", "POINTWISE_STEPS", "pointwise_steps",
 ]
 
 LIBRARY = "refimpl_symm_mem"
@@ -870,6 +872,9 @@ SCHEMAS = {
         "(Tensor input, str reduce_op, str group_name, *, Tensor(a!) out) -> Tensor(a!)",
     "two_shot_all_reduce_": "(Tensor(a!) input, str reduce_op, str group_name) -> Tensor(a!)",
     "barrier": "(Tensor(a!) input, str group_name, int channel=0, int timeout_ms=0) -> ()",
+    "one_shot_all_reduce_pointwise":
+        "(Tensor(a!) symm_buffer, Tensor local_input, str reduce_op, str group_name, "
+        "str prologue='', str epilogue='') -> Tensor",
 }
 _oplib = torch.library.Library(LIBRARY, "DEF")
 for _name, _schema in SCHEMAS.items():
@@ -884,22 +889,22 @@ _KERNEL_CODES = {(op, dtype): (op_code, dtype_code)
                  if op != "avg" or dtype.is_floating_point}
 
 
-def _check_reduce_input(input, reduce_op, where: str) -> tuple[int, int]:
+def _check_reduce_input(input, reduce_op, where: str, arg: str = "input") -> tuple[int, int]:
     """Checks every backend applies before anything runs, fake kernels included (SM-14)."""
     codes = _KERNEL_CODES.get((reduce_op, input.dtype))
     if codes is None:
-        codes = _explain_reduce_input(input, reduce_op, where)
+        codes = _explain_reduce_input(input, reduce_op, where, arg)
     if not input.is_contiguous():
-        raise ValueError(f"input: {where} needs a contiguous tensor [SM-14]")
+        raise ValueError(f"{arg}: {where} needs a contiguous tensor [SM-14]")
     return codes
 
 
-def _explain_reduce_input(input, reduce_op, where: str) -> tuple[int, int]:
+def _explain_reduce_input(input, reduce_op, where: str, arg: str) -> tuple[int, int]:
     if not isinstance(reduce_op, str) or reduce_op.lower() not in REDUCE_OPS:
         raise ValueError(f"reduce_op: {where} supports {sorted(REDUCE_OPS)}, got "
                          f"{reduce_op!r} [SM-14]")
     if input.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"input: {where} supports dtypes {list(SUPPORTED_DTYPES)}, got "
+        raise ValueError(f"{arg}: {where} supports dtypes {list(SUPPORTED_DTYPES)}, got "
                          f"{input.dtype} [SM-14]")
     codes = _KERNEL_CODES.get((reduce_op.lower(), input.dtype))
     if codes is None:
@@ -913,6 +918,101 @@ def _check_out(input, out) -> None:
                          f"and dtype {input.dtype}, got {tuple(out.shape)} {out.dtype} [SM-14]")
 
 
+# ---- pointwise steps of one_shot_all_reduce_pointwise (SM-24) ----------------------------
+# A chain of steps is one str, "mul 2.0; add 1.0": each step the ATen op with a Python
+# number as its other operand, applied in order.
+POINTWISE_STEPS = {"add": torch.ops.aten.add, "sub": torch.ops.aten.sub,
+                   "mul": torch.ops.aten.mul}
+_POINTWISE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_parsed_steps: dict[tuple, tuple] = {}  # the hot path parses each chain once
+
+
+def pointwise_steps(steps) -> str:
+    """The text of a chain of (op, number) steps: `[("mul", 2), ("add", 1)]` gives
+    "mul 2.0; add 1.0" (SM-24). A number must be an int or float (not a bool) whose
+    double is exact, as ATen receives it."""
+    texts = []
+    for op, number in steps:
+        if op not in POINTWISE_STEPS:
+            raise ValueError(f"steps: an op is one of {sorted(POINTWISE_STEPS)}, got {op!r} "
+                             f"[SM-24]")
+        if isinstance(number, bool) or not isinstance(number, (int, float)):
+            raise TypeError(f"steps: a number is an int or a float, got "
+                            f"{type(number).__name__} {number!r} [SM-24]")
+        if isinstance(number, int) and float(number) != number:
+            raise ValueError(f"steps: {number} has no exact double [SM-24]")
+        texts.append(f"{op} {float(number)!r}")
+    return "; ".join(texts)
+
+
+def _parse_steps(text, argument: str, dtype: torch.dtype) -> tuple:
+    """((op name, float), ...) of a chain's text; refuses what SM-24 does not allow."""
+    if not isinstance(text, str):
+        raise TypeError(f"{argument}: expected a str of steps such as 'mul 2.0; add 1.0', "
+                        f"got {type(text).__name__} {text!r} [SM-24]")
+    parsed = _parsed_steps.get((text, dtype))
+    if parsed is not None:
+        return parsed
+    parsed = tuple(_parse_step(step, argument) for step in text.split(";")) if text else ()
+    if parsed and dtype not in _POINTWISE_DTYPES:
+        raise ValueError(f"{argument}: pointwise steps need a floating dtype "
+                         f"({', '.join(map(str, _POINTWISE_DTYPES))}), got {dtype} [SM-24]")
+    _parsed_steps[text, dtype] = parsed
+    return parsed
+
+
+def _parse_step(step: str, argument: str) -> tuple[str, float]:
+    op, _, number = step.strip().partition(" ")
+    try:
+        value = float(number)
+    except ValueError:
+        value = None
+    if op not in POINTWISE_STEPS or value is None or number != number.strip():
+        raise ValueError(f"{argument}: a step is '<op> <number>' with op in "
+                         f"{sorted(POINTWISE_STEPS)}, steps joined by ';', got {step!r} "
+                         f"[SM-24]")
+    return op, value
+
+
+def _apply_steps(source: torch.Tensor, steps: tuple, target: torch.Tensor) -> None:
+    """target = steps(source), each step an ATen op rounded to the dtype (SM-24)."""
+    if not steps:
+        if source.data_ptr() != target.data_ptr():
+            target.copy_(source)
+        return
+    (op, value), rest = steps[0], steps[1:]
+    POINTWISE_STEPS[op].out(source, value, out=target)
+    for op, value in rest:
+        POINTWISE_STEPS[op].out(target, value, out=target)
+
+
+def _check_local_input(symm_buffer, local_input, real: bool) -> None:
+    if (local_input.shape != symm_buffer.shape or local_input.dtype != symm_buffer.dtype
+            or local_input.device != symm_buffer.device):
+        raise ValueError(f"local_input: must have symm_buffer's shape "
+                         f"{tuple(symm_buffer.shape)}, dtype {symm_buffer.dtype} and device "
+                         f"{symm_buffer.device}, got "
+                         f"{tuple(local_input.shape)} {local_input.dtype} "
+                         f"{local_input.device} [SM-24]")
+    if not real:
+        return  # a fake tensor has no storage to compare
+    same_storage = (local_input.untyped_storage().data_ptr()
+                    == symm_buffer.untyped_storage().data_ptr())
+    if same_storage and not (local_input.data_ptr() == symm_buffer.data_ptr()
+                             and local_input.stride() == symm_buffer.stride()):
+        raise ValueError("local_input: lies in symm_buffer's allocation but is not "
+                         "symm_buffer itself; the steps would overwrite what they read "
+                         "[SM-24]")
+
+
+def _check_pointwise(symm_buffer, local_input, reduce_op, prologue, epilogue,
+                     where: str, real: bool = True) -> tuple:
+    codes = _check_reduce_input(symm_buffer, reduce_op, where, "symm_buffer")
+    _check_local_input(symm_buffer, local_input, real)
+    return (codes, _parse_steps(prologue, "prologue", symm_buffer.dtype),
+            _parse_steps(epilogue, "epilogue", symm_buffer.dtype))
+
+
 def _kernels(device_type: str) -> dict:
     """The op kernels of one dispatch key: they use the allocator of `device_type` (SM-1).
 
@@ -920,12 +1020,12 @@ def _kernels(device_type: str) -> dict:
     the input's storage, its handle, the kernel codes by (reduce_op, dtype).
     """
 
-    def symmetric_input(input, group_name, where) -> tuple[SymmetricMemory, int]:
+    def symmetric_input(input, group_name, where, arg="input") -> tuple[SymmetricMemory, int]:
         """The handle of `input`'s allocation (rendezvous on first use), its byte offset."""
         allocator = _allocators.get(device_type)
         alloc = allocator.allocation_of(input) if allocator is not None else None
         if alloc is None or alloc.handle is None or alloc.handle.group_name != group_name:
-            _, alloc = _allocation(input, where, arg="input")  # the checks, with their errors
+            _, alloc = _allocation(input, where, arg=arg)  # the checks, with their errors
             rendezvous(input, group_name)
         handle = alloc.handle
         if handle._failure is not None:
@@ -966,15 +1066,29 @@ def _kernels(device_type: str) -> dict:
         handle, _ = symmetric_input(input, group_name, "barrier")
         handle.barrier(channel, timeout_ms)
 
+    def one_shot_all_reduce_pointwise(symm_buffer, local_input, reduce_op, group_name,
+                                      prologue="", epilogue=""):
+        where = "one_shot_all_reduce_pointwise"
+        codes, before, after = _check_pointwise(symm_buffer, local_input, reduce_op,
+                                                prologue, epilogue, where)
+        symmetric_input(symm_buffer, group_name, where, "symm_buffer")  # refusals first
+        _apply_steps(local_input, before, symm_buffer)
+        out = torch.empty_like(symm_buffer, memory_format=torch.contiguous_format)
+        one_shot_into(symm_buffer, codes, group_name, out, where)
+        _apply_steps(out, after, out)
+        return out
+
     return {"one_shot_all_reduce": one_shot_all_reduce,
             "one_shot_all_reduce_out": one_shot_all_reduce_out,
-            "two_shot_all_reduce_": two_shot_all_reduce_, "barrier": barrier}
+            "two_shot_all_reduce_": two_shot_all_reduce_, "barrier": barrier,
+            "one_shot_all_reduce_pointwise": one_shot_all_reduce_pointwise}
 
 
 # The ops run on every device type with an allocator: the kernels of each dispatch key
 # find the allocator of its device type at run time.
 DISPATCH_KEYS = {"CPU": "cpu", "CUDA": "cuda"}
-NATIVE_OPS = ("one_shot_all_reduce", "one_shot_all_reduce_out", "two_shot_all_reduce_")
+NATIVE_OPS = ("one_shot_all_reduce", "one_shot_all_reduce_out", "two_shot_all_reduce_",
+              "one_shot_all_reduce_pointwise")
 # The CPU fast path in C++ (kernels/cpu/symm_mem_ops.cpp, SM-18) hands every call it does
 # not run itself to these: the Python kernels under an internal name.
 INTERNAL_SCHEMAS = {
@@ -1059,6 +1173,13 @@ def _(input, reduce_op, group_name, *, out):
 def _(input, reduce_op, group_name):
     _check_reduce_input(input, reduce_op, "two_shot_all_reduce_")
     return input
+
+
+@torch.library.register_fake(f"{LIBRARY}::one_shot_all_reduce_pointwise", lib=_oplib)
+def _(symm_buffer, local_input, reduce_op, group_name, prologue="", epilogue=""):
+    _check_pointwise(symm_buffer, local_input, reduce_op, prologue, epilogue,
+                     "one_shot_all_reduce_pointwise", real=False)
+    return symm_buffer.new_empty(symm_buffer.shape)
 
 
 @torch.library.register_fake(f"{LIBRARY}::barrier", lib=_oplib)

@@ -628,10 +628,119 @@ def test_config_refuses_a_negative_threshold_and_fields_of_another_type(backend,
                              "one_shot_all_reduce_threshold_bytes"),
                             ({"auto_select": 1}, "auto_select"),
                             ({"force_one_shot_all_reduce": "yes"}, "force_one_shot_all_reduce"),
-                            ({"alloc_id_namespace": 7}, "alloc_id_namespace")):
+                            ({"alloc_id_namespace": 7}, "alloc_id_namespace"),
+                            ({"fuse_pointwise": 1}, "fuse_pointwise")):
         with pytest.raises(TypeError, match=f"^{field}: "):
             comm_trace(backend, "ar_small_intermediate", [(4,)], options)
     # The boundary: 0 is a byte count and is accepted (16 bytes are then over it).
     trace = comm_trace(backend, "ar_small_intermediate", [(4,)],
                        {**ONE_SHOT, "one_shot_all_reduce_threshold_bytes": 0})
     assert "all_reduce" in trace and "one_shot" not in trace, trace
+
+
+# ---- CL-17: chains of add/sub/mul by a number fused into the one-shot kernel -------------
+FUSE = {**ONE_SHOT, "fuse_pointwise": True}
+# CL-17: program -> (why, its lowered graph with fuse_pointwise on).
+FUSED_GRAPHS = {
+    "ar_small_intermediate": ("both chains of one step", """\
+%0 = input : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 3904172608337711648) : f32[4]
+%2 = symm_mem.one_shot_all_reduce_pointwise(%1, %0, 'sum', ranks[0,1], 'mul 2.0', 'add 1.0') : f32[4]
+return %2"""),  # noqa: E501
+    "ar_pointwise_chains": ("three steps on each side, in program order", """\
+%0 = input : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 2761006462169336215) : f32[4]
+%2 = symm_mem.one_shot_all_reduce_pointwise(%1, %0, 'sum', ranks[0,1], 'mul 2.0; add 3.0; sub 0.5', 'mul 1.5; sub 1.0; mul 4.0') : f32[4]
+return %2"""),  # noqa: E501
+    "ar_pointwise_shared_step": ("the prologue stops below y, which the output reads too", """\
+%0 = input : f32[4]
+%1 = aten.mul.Tensor(%0, 2) : f32[4]
+%2 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 2771461043277133672) : f32[4]
+%3 = symm_mem.one_shot_all_reduce_pointwise(%2, %1, 'sum', ranks[0,1], 'add 1.0; sub 3.0', 'mul 3.0') : f32[4]
+return [%3, %1]"""),  # noqa: E501
+    "ar_pointwise_result_read_twice": ("no epilogue: the result has two readers", """\
+%0 = input : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 7224157890469384204) : f32[4]
+%2 = symm_mem.one_shot_all_reduce_pointwise(%1, %0, 'sum', ranks[0,1], 'mul 2.0', '') : f32[4]
+%3 = aten.add.Tensor(%2, 1) : f32[4]
+return [%3, %2]"""),  # noqa: E501
+    "ar_pointwise_epilogue_step_read_twice": ("the epilogue stops after the step two nodes read", """\
+%0 = input : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 3843170263059461345) : f32[4]
+%2 = symm_mem.one_shot_all_reduce_pointwise(%1, %0, 'sum', ranks[0,1], 'mul 2.0', 'add 1.0') : f32[4]
+%3 = aten.mul.Tensor(%2, 2) : f32[4]
+return [%3, %2]"""),  # noqa: E501
+    "ar_pointwise_alpha": ("add with alpha is no step: the plain kernel", """\
+%0 = input : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 4366976488246365346) : f32[4]
+%2 = aten.add.out(%0, 1, alpha=2, out=%1) : f32[4]
+%3 = symm_mem.one_shot_all_reduce(%2, 'sum', ranks[0,1]) : f32[4]
+return %3"""),  # noqa: E501
+    "ar_pointwise_bool": ("a bool is no number: the input is realized by CL-11 and passed twice", """\
+%0 = input : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 2362376728739961903) : f32[4]
+%2 = aten.mul.out(%0, True, out=%1) : f32[4]
+%3 = symm_mem.one_shot_all_reduce_pointwise(%2, %2, 'sum', ranks[0,1], '', 'add 1.0') : f32[4]
+return %3"""),  # noqa: E501
+    "ar_pointwise_inexact_int": ("an int with no exact double is no number", """\
+%0 = input : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 6701336378185372849) : f32[4]
+%2 = aten.mul.out(%0, 9007199791611905, out=%1) : f32[4]
+%3 = symm_mem.one_shot_all_reduce_pointwise(%2, %2, 'sum', ranks[0,1], '', 'add 1.0') : f32[4]
+return %3"""),  # noqa: E501
+    "ar_pointwise_other_dtype": ("a step from int32 to float32 is no step", """\
+%0 = input : f32[4]
+%1 = aten._to_copy(%0, dtype=i32) : i32[4]
+%2 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 3432366815021436232) : f32[4]
+%3 = aten.mul.out(%1, 2.5, out=%2) : f32[4]
+%4 = symm_mem.one_shot_all_reduce(%3, 'sum', ranks[0,1]) : f32[4]
+return %4"""),  # noqa: E501
+    "ar_pointwise_source_written": ("all_reduce_ writes x between x * 2 and the all_reduce", """\
+%0 = input : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 4643561232969265744) : f32[4]
+%2 = aten.mul.out(%0, 2, out=%1) : f32[4]
+%3 = funcol.all_reduce_(%0, 'sum', ranks[0,1]) : f32[4]
+%4 = funcol.wait_tensor_(%3) : f32[4]
+%5 = symm_mem.one_shot_all_reduce(%2, 'sum', ranks[0,1]) : f32[4]
+%6 = aten.add.Tensor(%5, %4) : f32[4]
+return %6"""),  # noqa: E501
+}
+
+
+def check_bitwise(backend, name, options, world_size=2):
+    """CL-15 to the bit: on 2 ranks gloo's sum and the one-shot's agree exactly (a + b is
+    b + a), so the lowered program must give the eager program's very bits."""
+    results = harness.run(backend, numeric_check, world_size, name, [(4,)], dict(options))
+    for rank, (want, got) in enumerate(results):
+        torch.testing.assert_close(got, want, rtol=0, atol=0,
+                                   msg=lambda m, r=rank: f"rank {r}: {m}")
+
+
+@pytest.mark.spec("CL-17", "CL-15", "CL-11", "CL-12")
+@pytest.mark.parametrize("name", list(FUSED_GRAPHS))
+def test_pointwise_chains_run_in_the_one_shot_kernel(backend, fake_world, name):
+    why, golden = FUSED_GRAPHS[name]
+    backend.require("lowering", "lowered_graph", "Config")
+    prepare(name)
+    graph = lowered_text(backend, name, [(4,)], FUSE)
+    assert graph == golden, f"{name} ({why}):\n{graph}"
+    check_bitwise(backend, name, FUSE)
+
+
+@pytest.mark.spec("CL-17", "CL-1")
+def test_pointwise_fusion_is_off_by_default(backend, fake_world):
+    config = backend.require("lowering", "lowered_graph", "Config").Config
+    assert config().fuse_pointwise is False
+    assert_expected_inline(lowered_text(backend, "ar_small_intermediate", [(4,)], ONE_SHOT), """\
+%0 = input : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 3904172608337711648) : f32[4]
+%2 = aten.mul.out(%0, 2, out=%1) : f32[4]
+%3 = symm_mem.one_shot_all_reduce(%2, 'sum', ranks[0,1]) : f32[4]
+%4 = aten.add.Tensor(%3, 1) : f32[4]
+return %4""")  # noqa: E501
+
+
+@pytest.mark.spec("CL-17", "CL-15")
+def test_fused_values_on_four_ranks(backend):
+    backend.require("lowering", "run_lowered", "Config")
+    check_numerics(backend, "ar_pointwise_chains", [(4,)], FUSE, world_size=4)

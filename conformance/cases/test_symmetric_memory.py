@@ -425,6 +425,112 @@ def test_op_arguments_are_refused_on_every_rank_before_any_wait(backend):
         assert upper == [2.0] * 6
 
 
+# ---- SM-24: one_shot_all_reduce_pointwise ------------------------------------------------
+POINTWISE_DTYPES = ["float32", "bfloat16", "float16"]
+# (reduce_op, prologue, epilogue, the local input: "other", "itself" or "transposed")
+POINTWISE_CALLS = [
+    ("sum", "mul 0.1; add 3.3; sub 0.001", "mul 1.7; add -2.5; mul 3.0", "other"),
+    # x + 1 + 1 is not x + 2 where the spacing is 2 (256 in bfloat16, 2048 in float16,
+    # 2**24 in float32, all at the front of the input): each step rounds
+    ("sum", "add 1.0; add 1.0", "sub 1.0; sub 1.0", "other"),
+    ("max", "mul -2.0; add 0.25", "add 0.5", "transposed"),  # Python kernel: not contiguous
+    ("avg", "", "mul 3.0", "other"),
+    ("sum", " sub 1.5 ;mul 2.0", "", "itself"),
+]
+
+
+def _pointwise_input(rank: int, dtype_name: str) -> torch.Tensor:
+    x = _rank_input(rank, torch.float32, 6) * 10
+    x[:3] = torch.tensor([256.0, 2048.0, 2.0**24])
+    return x.to(getattr(torch, dtype_name)).view(2, 3)
+
+
+def _aten_steps(x: torch.Tensor, chain: str) -> torch.Tensor:
+    """The reference: each step as the ATen op with a Python number."""
+    for step in filter(None, (s.strip() for s in chain.split(";"))):
+        op, number = step.split(" ")
+        x = getattr(torch, op)(x, float(number))
+    return x
+
+
+def _pointwise(spec: str):
+    sm, group, device = _setup(spec, "empty", "ops", "pointwise_steps", "rendezvous")
+    results = {}
+    for dtype_name in POINTWISE_DTYPES:
+        dtype = getattr(torch, dtype_name)
+        buf = sm.empty(2, 3, dtype=dtype, device=device)
+        sm.rendezvous(buf, group)  # so that no call is a first use (a kernel's fast path)
+        for i, (op, prologue, epilogue, local) in enumerate(POINTWISE_CALLS):
+            data = _pointwise_input(dist.get_rank(), dtype_name).to(device)
+            source = {"other": data.clone(), "itself": buf,
+                      "transposed": data.t().contiguous().t()}[local]
+            if local == "itself":
+                buf.copy_(data)
+            out = sm.ops.one_shot_all_reduce_pointwise(buf, source, op, group, prologue,
+                                                       epilogue)
+            unchanged = local == "itself" or torch.equal(source.cpu(), data.cpu())
+            results[dtype_name, i] = (out.cpu(), buf.cpu().clone(), unchanged)
+    return results
+
+
+@pytest.mark.spec("SM-24", "SM-15")
+def test_pointwise_steps_are_bitwise_the_aten_ops_on_every_rank(backend):
+    """World 3: the prologue written into the buffer, the one-shot in rank order, the
+    epilogue, each step rounded to the dtype, on every rank."""
+    backend.require(CONCEPT, "empty", "ops", "pointwise_steps", "rendezvous")
+    world = 3
+    results = run(backend, _pointwise, world)
+    for dtype_name in POINTWISE_DTYPES:
+        inputs = [_pointwise_input(r, dtype_name) for r in range(world)]
+        for i, (op, prologue, epilogue, _) in enumerate(POINTWISE_CALLS):
+            written = [_aten_steps(x, prologue) for x in inputs]
+            want = _aten_steps(_rank_order([w.flatten() for w in written], op).view(2, 3),
+                               epilogue)
+            for rank in range(world):
+                out, buf, unchanged = results[rank][dtype_name, i]
+                where = f"{dtype_name} {op} {prologue!r} {epilogue!r} on rank {rank}"
+                assert _same_bits(out, want), f"{where}: {out} != {want}"
+                assert _same_bits(buf, written[rank]), f"buffer {where}: {buf}"
+                assert unchanged, f"local_input changed, {where}"
+
+
+def _pointwise_refusals(spec: str):
+    sm, group, device = _setup(spec, "empty", "ops", "pointwise_steps", "rendezvous")
+    f = sm.empty(8, device=device)
+    f.fill_(1.0)
+    i = sm.empty(4, dtype=torch.int32, device=device)
+    for allocation in (f, i):  # no call is a first use: each meets a kernel's fast path
+        sm.rendezvous(allocation, group)
+    x = torch.ones(4, device=device)
+    call = sm.ops.one_shot_all_reduce_pointwise
+    answers = [_refusal(call, f[:4], x, "sum", group, bad, "") for bad in
+               ("div 2.0", "mul", "mul two", "mul 2.0;", "mul  2.0", "mul 0x10", "add1.0")]
+    answers += [
+        _refusal(call, f[:4], x, "sum", group, "", "pow 2.0"),
+        _refusal(call, i, x.int(), "sum", group, "add 1.0", ""),
+        _refusal(call, f[:4], torch.ones(3, device=device), "sum", group, "", ""),
+        _refusal(call, f[:4], x.double(), "sum", group, "", ""),
+        _refusal(call, f[:4], f[2:6], "sum", group, "", ""),  # inside the buffer's allocation
+        _refusal(call, f[:4], x, "prod", group, "", ""),
+        _refusal(call, f.view(2, 4).t(), torch.ones(4, 2, device=device), "sum", group, "",
+                 ""),
+        _refusal(call, torch.ones(4, device=device), x, "sum", group, "", ""),
+    ]
+    steps = sm.pointwise_steps([("mul", 2), ("add", 0.5)])
+    result = call(f[:4], x * 3, "sum", group, steps, "sub 1.0").cpu().tolist()
+    return answers, steps, result
+
+
+@pytest.mark.spec("SM-24", "SM-14")
+def test_pointwise_arguments_are_refused_on_every_rank_before_any_wait(backend):
+    backend.require(CONCEPT, "empty", "ops", "pointwise_steps", "rendezvous")
+    for answers, steps, result in run(backend, _pointwise_refusals, 2):
+        assert answers == ["prologue"] * 7 + ["epilogue", "prologue"] + ["local_input"] * 3 \
+            + ["reduce_op", "symm_buffer", "symm_buffer"]
+        assert steps == "mul 2.0; add 0.5"
+        assert result == [12.0] * 4  # (3 * 2 + 0.5) on 2 ranks, then - 1
+
+
 def _mismatched_calls(spec: str):
     sm, group, device = _setup(spec, "empty", "ops")
     rank = dist.get_rank()

@@ -14,15 +14,20 @@
  * (`rsm_ops_init`), so this file does not depend on their source.
  */
 #include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/set.h>
 #include <torch/library.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace {
 
@@ -183,6 +188,154 @@ at::Tensor &two_shot_all_reduce_(at::Tensor &input, c10::string_view reduce_op,
   return input;
 }
 
+// ---- one_shot_all_reduce_pointwise (SM-24) -------------------------------------------
+// A step "<op> <number>" is ATen's add, sub or mul with a Python number: the number is
+// cast to float (for add and sub first rounded to the dtype), the element computed in
+// float and rounded to the dtype after each step, as ATen does for float32, bfloat16
+// and float16 (no fused multiply-add: built with -ffp-contract=off).
+struct Step {
+  char op;  // 'a' add, 's' sub, 'm' mul
+  float number;
+};
+
+// The steps of a chain "mul 2.0; add 1.0", or false when Python must handle (and
+// explain) the text. The last chain parsed is kept: a program passes the same text on
+// every call.
+bool parse_step(const std::string &text, size_t begin, size_t end, Step &step) {
+  while (begin < end && text[begin] == ' ') ++begin;
+  if (end - begin < 5 || text[begin + 3] != ' ') return false;
+  std::string op = text.substr(begin, 3);
+  if (op == "add") step.op = 'a';
+  else if (op == "sub") step.op = 's';
+  else if (op == "mul") step.op = 'm';
+  else return false;
+  std::string number = text.substr(begin + 4, end - begin - 4);
+  // Only what Python's float() reads the same way (no hex, no "nan(...)").
+  bool named = number == "inf" || number == "-inf" || number == "nan";
+  if (!named && number.find_first_not_of("0123456789.eE+-") != std::string::npos) return false;
+  char *stop = nullptr;
+  double value = std::strtod(number.c_str(), &stop);
+  if (number[0] == ' ' || stop != number.c_str() + number.size()) return false;
+  step.number = static_cast<float>(value);
+  return true;
+}
+
+bool parse_steps(c10::string_view view, std::vector<Step> &steps, std::string &cached) {
+  if (view == cached) return true;
+  std::string text(view);
+  steps.clear();
+  cached.clear();
+  for (size_t begin = 0; !text.empty() && begin <= text.size();) {
+    size_t end = text.find(';', begin);
+    if (end == std::string::npos) end = text.size();
+    Step step{};
+    if (!parse_step(text, begin, end, step)) {
+      steps.clear();
+      return false;
+    }
+    steps.push_back(step);
+    begin = end + 1;
+  }
+  cached = std::move(text);
+  return true;
+}
+
+// One step over every element, a loop the compiler vectorises for float32.
+template <typename T, typename F>
+void map_elements(const T *source, T *target, int64_t numel, F f) {
+  for (int64_t i = 0; i < numel; ++i) {
+    target[i] = static_cast<T>(f(static_cast<float>(source[i])));  // rounded to the dtype
+  }
+}
+
+template <typename T>
+void apply_steps(const T *source, T *target, int64_t numel, const std::vector<Step> &steps) {
+  for (const Step &step : steps) {
+    // ATen's add and sub read the number as a tensor of the input's dtype (rounded to
+    // bfloat16 or float16 first); its mul reads it as a float.
+    float c = step.op == 'm' ? step.number : static_cast<float>(static_cast<T>(step.number));
+    if (step.op == 'a') map_elements(source, target, numel, [c](float x) { return x + c; });
+    else if (step.op == 's') map_elements(source, target, numel, [c](float x) { return x - c; });
+    else map_elements(source, target, numel, [c](float x) { return x * c; });
+    source = target;  // the next step reads what this one wrote
+  }
+}
+
+void apply_steps(const at::Tensor &source, at::Tensor &target, const std::vector<Step> &steps) {
+  int64_t numel = target.numel();
+  if (steps.empty()) {
+    if (source.data_ptr() != target.data_ptr()) {
+      std::memcpy(target.data_ptr(), source.data_ptr(), numel * target.element_size());
+    }
+    return;
+  }
+  switch (target.scalar_type()) {
+    case c10::ScalarType::Float:
+      apply_steps(source.const_data_ptr<float>(), target.mutable_data_ptr<float>(), numel,
+                  steps);
+      break;
+    case c10::ScalarType::BFloat16:
+      apply_steps(source.const_data_ptr<c10::BFloat16>(),
+                  target.mutable_data_ptr<c10::BFloat16>(), numel, steps);
+      break;
+    default:  // Half: plain_pointwise admits no other dtype with steps
+      apply_steps(source.const_data_ptr<c10::Half>(), target.mutable_data_ptr<c10::Half>(),
+                  numel, steps);
+  }
+}
+
+struct Chain {
+  std::vector<Step> steps;
+  std::string text;  // the text `steps` were parsed from
+};
+
+bool plain_pointwise(const at::Tensor &buffer, const at::Tensor &input,
+                     c10::string_view prologue, c10::string_view epilogue, Chain &before,
+                     Chain &after) {
+  if (!input.is_contiguous() || !input.device().is_cpu() ||
+      input.scalar_type() != buffer.scalar_type() || input.sizes() != buffer.sizes()) {
+    return false;
+  }
+  if (input.storage().data() == buffer.storage().data() &&
+      input.data_ptr() != buffer.data_ptr()) {
+    return false;  // overlaps the buffer: Python refuses it
+  }
+  if (!parse_steps(prologue, before.steps, before.text) ||
+      !parse_steps(epilogue, after.steps, after.text)) {
+    return false;
+  }
+  auto dtype = buffer.scalar_type();
+  bool floating = dtype == c10::ScalarType::Float || dtype == c10::ScalarType::BFloat16 ||
+                  dtype == c10::ScalarType::Half;
+  return floating || (before.steps.empty() && after.steps.empty());
+}
+
+at::Tensor one_shot_all_reduce_pointwise(at::Tensor &buffer, const at::Tensor &input,
+                                         c10::string_view reduce_op,
+                                         c10::string_view group_name,
+                                         c10::string_view prologue,
+                                         c10::string_view epilogue) {
+  Call call;
+  thread_local Chain before, after;
+  if (!plain_pointwise(buffer, input, prologue, epilogue, before, after) ||
+      !plain_call(buffer, reduce_op, group_name, call)) {
+    static auto op = python_op("refimpl_symm_mem::_python_one_shot_all_reduce_pointwise")
+                         .typed<at::Tensor(at::Tensor &, const at::Tensor &, c10::string_view,
+                                           c10::string_view, c10::string_view,
+                                           c10::string_view)>();
+    return op.call(buffer, input, reduce_op, group_name, prologue, epilogue);
+  }
+  apply_steps(input, buffer, before.steps);
+  at::Tensor out = new_output(buffer);
+  int status = one_shot_fn(call.group, kOpChannel, call.offset, buffer.numel(), call.dtype,
+                           call.op, out.data_ptr(), timeout_ns);
+  if (status != 0) {
+    raise_status(buffer, group_name, "one_shot_all_reduce_pointwise", status, *call.peer);
+  }
+  apply_steps(out, out, after.steps);
+  return out;
+}
+
 }  // namespace
 
 extern "C" {
@@ -215,4 +368,5 @@ TORCH_LIBRARY_IMPL(refimpl_symm_mem, CPU, m) {
   m.impl("one_shot_all_reduce", &one_shot_all_reduce);
   m.impl("one_shot_all_reduce_out", &one_shot_all_reduce_out);
   m.impl("two_shot_all_reduce_", &two_shot_all_reduce_);
+  m.impl("one_shot_all_reduce_pointwise", &one_shot_all_reduce_pointwise);
 }
