@@ -82,3 +82,12 @@ def fake_value(node: torch.fx.Node, rule: str):
         raise ValueError(f"gm: node {node.name!r} has no meta['val']; trace the graph with "
                          f"fake values (make_fx(tracing_mode='fake'), torch.compile) [{rule}]")
     return node.meta["val"]
+
+
+def node_args(arg) -> list[torch.fx.Node]:
+    """The nodes in an argument: itself, or those of a (nested) list or tuple."""
+    if isinstance(arg, torch.fx.Node):
+        return [arg]
+    if isinstance(arg, (list, tuple)):
+        return [n for a in arg for n in node_args(a)]
+    return []

@@ -362,18 +362,10 @@ def _written_between(first: torch.fx.Node, last: torch.fx.Node, source: torch.fx
             written = node.args[i] if i < len(node.args) and not a.kwarg_only \
                 else node.kwargs.get(a.name)
             if (a.alias_info is not None and a.alias_info.is_write
-                    and any(_base(n) is base for n in _fx_nodes(written))):
+                    and any(_base(n) is base for n in _fx.node_args(written))):
                 return True
         node = node.next
     return False
-
-
-def _fx_nodes(arg) -> list[torch.fx.Node]:
-    if isinstance(arg, torch.fx.Node):
-        return [arg]
-    if isinstance(arg, (list, tuple)):
-        return [n for a in arg for n in _fx_nodes(a)]
-    return []
 
 
 def _steps_text(steps: list[tuple[str, int | float]]) -> str:

@@ -36,7 +36,7 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_leaves
 
-from refimpl._fx import collective_name, is_wait
+from refimpl._fx import collective_name, is_wait, node_args
 
 __all__ = [
     "Buffer", "MemoryEvent", "MemoryPlan", "MemoryModel", "MemorySweep", "plan_memory",
@@ -120,21 +120,13 @@ def aliasing_of(target) -> list[int | str | None]:
     return result
 
 
-def _tensor_args(arg) -> list[torch.fx.Node]:
-    if isinstance(arg, torch.fx.Node):
-        return [arg]
-    if isinstance(arg, (list, tuple)):
-        return [n for a in arg for n in _tensor_args(a)]
-    return []
-
-
 def _collective_members(node: torch.fx.Node) -> list[tuple[list[torch.fx.Node], int]]:
     """Per member of a collective: (its tensor arguments, index of its result)."""
     first = node.args[0] if node.args else None
-    args = _tensor_args(first)
+    args = node_args(first)
     if isinstance(first, (list, tuple)):  # coalesced: member i is input i and result i
         return [([a], i) for i, a in enumerate(args)]
-    return [(args + _tensor_args(node.kwargs.get("out")), 0)]
+    return [(args + node_args(node.kwargs.get("out")), 0)]
 
 
 # --------------------------------------------------------------------------------------
@@ -298,7 +290,7 @@ class MemoryModel:
                                       if b.alloc_node is node)
         output = self._output_node()
         if output is not None:
-            for arg in _tensor_args(output.args):
+            for arg in node_args(output.args):
                 for buffer in self.node_buffers.get(arg, ()):
                     if buffer.kind == INTERMEDIATE:
                         buffer.kind = OUTPUT
@@ -338,7 +330,7 @@ class MemoryModel:
                 arg = node.args[source] if isinstance(source, int) and source < len(node.args) \
                     else node.kwargs.get(source if isinstance(source, str) else "")
             tensors = _tensors(returned)
-            sources = [b for a in _tensor_args(arg) for b in self.node_buffers.get(a, [])]
+            sources = [b for a in node_args(arg) for b in self.node_buffers.get(a, [])]
             if not sources:
                 buffers.extend(self._new_buffer(node, t) for t in tensors)
             elif len(sources) == len(tensors):
@@ -374,7 +366,7 @@ class MemoryModel:
         for node in self.nodes:
             if is_wait(node):
                 self.completes[node] = tuple(
-                    b.index for a in _tensor_args(node.args[:1])
+                    b.index for a in node_args(node.args[:1])
                     for b in self.node_buffers.get(a, ()))
             elif is_collective(node):
                 self.in_flight[node] = self._members(node)
