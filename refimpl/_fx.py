@@ -85,9 +85,7 @@ def fake_value(node: torch.fx.Node, rule: str):
 
 
 def node_args(arg) -> list[torch.fx.Node]:
-    """The nodes in an argument: itself, or those of a (nested) list or tuple."""
-    if isinstance(arg, torch.fx.Node):
-        return [arg]
-    if isinstance(arg, (list, tuple)):
-        return [n for a in arg for n in node_args(a)]
-    return []
+    """The nodes in an argument: itself, or those of its (nested) lists, tuples, dicts."""
+    found: list[torch.fx.Node] = []
+    torch.fx.node.map_arg(arg, found.append)
+    return found

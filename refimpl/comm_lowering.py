@@ -316,16 +316,20 @@ def one_shot_refusal(inp: torch.fx.Node, reduce_op: str, group_name: str,
 # --------------------------------------------------------------------------------------
 # Pointwise chains fused into the one-shot kernel (CL-17)
 # --------------------------------------------------------------------------------------
-_POINTWISE_OPS = {aten.add.Tensor: "add", aten.sub.Tensor: "sub", aten.mul.Tensor: "mul"}
 _COMMUTATIVE = ("add", "mul")
-_POINTWISE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def pointwise_step(node: torch.fx.Node) -> tuple[torch.fx.Node, str, int | float] | None:
     """(tensor operand, op, number) when `node` is a step the one-shot kernel can apply
     (SM-24): add, sub or mul of a tensor and a Python number with an exact double, no
     keyword argument, its result of the tensor's floating dtype and shape; else None."""
-    op = _POINTWISE_OPS.get(node.target) if node.op == "call_function" else None
+    # The kernel's own vocabulary: the lowering never fuses what the op would refuse.
+    from refimpl.symmetric_memory import POINTWISE_DTYPES, POINTWISE_STEPS
+
+    if node.op != "call_function":
+        return None
+    op = next((name for name, packet in POINTWISE_STEPS.items()
+               if node.target is packet.Tensor), None)
     if op is None or node.kwargs or len(node.args) != 2:
         return None
     tensor, number = node.args
@@ -338,7 +342,7 @@ def pointwise_step(node: torch.fx.Node) -> tuple[torch.fx.Node, str, int | float
     val, source = node.meta.get("val"), tensor.meta.get("val")
     if not (isinstance(val, torch.Tensor) and isinstance(source, torch.Tensor)):
         return None
-    if val.dtype != source.dtype or val.dtype not in _POINTWISE_DTYPES \
+    if val.dtype != source.dtype or val.dtype not in POINTWISE_DTYPES \
             or val.shape != source.shape:
         return None
     return tensor, op, number
@@ -358,20 +362,14 @@ def _written_between(first: torch.fx.Node, last: torch.fx.Node, source: torch.fx
     base, node = _base(source), first
     while node is not last:
         schema = getattr(node.target, "_schema", None)
-        for i, a in enumerate(schema.arguments if schema is not None else ()):
-            written = node.args[i] if i < len(node.args) and not a.kwarg_only \
-                else node.kwargs.get(a.name)
-            if (a.alias_info is not None and a.alias_info.is_write
-                    and any(_base(n) is base for n in _fx.node_args(written))):
-                return True
+        if schema is not None and schema.is_mutable:
+            bound = _fx.arguments(node, "CL-17")
+            for a in schema.arguments:
+                if (a.alias_info is not None and a.alias_info.is_write
+                        and any(_base(n) is base for n in _fx.node_args(bound[a.name]))):
+                    return True
         node = node.next
     return False
-
-
-def _steps_text(steps: list[tuple[str, int | float]]) -> str:
-    from refimpl.symmetric_memory import pointwise_steps
-
-    return pointwise_steps(steps)
 
 
 class _Lowering:
@@ -444,6 +442,8 @@ class _Lowering:
     def one_shot_fused(self, node, inp, group_name):
         """The one-shot all-reduce of `inp` in place of `node`, with the chains around it
         in its kernel (CL-17); the plain kernel (CL-10) when neither chain has a step."""
+        from refimpl.symmetric_memory import pointwise_steps
+
         source, before, prologue_nodes = self.prologue(inp, node)
         if before:
             buffer = _new_comm_buffer(_val(inp), group_name, self.next_alloc_id(), before=node)
@@ -452,7 +452,7 @@ class _Lowering:
             buffer = source = inp
         symm = torch.ops.refimpl_symm_mem
         fused = self.build.call(symm.one_shot_all_reduce_pointwise.default,
-                                [buffer, source, "sum", group_name, _steps_text(before), ""],
+                                [buffer, source, "sum", group_name, pointwise_steps(before), ""],
                                 before=node)
         self.skip_waits(node, fused)
         _replace(node, fused)
@@ -460,7 +460,7 @@ class _Lowering:
             self.graph.erase_node(chain_node)
         last, after, epilogue_nodes = self.epilogue(fused)
         if after:
-            fused.args = (*fused.args[:5], _steps_text(after))
+            fused.args = (*fused.args[:5], pointwise_steps(after))
             last.replace_all_uses_with(fused)
             for chain_node in reversed(epilogue_nodes):
                 self.graph.erase_node(chain_node)

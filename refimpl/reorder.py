@@ -192,12 +192,6 @@ def _is_prologue_op(node: torch.fx.Node) -> bool:
     return target._schema.name.split("::", 1)[1] in PROLOGUE_OPS or _is_view(target)
 
 
-def _argument_nodes(value) -> list[torch.fx.Node]:
-    found: list[torch.fx.Node] = []
-    torch.fx.node.map_arg(value, found.append)
-    return found
-
-
 # --------------------------------------------------------------------------------------
 # The program in its original order: dependencies and blocks (RO-2 .. RO-7)
 # --------------------------------------------------------------------------------------
@@ -291,7 +285,7 @@ class _Program:
         written = []
         for argument in target._schema.arguments:
             if argument.alias_info is not None and argument.alias_info.is_write:
-                for arg in _argument_nodes(bound.get(argument.name)):
+                for arg in _fx.node_args(bound.get(argument.name)):
                     written += [b.index for b in self.model.node_buffers.get(arg, ())]
         return written
 

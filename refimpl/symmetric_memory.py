@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import functools
 import json
 import math
 import mmap
@@ -46,7 +47,7 @@ __all__ = [
     "set_default_timeout", "leaked_segments", "ops", "LIBRARY", "SIGNAL_PAD_SIZE",
     "SEGMENT_PREFIX", "SUPPORTED_DTYPES", "REDUCE_OPS", "DEVICE", "device_for_rank",
     "SymmetricAllocation", "CpuAllocator", "CpuSymmetricMemory", "OP_CHANNEL",
-    "kernel_build_info", "POINTWISE_STEPS", "pointwise_steps",
+    "kernel_build_info", "POINTWISE_STEPS", "POINTWISE_DTYPES", "pointwise_steps",
 ]
 
 LIBRARY = "refimpl_symm_mem"
@@ -923,8 +924,7 @@ def _check_out(input, out) -> None:
 # number as its other operand, applied in order.
 POINTWISE_STEPS = {"add": torch.ops.aten.add, "sub": torch.ops.aten.sub,
                    "mul": torch.ops.aten.mul}
-_POINTWISE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_parsed_steps: dict[tuple, tuple] = {}  # the hot path parses each chain once
+POINTWISE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def pointwise_steps(steps) -> str:
@@ -950,14 +950,15 @@ def _parse_steps(text, argument: str, dtype: torch.dtype) -> tuple:
     if not isinstance(text, str):
         raise TypeError(f"{argument}: expected a str of steps such as 'mul 2.0; add 1.0', "
                         f"got {type(text).__name__} {text!r} [SM-24]")
-    parsed = _parsed_steps.get((text, dtype))
-    if parsed is not None:
-        return parsed
+    return _parsed_steps(text, argument, dtype)
+
+
+@functools.lru_cache(maxsize=256)  # the hot path: a program passes the same chains each call
+def _parsed_steps(text: str, argument: str, dtype: torch.dtype) -> tuple:
     parsed = tuple(_parse_step(step, argument) for step in text.split(";")) if text else ()
-    if parsed and dtype not in _POINTWISE_DTYPES:
+    if parsed and dtype not in POINTWISE_DTYPES:
         raise ValueError(f"{argument}: pointwise steps need a floating dtype "
-                         f"({', '.join(map(str, _POINTWISE_DTYPES))}), got {dtype} [SM-24]")
-    _parsed_steps[text, dtype] = parsed
+                         f"({', '.join(map(str, POINTWISE_DTYPES))}), got {dtype} [SM-24]")
     return parsed
 
 
@@ -1034,8 +1035,11 @@ def _kernels(device_type: str) -> dict:
 
     def one_shot_into(input, codes, group_name, out, where):
         handle, offset = symmetric_input(input, group_name, where)
+        return one_shot_on(handle, offset, input.numel(), codes, out, where)
+
+    def one_shot_on(handle, offset, numel, codes, out, where):
         timeout = _default_timeout_ms
-        status, peer = handle._one_shot(offset, input.numel(), codes, out, timeout)
+        status, peer = handle._one_shot(offset, numel, codes, out, timeout)
         if status:
             handle._check(status, peer, where, OP_CHANNEL, timeout)
         return out
@@ -1071,10 +1075,11 @@ def _kernels(device_type: str) -> dict:
         where = "one_shot_all_reduce_pointwise"
         codes, before, after = _check_pointwise(symm_buffer, local_input, reduce_op,
                                                 prologue, epilogue, where)
-        symmetric_input(symm_buffer, group_name, where, "symm_buffer")  # refusals first
+        # Refused (a plain tensor, another group) before the prologue writes into it.
+        handle, offset = symmetric_input(symm_buffer, group_name, where, "symm_buffer")
         _apply_steps(local_input, before, symm_buffer)
         out = torch.empty_like(symm_buffer, memory_format=torch.contiguous_format)
-        one_shot_into(symm_buffer, codes, group_name, out, where)
+        one_shot_on(handle, offset, symm_buffer.numel(), codes, out, where)
         _apply_steps(out, after, out)
         return out
 

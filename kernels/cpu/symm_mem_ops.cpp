@@ -198,9 +198,8 @@ struct Step {
   float number;
 };
 
-// The steps of a chain "mul 2.0; add 1.0", or false when Python must handle (and
-// explain) the text. The last chain parsed is kept: a program passes the same text on
-// every call.
+// One step "<op> <number>" of `text[begin, end)`, or false when Python must handle (and
+// explain) it.
 bool parse_step(const std::string &text, size_t begin, size_t end, Step &step) {
   while (begin < end && text[begin] == ' ') ++begin;
   if (end - begin < 5 || text[begin + 3] != ' ') return false;
@@ -220,6 +219,8 @@ bool parse_step(const std::string &text, size_t begin, size_t end, Step &step) {
   return true;
 }
 
+// The steps of a chain "mul 2.0; add 1.0", or false when Python must handle the text.
+// The last chain parsed is kept (`cached`): a program passes the same text every call.
 bool parse_steps(c10::string_view view, std::vector<Step> &steps, std::string &cached) {
   if (view == cached) return true;
   std::string text(view);
