@@ -708,6 +708,10 @@ SM = [
            "        POINTWISE_STEPS[op].out(target, value, out=target)\n",
            "        POINTWISE_STEPS[op].out(source, value, out=target)\n",
            "the Python kernel's later steps read the input again"),
+    Mutant("pointwise_fake_kernel_checks_nothing", "SM-24", "refimpl/symmetric_memory.py",
+           "    _check_pointwise(symm_buffer, local_input, reduce_op, prologue, epilogue,\n"
+           "                     \"one_shot_all_reduce_pointwise\", real=False)\n", "",
+           "the fake kernel only shapes the result: a bad step passes tracing"),
     Mutant("python_two_spaces_accepted", "SM-24", "refimpl/symmetric_memory.py",
            "value is None or number != number.strip():",
            "value is None:",
@@ -993,6 +997,7 @@ CATCHING_CASE: dict[str, str] = {
     "native_overlapping_local_input":
         "test_pointwise_arguments_are_refused_on_every_rank_before_any_wait",
     "python_steps_read_the_input": "test_pointwise_steps_are_bitwise_the_aten_ops_on_every_rank",
+    "pointwise_fake_kernel_checks_nothing": "test_pointwise_schema_and_fake_kernel",
     "python_two_spaces_accepted":
         "test_pointwise_arguments_are_refused_on_every_rank_before_any_wait",
     "all_gather_group_size_unchecked": "test_bad_input_is_refused[group_size_below]",

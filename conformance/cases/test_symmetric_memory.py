@@ -531,6 +531,36 @@ def test_pointwise_arguments_are_refused_on_every_rank_before_any_wait(backend):
         assert result == [12.0] * 4  # (3 * 2 + 0.5) on 2 ranks, then - 1
 
 
+@pytest.mark.spec("SM-24", "SM-13")
+def test_pointwise_schema_and_fake_kernel(backend):
+    sm = backend.require(CONCEPT, "ops", "pointwise_steps")
+    op = sm.ops.one_shot_all_reduce_pointwise.default
+    schema = op._schema  # compared field by field: torch versions quote defaults differently
+    assert [(a.name, str(a.type), a.default_value) for a in schema.arguments] == [
+        ("symm_buffer", "Tensor", None), ("local_input", "Tensor", None),
+        ("reduce_op", "str", None), ("group_name", "str", None),
+        ("prologue", "str", ""), ("epilogue", "str", "")]
+    assert schema.arguments[0].alias_info.is_write  # Tensor(a!): the buffer is written
+    assert not any(a.alias_info for a in schema.arguments[1:])
+    assert [str(r.type) for r in schema.returns] == ["Tensor"]
+    assert schema.returns[0].alias_info is None  # a new tensor, not the buffer
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def program(epilogue="add 1.0", cast=lambda t: t, rows=3):  # fake: nothing communicates
+        def traced(buf, x):
+            return op(cast(buf), cast(x)[:rows], "sum", "no-such-group", "mul 2.0", epilogue)
+        return traced
+
+    gm = make_fx(program(), tracing_mode="fake")(torch.ones(3, 5), torch.ones(3, 5))
+    out = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+    assert tuple(out.meta["val"].shape) == (3, 5)
+    for bad, argument in ((program(epilogue="pow 2.0"), "epilogue"),
+                          (program(rows=2), "local_input"),
+                          (program(cast=lambda t: t.int()), "prologue")):
+        with pytest.raises(ValueError, match=f"^{argument}: "):
+            make_fx(bad, tracing_mode="fake")(torch.ones(3, 5), torch.ones(3, 5))
+
+
 def _mismatched_calls(spec: str):
     sm, group, device = _setup(spec, "empty", "ops")
     rank = dist.get_rank()
