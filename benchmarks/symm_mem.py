@@ -3,11 +3,16 @@
 For 2 and 4 ranks and float32 `sum` over 1 KiB to 4 MiB, every rank times each operation
 on its own; the table shows rank 0's p50 / p90 latency in microseconds. `one-shot`
 allocates its result, `out=` writes a preallocated one; gloo, two-shot and DeepSpeed
-reduce in place. DeepSpeed (`deepspeed.comm.inference_all_reduce`, its CPU shared-memory
-op) is the peer column when its virtual environment exists (`--deepspeed-python`,
-default /work/venvs/deepspeed/bin/python; see benchmarks/deepspeed_peer.py), run right
-after refimpl's ranks of the same world size; nothing in refimpl needs it. The ratio
-column is DeepSpeed's p50 over refimpl one-shot's p50 (above 1: refimpl is faster).
+reduce in place. Those three refimpl columns reduce a symmetric buffer that nobody
+writes between calls, so its cache lines stay shared by every core; `copy-in` copies a
+plain tensor into the buffer first, inside the kernel (`one_shot_all_reduce_pointwise`
+with empty chains), as DeepSpeed's op copies its input into its shared buffer on every
+call: new data crosses between cores each time, the fair column against DeepSpeed.
+DeepSpeed (`deepspeed.comm.inference_all_reduce`, its CPU shared-memory op) is the peer
+column when its virtual environment exists (`--deepspeed-python`, default
+/work/venvs/deepspeed/bin/python; see benchmarks/deepspeed_peer.py), run right after
+refimpl's ranks of the same world size; nothing in refimpl needs it. The ratio columns
+are DeepSpeed's p50 over refimpl one-shot's and copy-in's (above 1: refimpl is faster).
 
     python benchmarks/symm_mem.py [--worlds 2 4] [--quick] [--no-deepspeed]
 """
@@ -58,11 +63,14 @@ def _bench_rank(sizes: list[int], quick: bool) -> list[tuple]:
         buf.zero_()  # sums of zeros stay zero, however often two-shot reduces in place
         sm.rendezvous(buf, group)
         out = torch.empty(numel)
+        fresh = torch.zeros(numel)
         one = percentiles_us(lambda: ops.one_shot_all_reduce(buf, "sum", group), n)
+        copy_in = percentiles_us(
+            lambda: ops.one_shot_all_reduce_pointwise(buf, fresh, "sum", group), n)
         one_out = percentiles_us(lambda: ops.one_shot_all_reduce_out(buf, "sum", group, out=out),
                                  n)
         two = percentiles_us(lambda: ops.two_shot_all_reduce_(buf, "sum", group), n)
-        rows.append((nbytes, gloo, one, one_out, two))
+        rows.append((nbytes, gloo, one, copy_in, one_out, two))
     return rows
 
 
@@ -109,16 +117,19 @@ def main() -> None:
         ds = None if args.no_deepspeed else deepspeed_rows(args.deepspeed_python, world, SIZES,
                                                            args.quick)
         tables.append((world, rows, ds))
-    print("\np50 / p90 in microseconds (rank 0); ratio = DeepSpeed p50 / refimpl one-shot p50\n")
-    print("| ranks | size | refimpl one-shot | refimpl `out=` | refimpl two-shot | DeepSpeed "
-          "| ratio | gloo |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\np50 / p90 in microseconds (rank 0); ratios = DeepSpeed p50 / refimpl one-shot p50 "
+          "and / copy-in p50\n")
+    print("| ranks | size | refimpl one-shot | refimpl copy-in | refimpl `out=` "
+          "| refimpl two-shot | DeepSpeed | ratio | ratio copy-in | gloo |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for world, rows, ds in tables:
-        for nbytes, gloo, one, one_out, two in rows:
+        for nbytes, gloo, one, copy_in, one_out, two in rows:
             peer = ds[nbytes]["inference_all_reduce"] if ds else None
             ratio = f"{peer[0] / one[0]:.2f}" if peer else "-"
-            print(f"| {world} | {_size(nbytes)} | {_cell(one)} | {_cell(one_out)} | {_cell(two)} "
-                  f"| {_cell(peer)} | {ratio} | {_cell(gloo)} |")
+            ratio_in = f"{peer[0] / copy_in[0]:.2f}" if peer else "-"
+            print(f"| {world} | {_size(nbytes)} | {_cell(one)} | {_cell(copy_in)} "
+                  f"| {_cell(one_out)} | {_cell(two)} | {_cell(peer)} | {ratio} | {ratio_in} "
+                  f"| {_cell(gloo)} |")
     print(f"\n# load average after {os.getloadavg()[0]:.2f}; /dev/shm refimpl segments left: "
           f"{len(sm.leaked_segments())}")
 

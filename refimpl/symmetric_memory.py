@@ -135,7 +135,7 @@ REDUCE_OPS = {"sum": 0, "avg": 1, "max": 2, "min": 3}
 # --------------------------------------------------------------------------------------
 _allocators: dict[str, object] = {}
 # alloc_id -> its last granted request: (size, stride, dtype, device, group_name) as given,
-# then the device and the allocator they resolved to (see `empty_strided_p2p`).
+# then a function of no arguments that grants it again (see `empty_strided_p2p`).
 _granted: dict[int, tuple] = {}
 
 
@@ -153,6 +153,10 @@ def register_allocator(device_type: str, allocator) -> None:
         says; once it exists, a lookup: no system call). Arguments arrive checked
         (SM-3; a repeated persistent request was checked when it was first granted,
         see `empty_strided_p2p`); it MUST NOT communicate.
+      - `reissuer(alloc_id) -> Callable[[], Tensor]` (optional), right after a persistent
+        request was granted: a function that grants that same request again (SM-4's
+        check that no tensor of the last grant is alive, then the tensor), for the
+        module to call instead of `empty_strided_p2p` while the request repeats.
       - `allocation_of(tensor) -> SymmetricAllocation | None`: the record of the
         allocation whose storage holds `tensor` (any view of it), else None. The ops
         call it on every call: it must be a lookup (no system call, no allocation).
@@ -671,6 +675,19 @@ class CpuAllocator:
         alloc.layout = layout
         return alloc.owner.detach()
 
+    def reissuer(self, alloc_id: int):
+        """`alloc_id`'s last granted request, again: SM-4's alive check and an alias of
+        the kept tensor (see `register_allocator`). What a compiled program's comm
+        buffer costs per call once it exists."""
+        alloc = self._persistent[alloc_id]
+        use_count = functools.partial(torch._C._storage_Use_Count, alloc.storage._cdata)
+
+        def grant_again() -> torch.Tensor:
+            if use_count() > 2:  # more users than the storage object and the owner
+                _check_persistent(alloc, True, alloc.nbytes, alloc.group_name, alloc_id)
+            return alloc.owner.detach()
+        return grant_again
+
     def _release(self, alloc: _CpuAllocation) -> None:
         """The last tensor over a (non-persistent) allocation died: forget it."""
         if self._live.get(alloc.base) is alloc:
@@ -787,9 +804,8 @@ def empty_strided_p2p(size, stride, dtype: torch.dtype, device, group_name: str 
     if (granted is not None and granted[0] is size and granted[1] is stride
             and granted[2] is dtype and granted[3] == device and granted[4] == group_name):
         # The arguments of the last granted request, unchanged (immutable): SM-3's checks
-        # passed on them already; only the allocator's lookup and SM-4's checks remain.
-        return granted[6].empty_strided_p2p(size, stride, dtype, granted[5], group_name,
-                                            alloc_id)
+        # passed on them already; only SM-4's alive check remains.
+        return granted[5]()
     size, stride = _check_shape(size, stride)
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype: expected a torch.dtype, got {dtype!r} [SM-3]")
@@ -805,7 +821,10 @@ def empty_strided_p2p(size, stride, dtype: torch.dtype, device, group_name: str 
     tensor = allocator.empty_strided_p2p(size, stride, dtype, device, group_name, alloc_id)
     if alloc_id is not None:
         # `size` and `stride` are tuples now, ours unless the caller gave tuples.
-        _granted[alloc_id] = (size, stride, dtype, given_device, group_name, device, allocator)
+        reissuer = getattr(allocator, "reissuer", None)
+        again = (reissuer(alloc_id) if reissuer is not None else functools.partial(
+            allocator.empty_strided_p2p, size, stride, dtype, device, group_name, alloc_id))
+        _granted[alloc_id] = (size, stride, dtype, given_device, group_name, again)
     return tensor
 
 

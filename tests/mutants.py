@@ -734,6 +734,17 @@ SM = [
            "refimpl/symmetric_memory.py",
            "alive = _storage_users(alloc.storage) > 1", "alive = _storage_users(alloc.storage) > 2",
            "the allocator's own tensor counted twice: one live holder goes unnoticed"),
+    Mutant("reissued_live_view_not_counted", "SM-4", "refimpl/symmetric_memory.py",
+           "if use_count() > 2:", "if use_count() > 3:",
+           "a repeated request counts the allocator's tensor twice: one live holder passes"),
+    Mutant("reissue_skips_the_alive_check", "SM-4", "refimpl/symmetric_memory.py",
+           "            if use_count() > 2:  # more users than the storage object and the owner\n"
+           "                _check_persistent(alloc, True, alloc.nbytes, alloc.group_name, "
+           "alloc_id)\n", "",
+           "the repeated request is a bare lookup: a live allocation is handed out twice"),
+    Mutant("repeated_request_ignores_the_group", "SM-4", "refimpl/symmetric_memory.py",
+           " and granted[4] == group_name):", "):",
+           "the repeat check compares the layout and device, not the group"),
     Mutant("persistent_layout_ignores_the_dtype", "SM-3", "refimpl/symmetric_memory.py",
            "layout = (size, stride, dtype)", "layout = (size, stride)",
            "a request of another dtype and the same shape gets the previous dtype's tensor"),

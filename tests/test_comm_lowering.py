@@ -77,6 +77,47 @@ def test_cl1_lower_returns_a_new_module_and_leaves_its_input_alone(fake_world):
     assert "refimpl_c10d.all_reduce_.default" in targets(lowered)
 
 
+def test_cl1_the_lowered_program_is_still_called_as_a_module(fake_world):
+    """lower() lets a call go straight to the generated code (refimpl._fx.call_straight)
+    only while nn.Module's call path would do nothing else: every kind of hook still runs,
+    an error inside is raised as itself, and recompile() gives FX's call path back."""
+    from torch.nn.modules import module as nn_module
+
+    lowered = lower(traced("ar_graph_input"))
+    assert type(lowered).__call__ is _fx_call_straight()
+    x = torch.arange(4.0)
+    want = lowered.forward(x.clone())[0]
+
+    def call(x):
+        return lowered(x.clone())[0]
+    seen = []
+    handles = [lowered.register_forward_pre_hook(lambda m, a: seen.append("pre")),
+               lowered.register_forward_hook(lambda m, a, out: seen.append("post")),
+               nn_module.register_module_forward_pre_hook(lambda m, a: seen.append("global"))]
+    assert torch.equal(call(x), want)
+    assert seen == ["global", "pre", "post"]
+    for handle in handles:
+        handle.remove()
+    assert torch.equal(call(x), want) and len(seen) == 3  # straight: no hook
+    edited = nn_module.register_module_forward_hook(lambda m, a, out: (out[0] + 1,))
+    try:
+        assert torch.equal(call(x), want + 1), "a global hook's result is used"
+    finally:
+        edited.remove()
+    with pytest.raises(RuntimeError) as raised:  # from the op, inside the generated code
+        lowered("not a tensor")
+    assert any(frame.name == "forward" for frame in raised.traceback)
+    lowered.recompile()
+    assert type(lowered).__call__ is not _fx_call_straight()
+    assert torch.equal(call(x), want)
+
+
+def _fx_call_straight():
+    from refimpl import _fx
+
+    return _fx._call_straight
+
+
 @pytest.mark.parametrize("name, one_shot", [
     ("ar_graph_input", False), ("ar_coalesced", False), ("broadcast", False),
     ("ar_small_intermediate", True), ("ar_inplace_small", True)])
