@@ -663,6 +663,17 @@ SM = [
            "return try_transition(slot, ready, ready_with_sleeper, next, order) ? 0 : 1;",
            "return try_transition(slot, ready, ready_with_sleeper, next, order) ? 1 : 0;",
            "the status of the last try after the deadline inverted"),
+    Mutant("pair_avg_divides_by_one", "SM-15", "kernels/cpu/symm_mem.c",
+           "out[i] = STORE(ADD(LOAD(a[i]), LOAD(b[i])) / (ACC_T)2);",
+           "out[i] = STORE(ADD(LOAD(a[i]), LOAD(b[i])) / (ACC_T)1);",
+           "a group of two's avg is its sum"),
+    Mutant("pair_sum_reads_its_own_input_twice", "SM-15", "kernels/cpu/symm_mem.c",
+           "out[i] = STORE(ADD(LOAD(a[i]), LOAD(b[i])));",
+           "out[i] = STORE(ADD(LOAD(a[i]), LOAD(a[i])));",
+           "the one-pass sum of two ranks reads the first rank's input twice"),
+    Mutant("pair_path_taken_by_larger_groups", "SM-15", "kernels/cpu/symm_mem.c",
+           "    if (nsrc == 2) {", "    if (nsrc >= 2) {",
+           "groups of three or more take the two-source pass: later ranks are dropped"),
     Mutant("avg_divides_by_one_rank_less", "SM-15", "kernels/cpu/symm_mem.c",
            "acc[i] = acc[i] / (ACC_T)nsrc;", "acc[i] = acc[i] / (ACC_T)(nsrc - 1);",
            "avg divides by the number of additions instead of the number of ranks"),
@@ -1190,8 +1201,10 @@ CATCHING_CASE: dict[str, str] = {
     "two_shot_chunk_rounded_down":
         "test_one_shot_and_two_shot_sum_are_bitwise_the_rank_order_reference[float32-2]",
     "timeout_reported_as_success": "test_a_wait_times_out_naming_the_peer",
-    "avg_divides_by_one_rank_less": "test_every_dtype_and_reduce_op_in_rank_order_on_every_rank",
-    "max_drops_a_later_ranks_nan": "test_every_dtype_and_reduce_op_in_rank_order_on_every_rank",
+    "avg_divides_by_one_rank_less":
+        "test_every_dtype_and_reduce_op_in_rank_order_on_every_rank[3]",
+    "max_drops_a_later_ranks_nan": "test_every_dtype_and_reduce_op_in_rank_order_on_every_rank[3]",
+    "pair_avg_divides_by_one": "test_every_dtype_and_reduce_op_in_rank_order_on_every_rank[2]",
     "call_check_skips_the_last_rank":
         "test_a_call_that_differs_between_ranks_fails_on_every_rank_naming_the_rank",
     "barrier_waits_for_one_peer_less":

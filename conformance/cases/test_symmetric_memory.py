@@ -371,11 +371,14 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 @pytest.mark.spec("SM-14", "SM-15", "SM-16")
-def test_every_dtype_and_reduce_op_in_rank_order_on_every_rank(backend):
-    """World 3, numel 0 .. 7: fewer elements than ranks, not a multiple of the group size
-    (two-shot's last chunks short or empty), order-sensitive values, NaN, integer wrap."""
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_dtype_and_reduce_op_in_rank_order_on_every_rank(backend, world):
+    """Numel 0 .. 7: fewer elements than ranks, not a multiple of the group size (two-shot's
+    last chunks short or empty), order-sensitive values, NaN, integer wrap; and 300, past
+    any vector width and block with a tail. A group of two is a case of its own: an
+    implementation may reduce two sources in a pass of their own."""
     backend.require(CONCEPT, "empty", "ops")
-    world, numels = 3, [0, 1, 2, 4, 7]
+    numels = [0, 1, 2, 4, 7, 300]
     results = run(backend, _every_kind, world, numels)
     for (dtype_name, op), numel in ((k, n) for k in KINDS for n in numels):
         want = _rank_order([_kind_input(r, dtype_name, numel) for r in range(world)], op)
