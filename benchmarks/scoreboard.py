@@ -125,7 +125,7 @@ python -m venv /work/venvs/torch214 && /work/venvs/torch214/bin/pip install \\
     /opt/pypi-more/files/torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl \\
     pytest pytest-xdist expecttest hypothesis numpy
 # the three runs (JSON reports in build/scoreboard/) and this file, in one command:
-/work/bin/cpu-slot --exclusive python benchmarks/scoreboard.py run \\
+python benchmarks/scoreboard.py run \\
     --upstream python --upstream /work/venvs/torch214/bin/python
 # or this file alone, from reports made earlier:
 python benchmarks/scoreboard.py make build/scoreboard/*.json

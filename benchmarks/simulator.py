@@ -13,8 +13,8 @@
    (MemoryTracker, CPU storages kept) on the same graphs in the same run; microseconds
    per collective show linearity. Upstream has no simulator of a given order to compare.
 
-Run exclusive: /work/bin/cpu-slot --exclusive python benchmarks/simulator.py
-                 [--sizes 1000,2000,4000] [--repeat 15] [--profile-out FILE]
+Run with nothing else busy on the machine:
+    python benchmarks/simulator.py [--sizes 1000,2000,4000] [--repeat 15] [--profile-out FILE]
 """
 
 from __future__ import annotations
