@@ -101,6 +101,16 @@ def _cell(p: tuple[float, float] | list[float] | None) -> str:
     return "-" if p is None else f"{p[0]:.1f} / {p[1]:.1f}"
 
 
+def require_native_ops() -> None:
+    """Refuse to time the ops' Python kernels in place of their C++ ones (SM-18): a
+    failed build only warns, and every refimpl row would be slower without saying so."""
+    import refimpl.symmetric_memory as symm
+
+    if symm._native_ops is None:
+        sys.exit("benchmarks/symm_mem.py: refimpl's C++ op kernels are not loaded (see the "
+                 "warning above); the ops would run their Python kernels")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
@@ -108,6 +118,7 @@ def main() -> None:
     parser.add_argument("--deepspeed-python", default=DEEPSPEED_PYTHON)
     parser.add_argument("--no-deepspeed", action="store_true")
     args = parser.parse_args()
+    require_native_ops()
     print(f"# symmetric-memory all-reduce, float32 sum: {os.cpu_count()} CPUs, "
           f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"load average before {os.getloadavg()[0]:.2f}\n")
