@@ -13,6 +13,8 @@ column when its virtual environment exists (`--deepspeed-python`, default
 /work/venvs/deepspeed/bin/python; see benchmarks/deepspeed_peer.py), run right after
 refimpl's ranks of the same world size; nothing in refimpl needs it. The ratio columns
 are DeepSpeed's p50 over refimpl one-shot's and copy-in's (above 1: refimpl is faster).
+`DeepSpeed op` is the op under DeepSpeed's Python API (`torch.ops.deepspeed.
+inference_all_reduce_`), what refimpl's columns call directly.
 
     python benchmarks/symm_mem.py [--worlds 2 4] [--quick] [--no-deepspeed]
 """
@@ -131,15 +133,17 @@ def main() -> None:
     print("\np50 / p90 in microseconds (rank 0); ratios = DeepSpeed p50 / refimpl one-shot p50 "
           "and / copy-in p50\n")
     print("| ranks | size | refimpl one-shot | refimpl copy-in | refimpl `out=` "
-          "| refimpl two-shot | DeepSpeed | ratio | ratio copy-in | gloo |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| refimpl two-shot | DeepSpeed | DeepSpeed op | ratio | ratio copy-in | gloo |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for world, rows, ds in tables:
         for nbytes, gloo, one, copy_in, one_out, two in rows:
             peer = ds[nbytes]["inference_all_reduce"] if ds else None
+            raw = ds[nbytes]["raw_op"] if ds else None
             ratio = f"{peer[0] / one[0]:.2f}" if peer else "-"
             ratio_in = f"{peer[0] / copy_in[0]:.2f}" if peer else "-"
             print(f"| {world} | {_size(nbytes)} | {_cell(one)} | {_cell(copy_in)} "
-                  f"| {_cell(one_out)} | {_cell(two)} | {_cell(peer)} | {ratio} | {ratio_in} "
+                  f"| {_cell(one_out)} | {_cell(two)} | {_cell(peer)} | {_cell(raw)} | {ratio} "
+                  f"| {ratio_in} "
                   f"| {_cell(gloo)} |")
     print(f"\n# load average after {os.getloadavg()[0]:.2f}; /dev/shm refimpl segments left: "
           f"{len(sm.leaked_segments())}")
