@@ -95,10 +95,12 @@ def node_args(arg) -> list[torch.fx.Node]:
 # A GraphModule call goes through FX's error-message wrapper and nn.Module's call path
 # before its generated `forward`: about 1.5 us, as much as a one-shot all-reduce of 4 KiB
 # (benchmarks/results/symm_mem.md). `call_straight` lets a program skip them while
-# nothing needs them: no hook, no `Module.compile`, no tracer patching `Module.__call__`.
+# nothing needs them: no hook, no `Module.compile`, no tracer patching `Module.__call__`,
+# no profiler.
 _MODULE_CALL = torch.nn.Module.__call__
 _nn = torch.nn.modules.module
 _tracing_state = torch._C._get_tracing_state  # torch.jit.trace is running
+_profiling = torch._C._autograd._profiler_enabled  # the profiler records module calls
 
 
 def _call_straight(self, *args, **kwargs):
@@ -107,16 +109,18 @@ def _call_straight(self, *args, **kwargs):
             or self._backward_pre_hooks or self._compiled_call_impl is not None
             or _nn._global_forward_hooks or _nn._global_forward_pre_hooks
             or _nn._global_backward_hooks or _nn._global_backward_pre_hooks
-            or torch.nn.Module.__call__ is not _MODULE_CALL or _tracing_state()):
+            or torch.nn.Module.__call__ is not _MODULE_CALL or _tracing_state()
+            or _profiling()):
         return self._wrapped_call(self, *args, **kwargs)  # FX's path, set by recompile()
     return self.forward(*args, **kwargs)
 
 
 def call_straight(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """Make calls of `gm` run its generated code directly whenever nn.Module's call path
-    would do nothing but reach it. Hooks, `gm.compile()` and tracers see the usual path;
-    an error raised inside is the same exception, without FX's note on stderr that
-    repeats the generated line (the traceback shows it). `gm.recompile()` undoes this."""
+    would do nothing but reach it. Hooks, `gm.compile()`, tracers and the profiler see
+    the usual path; an error raised inside is the same exception, without FX's note on
+    stderr that repeats the generated line (the traceback shows it). `gm.recompile()`
+    (which pickling calls) undoes this."""
     cls = type(gm)  # FX gives every GraphModule a class of its own
     if cls is torch.fx.GraphModule or "_wrapped_call" not in vars(cls):
         raise TypeError("gm: call_straight needs a recompiled GraphModule of its own class")

@@ -680,9 +680,15 @@ class CpuAllocator:
         the kept tensor (see `register_allocator`). What a compiled program's comm
         buffer costs per call once it exists."""
         alloc = self._persistent[alloc_id]
+        layout = alloc.layout  # the request just granted: `owner` has its layout
         use_count = functools.partial(torch._C._storage_Use_Count, alloc.storage._cdata)
 
         def grant_again() -> torch.Tensor:
+            nonlocal layout
+            if alloc.layout is not layout:  # another layout was granted since, directly
+                tensor = self._persistent_tensor(*layout, alloc.group_name, alloc_id)
+                layout = alloc.layout  # ours again
+                return tensor
             if use_count() > 2:  # more users than the storage object and the owner
                 _check_persistent(alloc, True, alloc.nbytes, alloc.group_name, alloc_id)
             return alloc.owner.detach()

@@ -115,6 +115,46 @@ def test_cl1_the_lowered_program_is_still_called_as_a_module(fake_world):
     assert torch.equal(call(x), want)
 
 
+def test_cl1_compile_tracers_and_the_profiler_still_see_the_module_call(fake_world):
+    """Each of the other things call_straight must leave nn.Module's path to: a module
+    compiled with `Module.compile`, an FX tracer that keeps the module as a leaf (it
+    patches `Module.__call__`), and the profiler's record of the module call."""
+    lowered = lower(traced("ar_graph_input"))
+    x = torch.arange(4.0)
+    compiled_graphs = []
+
+    def counting_backend(gm, example_inputs):
+        compiled_graphs.append(gm)
+        return gm.forward
+
+    lowered.compile(backend=counting_backend)
+    try:
+        lowered(x.clone())
+    finally:
+        lowered._compiled_call_impl = None  # what Module.compile set, undone
+    assert compiled_graphs, "Module.compile's function was not called"
+
+    class Parent(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.program = lowered
+
+        def forward(self, x):
+            return self.program(x)
+
+    class KeepsTheProgram(torch.fx.Tracer):
+        def is_leaf_module(self, module, qualified_name):
+            return module is lowered or super().is_leaf_module(module, qualified_name)
+
+    graph = KeepsTheProgram().trace(Parent())
+    assert [n.target for n in graph.nodes if n.op == "call_module"] == ["program"]
+
+    with torch.profiler.profile(with_stack=True) as prof:  # records module calls
+        lowered(x.clone())
+    names = [event.name for event in prof.events()]
+    assert any(name.startswith("nn.Module:") for name in names), names[:20]
+
+
 def _fx_call_straight():
     from refimpl import _fx
 

@@ -135,6 +135,21 @@ def test_a_repeated_persistent_request_is_checked_again_when_its_size_changed_SM
         sm.empty_strided_p2p(size, (1,), torch.float32, "cpu", "test-granted", 0x5151)
 
 
+def test_a_repeated_persistent_request_keeps_its_layout_after_another_grant_SM_4():
+    """A layout granted by the allocator directly, between two repeats of a request: the
+    repeat still gets its own layout, and a live tensor of it is still refused."""
+    request = ((4,), (1,), torch.float32, "cpu", "test-granted", 0x5153)
+    sm.empty_strided_p2p(*request)
+    sm.get_allocator("cpu").empty_strided_p2p((4,), (1,), torch.int32, torch.device("cpu"),
+                                              "test-granted", 0x5153)
+    for _ in range(2):  # the first repeat lays it out again, the second looks it up
+        again = sm.empty_strided_p2p(*request)
+        assert again.dtype == torch.float32 and again.shape == (4,)
+        with pytest.raises(RuntimeError, match=r"still alive \[SM-4\]"):
+            sm.empty_strided_p2p(*request)
+        del again
+
+
 def test_a_persistent_allocation_first_asked_for_in_inference_mode_serves_autograd_SM_4():
     request = ((4,), (1,), torch.float32, "cpu", "test-granted", 0x5152)
     with torch.inference_mode():
@@ -250,17 +265,22 @@ def test_kernels_build_from_source_and_carry_its_hash_SM_18(tmp_path):
     assert loaded.rsm_source_hash().decode() == _native.source_hash(source), "not stale"
 
 
+@pytest.mark.parametrize("nsrc", [2, 3])  # two sources take a pass of their own
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_16_bit_kernels_round_like_torch_for_every_bit_pattern_SM_15(dtype):
+def test_16_bit_kernels_round_like_torch_for_every_bit_pattern_SM_15(dtype, nsrc):
     """The C conversions (float32 <-> 16-bit, round to nearest even) against torch's."""
     every = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype)
     for value in [1.0, -3.5, 6e-8, 60000.0, 0.1, float("inf"), float("nan")]:
         other = torch.full_like(every, value)
-        for op, reference in [("sum", torch.add), ("avg", lambda x, y: (x + y) / 2),
+        zero = torch.zeros_like(every)  # the third source adds nothing, as +0.0
+        for op, reference in [("sum", torch.add), ("avg", lambda x, y: (x + y) / nsrc),
                               ("max", torch.maximum), ("min", torch.minimum)]:
             out = torch.empty_like(every)
-            sources = (ctypes.c_void_p * 2)(every.data_ptr(), other.data_ptr())
-            assert sm._lib.rsm_reduce(ctypes.c_void_p(out.data_ptr()), sources, 2,
+            inputs = [every, other, zero][:nsrc]
+            if nsrc == 3 and op in ("max", "min"):
+                inputs[2] = other  # a repeat changes nothing: max(x, y, y) = max(x, y)
+            sources = (ctypes.c_void_p * nsrc)(*(t.data_ptr() for t in inputs))
+            assert sm._lib.rsm_reduce(ctypes.c_void_p(out.data_ptr()), sources, nsrc,
                                       ctypes.c_int64(every.numel()),
                                       sm.SUPPORTED_DTYPES[dtype], sm.REDUCE_OPS[op]) == 0
             want = reference(every.float(), other.float()).to(dtype)

@@ -876,21 +876,22 @@ def _persistent_boundaries(spec: str, alloc_id: int):
         return None
 
     new = sm.empty_strided_p2p
-    first = new((16,), (1,), torch.float32, device, group, alloc_id=alloc_id)
+    shape, stride = (16,), (1,)  # the same objects each time: a request seen before
+    first = new(shape, stride, torch.float32, device, group, alloc_id=alloc_id)
     first.fill_(5)
     # Each live refusal twice: the very arguments of the grant (an implementation may
     # remember a request it granted) and equal lists (a request it has not seen).
-    answers = [refused(new, (16,), (1,), torch.float32, device, group, alloc_id=alloc_id),
+    answers = [refused(new, shape, stride, torch.float32, device, group, alloc_id=alloc_id),
                refused(new, [16], [1], torch.float32, device, group, alloc_id=alloc_id)]
     view = first[8:]
     del first
-    answers += [refused(new, (16,), (1,), torch.float32, device, group, alloc_id=alloc_id),
+    answers += [refused(new, shape, stride, torch.float32, device, group, alloc_id=alloc_id),
                 refused(new, [16], [1], torch.float32, device, group, alloc_id=alloc_id)]
     address = view.data_ptr() - 32
     del view
     answers += [refused(new, (15,), (1,), torch.float32, device, group, alloc_id=alloc_id),
                 refused(new, (17,), (1,), torch.float32, device, group, alloc_id=alloc_id),
-                refused(new, (16,), (1,), torch.float32, device, group + "-other",
+                refused(new, shape, stride, torch.float32, device, group + "-other",
                         alloc_id=alloc_id)]
     again = new((2, 8), (8, 1), torch.float32, device, group, alloc_id=alloc_id)
     same = (again.data_ptr() == address, again.flatten().tolist() == [5.0] * 16)
