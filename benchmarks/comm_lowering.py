@@ -26,11 +26,11 @@ from __future__ import annotations
 import argparse
 import functools
 import platform
-import sys
 import time
 
 import torch
 import torch.distributed as dist
+from native_ops import require_native_ops
 
 from refimpl.multiprocess import run_on_ranks
 
@@ -117,22 +117,12 @@ def lowering_time_s(n: int) -> float:
     return elapsed
 
 
-def require_native_ops() -> None:
-    """Refuse to time the ops' Python kernels in place of their C++ ones (SM-18): a
-    failed build only warns, and every refimpl row would be slower without saying so."""
-    import refimpl.symmetric_memory as symm
-
-    if symm._native_ops is None:
-        sys.exit("benchmarks/comm_lowering.py: refimpl's C++ op kernels are not loaded (see the "
-                 "warning above); the ops would run their Python kernels")
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    require_native_ops()
+    require_native_ops("benchmarks/comm_lowering.py")
     per_rank = run_on_ranks(rank_timings, 2, args.iters, args.repeats)
     print("# all_reduce(x * 2) + 1, x = 1024 f32 (4 KiB), 2 gloo ranks on one machine")
     print(f"# torch {torch.__version__}, {platform.machine()}, 1 thread per rank, "

@@ -37,6 +37,7 @@ import refimpl.symmetric_memory as sm  # noqa: E402
 from refimpl.multiprocess import run_on_ranks  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from native_ops import require_native_ops  # noqa: E402
 from percentiles import percentiles_us  # noqa: E402
 
 SIZES = [1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]
@@ -103,16 +104,6 @@ def _cell(p: tuple[float, float] | list[float] | None) -> str:
     return "-" if p is None else f"{p[0]:.1f} / {p[1]:.1f}"
 
 
-def require_native_ops() -> None:
-    """Refuse to time the ops' Python kernels in place of their C++ ones (SM-18): a
-    failed build only warns, and every refimpl row would be slower without saying so."""
-    import refimpl.symmetric_memory as symm
-
-    if symm._native_ops is None:
-        sys.exit("benchmarks/symm_mem.py: refimpl's C++ op kernels are not loaded (see the "
-                 "warning above); the ops would run their Python kernels")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
@@ -120,7 +111,7 @@ def main() -> None:
     parser.add_argument("--deepspeed-python", default=DEEPSPEED_PYTHON)
     parser.add_argument("--no-deepspeed", action="store_true")
     args = parser.parse_args()
-    require_native_ops()
+    require_native_ops("benchmarks/symm_mem.py")
     print(f"# symmetric-memory all-reduce, float32 sum: {os.cpu_count()} CPUs, "
           f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"load average before {os.getloadavg()[0]:.2f}\n")
@@ -143,8 +134,7 @@ def main() -> None:
             ratio_in = f"{peer[0] / copy_in[0]:.2f}" if peer else "-"
             print(f"| {world} | {_size(nbytes)} | {_cell(one)} | {_cell(copy_in)} "
                   f"| {_cell(one_out)} | {_cell(two)} | {_cell(peer)} | {_cell(raw)} | {ratio} "
-                  f"| {ratio_in} "
-                  f"| {_cell(gloo)} |")
+                  f"| {ratio_in} | {_cell(gloo)} |")
     print(f"\n# load average after {os.getloadavg()[0]:.2f}; /dev/shm refimpl segments left: "
           f"{len(sm.leaked_segments())}")
 

@@ -18,6 +18,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import refimpl.functional_collectives as fc
 from conformance import oracle
 from conformance.lowering_programs import PROGRAMS, inputs_for
+from refimpl import _fx
 from refimpl.comm_lowering import (
     COMM_BUFFER_META,
     NO_FUSE_META,
@@ -84,7 +85,7 @@ def test_cl1_the_lowered_program_is_still_called_as_a_module(fake_world):
     from torch.nn.modules import module as nn_module
 
     lowered = lower(traced("ar_graph_input"))
-    assert type(lowered).__call__ is _fx_call_straight()
+    assert type(lowered).__call__ is _fx._call_straight
     x = torch.arange(4.0)
     want = lowered.forward(x.clone())[0]
 
@@ -111,7 +112,7 @@ def test_cl1_the_lowered_program_is_still_called_as_a_module(fake_world):
         lowered("not a tensor")
     assert any(frame.name == "forward" for frame in raised.traceback)
     lowered.recompile()
-    assert type(lowered).__call__ is not _fx_call_straight()
+    assert type(lowered).__call__ is not _fx._call_straight
     assert torch.equal(call(x), want)
 
 
@@ -153,12 +154,6 @@ def test_cl1_compile_tracers_and_the_profiler_still_see_the_module_call(fake_wor
         lowered(x.clone())
     names = [event.name for event in prof.events()]
     assert any(name.startswith("nn.Module:") for name in names), names[:20]
-
-
-def _fx_call_straight():
-    from refimpl import _fx
-
-    return _fx._call_straight
 
 
 @pytest.mark.parametrize("name, one_shot", [
