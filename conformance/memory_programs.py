@@ -131,8 +131,17 @@ def dead_value(ops, x):
     return _wait(ops, ops.all_reduce(y, "sum", G))
 
 
+def out_variant(ops, x):
+    """An `out=` op renames its `out`, a keyword argument, not its first one (MEM-2)."""
+    buf = torch.empty(3, 4)
+    torch.mul(x, 2, out=buf)  # aten.mul.out(x, 2, out=buf)
+    summed = _wait(ops, ops.all_reduce(buf.t(), "sum", G))  # read through a view
+    return summed + x.sum()
+
+
 PROGRAMS = {
     "all_gather_copy_out": (all_gather_copy_out, [(12,)]),
+    "out_variant": (out_variant, [(3, 4)]),
     "reduce_scatter_padded": (reduce_scatter_padded, [(3, 4)]),
     "all_reduce_inplace": (all_reduce_inplace, [(4,)]),
     "mutated_views": (mutated_views, [(8,)]),

@@ -37,6 +37,18 @@ def record_(x: torch.Tensor) -> None:
     RECORDED.append(float(x.sum()))
 
 
+@torch.library.custom_op("refimpl_conformance::note", mutates_args=())
+def note(x: torch.Tensor) -> None:
+    """Writes nothing and returns nothing: it is there for its side effect (it logs x's
+    sum), so it is a barrier too (RO-6)."""
+    RECORDED.append(float(x.sum()))
+
+
+@note.register_fake
+def _(x):
+    return None
+
+
 @dataclass(frozen=True)
 class Ctx:
     n: int  # world size
@@ -147,6 +159,29 @@ def opaque_op(ops, ctx, x, s1, s2):
     return g1 + 1, g2 + 1, a + 1
 
 
+def two_barriers(ops, ctx, x, s1, s2, s3):
+    """Three gathers between two opaque ops (one writes its argument, one returns
+    nothing): every node stays on its side of each, though data would let the waits
+    sink and the gathers rise past both."""
+    a = x * 2
+    g1 = _gather(ops, ctx, s1)
+    torch.ops.refimpl_conformance.record_(a)
+    g2 = _gather(ops, ctx, s2)
+    torch.ops.refimpl_conformance.note(a + 1)
+    g3 = _gather(ops, ctx, s3)
+    return g1 + 1, g2 + 1, g3 + 1, a + 1
+
+
+def gathers_first(ops, ctx, x, s1, s2, s3):
+    """Every gather issued before any wait: the original order itself has three
+    all_gathers in flight (RO-9's exception when a limit is set)."""
+    pending = [ops.all_gather_into_tensor(s * 1, ctx.n, ctx.world) for s in (s1, s2, s3)]
+    h = x
+    for t in pending:
+        h = h * _wait(ops, t)
+    return h
+
+
 def memory_bound(ops, ctx, x, s1, s2):
     """A large intermediate sets the peak; raising a gather across it costs its bytes."""
     big = x * 2                                         # the peak is while it lives
@@ -182,6 +217,8 @@ def _shapes(name: str, ctx: Ctx) -> list[tuple]:
         "lowered_all_reduce": [(4,), (4,)],
         "two_groups": [(2,), (2,), (2,), (2 * ctx.n,)],
         "opaque_op": [(4,), (r,), (r,)],
+        "two_barriers": [(4,), (r,), (r,), (r,)],
+        "gathers_first": [(8,), (r,), (r,), (r,)],
         "memory_bound": [(60,), (r,), (r,)],  # on 4 ranks: peak 500 B, a gather 32 B
         "stall_tie": [(4,), (2, 2), (4,)],
     }[name]
@@ -191,7 +228,9 @@ FUNCTIONS = {
     "fsdp_forward": fsdp_forward, "fsdp_forward_bucketed": fsdp_forward_params,
     "fsdp_backward": fsdp_backward, "mutated_buffer": mutated_buffer,
     "lowered_all_reduce": shared_all_reduce, "two_groups": two_groups,
-    "opaque_op": opaque_op, "memory_bound": memory_bound, "stall_tie": stall_tie,
+    "opaque_op": opaque_op, "two_barriers": two_barriers, "gathers_first": gathers_first,
+    "memory_bound": memory_bound,
+    "stall_tie": stall_tie,
 }
 PROGRAMS = list(FUNCTIONS)
 
@@ -284,6 +323,8 @@ CASES = [
     Case("lowered_all_reduce", math.inf),
     Case("two_groups", math.inf),
     Case("opaque_op", math.inf),
+    Case("two_barriers", math.inf),
+    Case("gathers_first", 0.0, ONE_ALL_GATHER),
     Case("memory_bound", 0.065),  # on 4 ranks: 532 B may be planned, 500 + 32 (RO-9)
     Case("memory_bound", 0.05),
     Case("stall_tie", math.inf),

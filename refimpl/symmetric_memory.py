@@ -64,7 +64,7 @@ _default_timeout_ms = int(os.environ.get("REFIMPL_SYMM_MEM_TIMEOUT_MS", "60000")
 def set_default_timeout(timeout_ms: int) -> int:
     """Set the timeout used when a call passes none (or 0); returns the previous one."""
     global _default_timeout_ms
-    if not isinstance(timeout_ms, int) or timeout_ms <= 0:
+    if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or timeout_ms <= 0:
         raise ValueError(f"timeout_ms: must be a positive int, got {timeout_ms!r} [SM-11]")
     previous, _default_timeout_ms = _default_timeout_ms, timeout_ms
     if _native_ops is not None:
@@ -938,6 +938,15 @@ def _explain_reduce_input(input, reduce_op, where: str, arg: str) -> tuple[int, 
     return codes
 
 
+def _check_group_of(alloc, group_name, where: str, arg: str) -> None:
+    """SM-14: an op's input lies in an allocation for `group_name`, the group it was
+    allocated or rendezvoused for (rendezvous would refuse it too, naming its own `group`)."""
+    own = alloc.handle.group_name if alloc.handle is not None else alloc.group_name
+    if own is not None and own != group_name:
+        raise ValueError(f"group_name: {where} was given group {group_name!r}, but its "
+                         f"{arg}'s allocation is for group {own!r} [SM-14]")
+
+
 def _check_out(input, out) -> None:
     if out.shape != input.shape or out.dtype != input.dtype or not out.is_contiguous():
         raise ValueError(f"out: must be contiguous with the input's shape {tuple(input.shape)} "
@@ -1052,6 +1061,7 @@ def _kernels(device_type: str) -> dict:
         alloc = allocator.allocation_of(input) if allocator is not None else None
         if alloc is None or alloc.handle is None or alloc.handle.group_name != group_name:
             _, alloc = _allocation(input, where, arg=arg)  # the checks, with their errors
+            _check_group_of(alloc, group_name, where, arg)
             rendezvous(input, group_name)
         handle = alloc.handle
         if handle._failure is not None:

@@ -303,6 +303,28 @@ FC = [
 # --------------------------------------------------------------------------------------
 _CL = "refimpl/comm_lowering.py"
 CL = [
+    # the straight call of a lowered module (refimpl/_fx.py): each check it may forget
+    Mutant("straight_call_skips_forward_hooks", "CL-1", "refimpl/_fx.py",
+           "self._forward_hooks or ", "",
+           "the module's forward hooks not among the reasons to take nn.Module's path"),
+    Mutant("straight_call_skips_global_pre_hooks", "CL-1", "refimpl/_fx.py",
+           "_nn._global_forward_pre_hooks\n            or ", "",
+           "global forward pre-hooks forgotten (registered for every module, not this one)"),
+    Mutant("straight_call_skips_backward_pre_hooks", "CL-1", "refimpl/_fx.py",
+           "self._backward_pre_hooks or ", "",
+           "full backward pre-hooks forgotten: nn.Module's path installs them at the call"),
+    Mutant("straight_call_under_jit_trace", "CL-1", "refimpl/_fx.py",
+           "_tracing_state()\n            or ", "",
+           "torch.jit.trace not noticed: the traced graph loses the module's scope"),
+    Mutant("straight_call_past_module_compile", "CL-1", "refimpl/_fx.py",
+           "self._compiled_call_impl is not None\n            or ", "",
+           "Module.compile's compiled call skipped"),
+    Mutant("straight_call_past_a_patched_module_call", "CL-1", "refimpl/_fx.py",
+           "torch.nn.Module.__call__ is not _MODULE_CALL or ", "",
+           "an FX tracer that patched Module.__call__ traces through the module"),
+    Mutant("straight_call_unprofiled", "CL-1", "refimpl/_fx.py",
+           "            or _profiling()):", "            ):",
+           "the profiler's record of the module call lost"),
     Mutant("one_shot_threshold_exclusive", "CL-10", _CL,
            "    if size > config.one_shot_all_reduce_threshold_bytes:\n",
            "    if size >= config.one_shot_all_reduce_threshold_bytes:\n",
@@ -533,6 +555,25 @@ BK = [
 # --------------------------------------------------------------------------------------
 _RO = "refimpl/reorder.py"
 RO = [
+    Mutant("last_resort_takes_a_block_of_another_queue", "RO-8", "refimpl/reorder.py",
+           "if not block.placed and block.queued == name and \\\n",
+           "if not block.placed and block.queued != name and \\\n",
+           "== for != : the forced move places a block queued elsewhere"),
+    Mutant("last_resort_ignores_the_limit", "RO-8", "refimpl/reorder.py",
+           "(block.kind != COLLECTIVE or self._flight_allows(block)):",
+           "(block.kind != COLLECTIVE and self._flight_allows(block)):",
+           "or for and: a forced move starts a collective the limit forbids"),
+    Mutant("barrier_keeps_only_what_follows_the_previous_one", "RO-6", "refimpl/reorder.py",
+           "            since = barriers[k - 1] if k else 0\n",
+           "            since = barriers[k] if k else 0\n",
+           "off by one barrier: the nodes between two barriers may move past the second"),
+    Mutant("barrier_holds_nothing_after_it_but_the_last", "RO-6", "refimpl/reorder.py",
+           "until = barriers[k + 1] if k + 1 < len(barriers) else len(self.body)",
+           "until = barriers[k] if k + 1 < len(barriers) else len(self.body)",
+           "off by one barrier: only the last barrier holds the nodes after it"),
+    Mutant("op_returning_nothing_is_compute", "RO-6", "refimpl/reorder.py",
+           "    if not target._schema.returns:\n", "    if target._schema.returns:\n",
+           "the check inverted: an op that returns nothing is moved across"),
     Mutant("stalls_refreshed_only_after_their_end", "RO-12", "refimpl/reorder.py",
            "while stalling and stalling[0][0] <= self.clock:",
            "while stalling and stalling[0][0] < self.clock:",
@@ -727,6 +768,44 @@ SM = [
            "value is None or number != number.strip():",
            "value is None:",
            "'mul  2.0' accepted: float() strips the extra space"),
+    Mutant("native_serves_under_another_allocator", "SM-1", "kernels/cpu/symm_mem_ops.cpp",
+           "if (!enabled || !input.is_contiguous() || one_shot_fn == nullptr) return false;",
+           "if (!input.is_contiguous() || one_shot_fn == nullptr) return false;",
+           "the fast path keeps serving refimpl's allocations after another allocator was "
+           "registered for cpu: the ops no longer ask the registered one"),
+    Mutant("native_group_name_unchecked", "SM-14", "kernels/cpu/symm_mem_ops.cpp",
+           "if (it == table.end() || it->second.group_name != group_name) return false;",
+           "if (it == table.end()) return false;",
+           "an allocation found by its address alone: a call naming another group of the "
+           "same ranks reduces over the allocation's group"),
+    Mutant("native_result_recycled_while_held", "SM-15", "kernels/cpu/symm_mem_ops.cpp",
+           "if (!last || last.use_count() != 1 ||", "if (!last || last.use_count() > 2 ||",
+           "the recycling check counts the caller's hold as the cache's: a held result is "
+           "overwritten by the next call"),
+    Mutant("native_out_status_ignored", "SM-20", "kernels/cpu/symm_mem_ops.cpp",
+           '  if (status != 0) {\n    raise_status(input, group_name, "one_shot_all_reduce_out", '
+           'status, *call.peer);\n  }', "  (void)status;",
+           "the out= kernel drops the C kernel's status: a mismatched call returns garbage"),
+    Mutant("native_pointwise_status_ignored", "SM-20", "kernels/cpu/symm_mem_ops.cpp",
+           '  if (status != 0) {\n    raise_status(buffer, group_name, '
+           '"one_shot_all_reduce_pointwise", status, *call.peer);\n  }', "  (void)status;",
+           "the pointwise kernel drops the C kernel's status"),
+    Mutant("native_strided_out_accepted", "SM-14", "kernels/cpu/symm_mem_ops.cpp",
+           "bool plain = out.is_contiguous() && out.device().is_cpu() &&",
+           "bool plain = out.device().is_cpu() &&",
+           "the fast path writes a strided out as if it were contiguous"),
+    Mutant("native_step_without_a_number", "SM-24", "kernels/cpu/symm_mem_ops.cpp",
+           "if (end - begin < 5 || text[begin + 3] != ' ') return false;",
+           "if (end - begin < 4 || text[begin + 3] != ' ') return false;",
+           "one character short at the bound: 'add ' parses as add 0"),
+    Mutant("native_number_prefix_accepted", "SM-24", "kernels/cpu/symm_mem_ops.cpp",
+           "if (number[0] == ' ' || stop != number.c_str() + number.size()) return false;",
+           "if (number[0] == ' ') return false;",
+           "strtod's stop unchecked: 'mul 1.5.5' reads as mul 1.5"),
+    Mutant("native_chain_cache_by_length", "SM-24", "kernels/cpu/symm_mem_ops.cpp",
+           "  if (view == cached) return true;",
+           "  if (view.size() == cached.size() && !cached.empty()) return true;",
+           "the parsed chain reused for any text of the same length"),
     Mutant("native_avg_accepted_for_integers", "SM-14", "kernels/cpu/symm_mem_ops.cpp",
            'if (op == "avg") return dtype <= 2 ? 1 : -1;', 'if (op == "avg") return 1;',
            "the fast path forgets that avg needs a floating dtype"),
@@ -753,6 +832,50 @@ SM = [
            "                _check_persistent(alloc, True, alloc.nbytes, alloc.group_name, "
            "alloc_id)\n", "",
            "the repeated request is a bare lookup: a live allocation is handed out twice"),
+    Mutant("default_timeout_of_zero_accepted", "SM-11", "refimpl/symmetric_memory.py",
+           "isinstance(timeout_ms, bool) or timeout_ms <= 0:",
+           "isinstance(timeout_ms, bool) or timeout_ms < 0:",
+           "< for <= at the bound: a default of 0 ms, which every wait then exceeds at once"),
+    Mutant("default_timeout_of_true_accepted", "SM-11", "refimpl/symmetric_memory.py",
+           "isinstance(timeout_ms, bool) or timeout_ms <= 0:", "timeout_ms <= 0:",
+           "True taken as 1 ms"),
+    Mutant("dropped_allocation_keeps_its_file", "SM-12", "refimpl/symmetric_memory.py",
+           "        if alloc.fd is not None:\n            os.close(alloc.fd)\n",
+           "        if alloc.fd is None:\n            os.close(alloc.fd)\n",
+           "the check inverted: a dropped allocation's descriptor stays open (a process runs "
+           "out of files)"),
+    Mutant("reissue_ignores_a_direct_grant", "SM-4", "refimpl/symmetric_memory.py",
+           "if alloc.layout is not layout:", "if False:",
+           "a repeated request hands out the kept tensor of whatever layout was granted last"),
+    Mutant("rendezvous_timeout_names_the_ranks_that_came", "SM-11",
+           "refimpl/symmetric_memory.py",
+           "if not info.store.check([k])]", "if info.store.check([k])]",
+           "the missing ranks computed from the keys that are there"),
+    Mutant("repeated_request_on_another_device", "SM-1", "refimpl/symmetric_memory.py",
+           "and granted[3] == device and", "and granted[3] != device and",
+           "the remembered request's device compared the wrong way: a request for a device "
+           "type without an allocator gets the remembered tensor"),
+    Mutant("is_symm_mem_tensor_without_an_allocator", "SM-6", "refimpl/symmetric_memory.py",
+           "return allocator is not None and allocator.allocation_of(tensor) is not None",
+           "return allocator.allocation_of(tensor) is not None",
+           "a tensor on a device type without an allocator raises instead of being no "
+           "symmetric tensor"),
+    Mutant("pointwise_steps_takes_a_bool", "SM-24", "refimpl/symmetric_memory.py",
+           "if isinstance(number, bool) or not isinstance(number, (int, float)):",
+           "if not isinstance(number, (int, float)):",
+           "True accepted as the number 1"),
+    Mutant("python_kernel_skips_the_plain_copy", "SM-24", "refimpl/symmetric_memory.py",
+           "if source.data_ptr() != target.data_ptr():",
+           "if source.data_ptr() == target.data_ptr():",
+           "the Python kernel's copy without steps inverted: the buffer keeps old data"),
+    Mutant("op_group_named_as_rendezvous_names_it", "SM-14", "refimpl/symmetric_memory.py",
+           "            _check_group_of(alloc, group_name, where, arg)\n", "",
+           "an op given another group is refused by rendezvous, naming its `group`, not the "
+           "op's `group_name`"),
+    Mutant("registry_keeps_earlier_grants", "SM-1", "refimpl/symmetric_memory.py",
+           "    _granted.clear()  # requests granted by the allocator this one replaces\n", "",
+           "a repeated persistent request is granted again by the allocator that was "
+           "replaced"),
     Mutant("repeated_request_ignores_the_group", "SM-4", "refimpl/symmetric_memory.py",
            " and granted[4] == group_name):", "):",
            "the repeat check compares the layout and device, not the group"),
@@ -784,6 +907,15 @@ SM = [
 # --------------------------------------------------------------------------------------
 MEMORY = "refimpl/memory.py"
 MEM = [
+    Mutant("alias_source_any_annotated_argument", "MEM-2", "refimpl/memory.py",
+           "if alias_set and a.alias_info is not None and a.alias_info.before_set & alias_set:",
+           "if alias_set or a.alias_info is not None and a.alias_info.before_set & alias_set:",
+           "and/or swapped: a result with an alias set renames the first argument, so an out= "
+           "op renames its input instead of `out`"),
+    Mutant("aliases_not_recorded", "MEM-1", "refimpl/memory.py",
+           "                if buffer.aliases[-1] is not node:\n",
+           "                if buffer.aliases[-1] is node:\n",
+           "a buffer's aliases stop at the allocating node"),
     Mutant("autograd_wrappers_no_collectives", "MEM-5", "refimpl/_fx.py",
            'COLLECTIVE_NAMESPACES = ("refimpl_c10d", "_c10d_functional", '
            '"_c10d_functional_autograd")',
@@ -865,6 +997,14 @@ MEM = [
 # --------------------------------------------------------------------------------------
 SIMULATOR = "refimpl/simulator.py"
 SIM = [
+    Mutant("one_shot_reads_every_buffer_over_the_link", "SIM-2", "refimpl/simulator.py",
+           "_ONE_SHOT = lambda link, n, b: link.alpha_us + (n - 1) * b / link.beta_bytes_per_us",
+           "_ONE_SHOT = lambda link, n, b: link.alpha_us + n * b / link.beta_bytes_per_us",
+           "the one-shot's own buffer counted as read over the link"),
+    Mutant("all_to_all_costs_the_smaller_side", "SIM-2", "refimpl/simulator.py",
+           "return max(_input_bytes(node), _output_bytes(node))",
+           "return min(_input_bytes(node), _output_bytes(node))",
+           "max for min: uneven splits cost the side that moves less"),
     Mutant("pinned_zero_refused", "SIM-1", "refimpl/simulator.py",
            "not math.isfinite(us) or us < 0:", "not math.isfinite(us) or us <= 0:",
            "a pinned duration of 0 us refused: the bound off by one"),
@@ -999,7 +1139,15 @@ MUTANTS: list[Mutant] = [m for section in section_lists().values() for m in sect
 # catches its mutant, the rule's other cases and the section still run, and a mutant
 # missing here runs its rule first as before.
 _FUSED = "test_pointwise_chains_run_in_the_one_shot_kernel"
+_CALLED = "test_the_lowered_program_is_called_as_any_module"
 CATCHING_CASE: dict[str, str] = {
+    "straight_call_skips_forward_hooks": _CALLED,
+    "straight_call_skips_global_pre_hooks": _CALLED,
+    "straight_call_skips_backward_pre_hooks": _CALLED,
+    "straight_call_under_jit_trace": _CALLED,
+    "straight_call_past_module_compile": _CALLED,
+    "straight_call_past_a_patched_module_call": _CALLED,
+    "straight_call_unprofiled": _CALLED,
     "fusion_on_by_default": "test_pointwise_fusion_is_off_by_default",
     "prologue_through_a_shared_step": _FUSED + "[ar_pointwise_shared_step]",
     "epilogue_through_a_shared_result": _FUSED + "[ar_pointwise_result_read_twice]",
@@ -1018,6 +1166,50 @@ CATCHING_CASE: dict[str, str] = {
         "test_pointwise_arguments_are_refused_on_every_rank_before_any_wait",
     "native_overlapping_local_input":
         "test_pointwise_arguments_are_refused_on_every_rank_before_any_wait",
+    "default_timeout_of_zero_accepted": "test_the_default_timeout_is_a_positive_int",
+    "default_timeout_of_true_accepted": "test_the_default_timeout_is_a_positive_int",
+    "dropped_allocation_keeps_its_file": "test_a_dropped_allocation_closes_its_file",
+    "reissue_ignores_a_direct_grant": "test_functions_and_ops_use_the_allocator_registered_now",
+    "rendezvous_timeout_names_the_ranks_that_came":
+        "test_a_rendezvous_times_out_naming_the_rank_that_never_came",
+    "repeated_request_on_another_device":
+        "test_persistent_allocation_boundaries_and_its_three_refusals",
+    "is_symm_mem_tensor_without_an_allocator":
+        "test_is_symm_mem_tensor_knows_its_allocations_and_nothing_else",
+    "pointwise_steps_takes_a_bool":
+        "test_pointwise_arguments_are_refused_on_every_rank_before_any_wait",
+    "python_kernel_skips_the_plain_copy":
+        "test_pointwise_steps_are_bitwise_the_aten_ops_on_every_rank",
+    "alias_source_any_annotated_argument": "test_an_out_variant_renames_its_out_argument",
+    "aliases_not_recorded": "test_an_out_variant_renames_its_out_argument",
+    "one_shot_reads_every_buffer_over_the_link": "test_blocking_one_shot_all_reduce",
+    "all_to_all_costs_the_smaller_side":
+        "test_all_to_all_costs_the_larger_of_its_input_and_result",
+    "barrier_keeps_only_what_follows_the_previous_one": "test_every_barrier_holds_its_side",
+    "barrier_holds_nothing_after_it_but_the_last": "test_every_barrier_holds_its_side",
+    "op_returning_nothing_is_compute": "test_every_barrier_holds_its_side",
+    "last_resort_takes_a_block_of_another_queue": "test_a_limit_the_original_order_breaks_is_met",
+    "last_resort_ignores_the_limit":
+        "test_every_order_keeps_the_rules[gathers_first-budget=0-all_gather=1]",
+    "native_serves_under_another_allocator":
+        "test_functions_and_ops_use_the_allocator_registered_now",
+    "registry_keeps_earlier_grants": "test_functions_and_ops_use_the_allocator_registered_now",
+    "native_group_name_unchecked": "test_op_arguments_are_refused_on_every_rank_before_any_wait",
+    "op_group_named_as_rendezvous_names_it":
+        "test_op_arguments_are_refused_on_every_rank_before_any_wait",
+    "native_strided_out_accepted": "test_op_arguments_are_refused_on_every_rank_before_any_wait",
+    "native_result_recycled_while_held":
+        "test_every_result_is_a_new_tensor_while_earlier_ones_are_held",
+    "native_out_status_ignored":
+        "test_a_call_that_differs_between_ranks_fails_on_every_rank_naming_the_rank",
+    "native_pointwise_status_ignored":
+        "test_a_call_that_differs_between_ranks_fails_on_every_rank_naming_the_rank",
+    "native_step_without_a_number":
+        "test_pointwise_arguments_are_refused_on_every_rank_before_any_wait",
+    "native_number_prefix_accepted":
+        "test_pointwise_arguments_are_refused_on_every_rank_before_any_wait",
+    "native_chain_cache_by_length":
+        "test_pointwise_steps_are_bitwise_the_aten_ops_on_every_rank",
     "python_steps_read_the_input": "test_pointwise_steps_are_bitwise_the_aten_ops_on_every_rank",
     "pointwise_fake_kernel_checks_nothing": "test_pointwise_schema_and_fake_kernel",
     "python_two_spaces_accepted":

@@ -64,67 +64,8 @@ def test_ops_are_registered_for_cpu_and_cuda_SM_1_SM_13():
             assert torch._C._dispatch_has_kernel_for_dispatch_key(f"{sm.LIBRARY}::{name}", key)
 
 
-class _RecordingAllocator:
-    """Delegates to the CPU allocator and records which protocol methods were used."""
-
-    def __init__(self, inner):
-        self.inner, self.calls = inner, []
-        self.device_type = inner.device_type
-
-    def empty_strided_p2p(self, *args):
-        self.calls.append("empty_strided_p2p")
-        return self.inner.empty_strided_p2p(*args)
-
-    def allocation_of(self, tensor):
-        self.calls.append("allocation_of")
-        return self.inner.allocation_of(tensor)
-
-    def rendezvous(self, *args):
-        self.calls.append("rendezvous")
-        handle = self.inner.rendezvous(*args)
-        for primitive in ("_one_shot", "_two_shot", "_barrier"):
-            kernel = getattr(handle, primitive)
-
-            def recorded(*a, _kernel=kernel, _name=primitive):
-                self.calls.append(_name)
-                return _kernel(*a)
-            setattr(handle, primitive, recorded)
-        return handle
-
-
-def _ops_through_the_registry():
-    group = _world()
-    recording = _RecordingAllocator(sm.get_allocator("cpu"))
-    sm.register_allocator("cpu", recording)
-    try:
-        t = sm.empty(4, dtype=torch.float32)
-        t.fill_(1 + dist.get_rank())
-        total = sm.ops.one_shot_all_reduce(t, "sum", group).tolist()
-        sm.ops.two_shot_all_reduce_(t, "sum", group)
-        sm.ops.barrier(t, group)
-    finally:
-        sm.register_allocator("cpu", recording.inner)
-    return total, t.tolist(), recording.calls
-
-
-def test_ops_and_handles_dispatch_through_the_allocator_of_the_device_type_SM_1():
-    for total, two, calls in run_on_ranks(_ops_through_the_registry, 2):
-        assert total == [3.0] * 4 and two == [3.0] * 4
-        assert calls[:2] == ["empty_strided_p2p", "allocation_of"]
-        assert calls.count("rendezvous") == 1
-        assert {"_one_shot", "_two_shot", "_barrier"} <= set(calls)
-
-
-def test_a_repeated_persistent_request_asks_the_allocator_registered_now_SM_1_SM_4():
-    request = ((4,), (1,), torch.float32, "cpu", "test-granted", 0x5150)
-    sm.empty_strided_p2p(*request)  # granted by the CPU allocator, then dropped
-    recording = _RecordingAllocator(sm.get_allocator("cpu"))
-    sm.register_allocator("cpu", recording)
-    try:
-        assert sm.empty_strided_p2p(*request).data_ptr() != 0
-    finally:
-        sm.register_allocator("cpu", recording.inner)
-    assert recording.calls == ["empty_strided_p2p"]
+# The registry's use by the functions and ops (SM-1): the conformance case
+# test_functions_and_ops_use_the_allocator_registered_now.
 
 
 def test_a_repeated_persistent_request_is_checked_again_when_its_size_changed_SM_3():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
+import warnings
 
 import pytest
 import torch
@@ -554,6 +555,118 @@ def test_lower_returns_a_new_graph_and_leaves_its_input_alone(backend, fake_worl
     missing = [n.name for n in lowered.graph.nodes
                if n.op == "call_function" and "val" not in n.meta]
     assert not missing, f"nodes without meta['val']: {missing}"
+
+
+def _each_hook_runs(lowered, x) -> dict[str, object]:
+    """For each kind of forward hook, registered alone: the result of one call (each hook
+    edits the arguments or the result, so an edit that was not used shows)."""
+    from torch.nn.modules import module as nn_module
+
+    def zeros(module, args):
+        return (args[0] * 0,)
+
+    def plus_ten(module, args, out):
+        return (out[0] + 10,)
+
+    kinds = {"pre": lambda: lowered.register_forward_pre_hook(zeros),
+             "post": lambda: lowered.register_forward_hook(plus_ten),
+             "global pre": lambda: nn_module.register_module_forward_pre_hook(zeros),
+             "global post": lambda: nn_module.register_module_forward_hook(plus_ten)}
+    got = {}
+    for kind, register in kinds.items():
+        handle = register()
+        try:
+            got[kind] = lowered(x.clone())[0].tolist()
+        finally:  # a global hook left behind would run in every later case of this worker
+            handle.remove()
+    return got
+
+
+def _each_backward_hook_runs(lowered, x) -> list[str]:
+    """Which backward hooks ran, each of the four kinds registered alone for a backward."""
+    from torch.nn.modules import module as nn_module
+
+    seen = []
+    kinds = {
+        "pre": lambda: lowered.register_full_backward_pre_hook(
+            lambda m, go: seen.append("pre")),
+        "module": lambda: lowered.register_full_backward_hook(
+            lambda m, gi, go: seen.append("module")),
+        "global pre": lambda: nn_module.register_module_full_backward_pre_hook(
+            lambda m, go: seen.append("global pre")),
+        "global": lambda: nn_module.register_module_full_backward_hook(
+            lambda m, gi, go: seen.append("global")),
+    }
+    for register in kinds.values():
+        handle = register()
+        try:
+            lowered(x.clone().requires_grad_()).sum().backward()
+        finally:
+            handle.remove()
+    return seen
+
+
+@pytest.mark.spec("CL-1")
+def test_the_lowered_program_is_called_as_any_module(backend, fake_world):
+    """Whatever shortcut a backend's lowered module takes to its code, nn.Module's call
+    path still happens when something needs it: forward hooks of every kind (their edits
+    used), backward hooks of every kind, `torch.jit.trace` (the module's scope),
+    `Module.compile`, an FX tracer keeping the module as a leaf (it patches
+    `Module.__call__`), the profiler's record of the module call."""
+    ns = backend.require("lowering", "lower", "Config")
+    fc = backend.require("functional_collectives")
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x = torch.arange(4.0)
+    gm = make_fx(functools.partial(PROGRAMS["ar_graph_input"], fc), tracing_mode="fake")(x)
+    lowered = ns.lower(gm, ns.Config())
+    plain_result = lowered(x.clone())[0].tolist()  # the fake group's all_reduce: x
+    assert _each_hook_runs(lowered, x) == {"pre": [0.0] * 4, "post": [10.0, 11.0, 12.0, 13.0],
+                                           "global pre": [0.0] * 4,
+                                           "global post": [10.0, 11.0, 12.0, 13.0]}
+    assert lowered(x.clone())[0].tolist() == plain_result  # no hook left behind
+
+    plain = ns.lower(make_fx(lambda t: t * 3, tracing_mode="fake")(x), ns.Config())
+    assert _each_backward_hook_runs(plain, x) == ["pre", "module", "global pre", "global"]
+
+    class Parent(torch.nn.Module):
+        def __init__(self, program):
+            super().__init__()
+            self.program = program
+
+        def forward(self, x):
+            return self.program(x)
+
+    with warnings.catch_warnings():  # torch.jit.trace is deprecated, and still used
+        warnings.simplefilter("ignore", DeprecationWarning)
+        traced = torch.jit.trace(Parent(plain), x)  # it records the module's scope
+    scopes = {node.scopeName() for node in traced.inlined_graph.nodes()}
+    assert "__module.program" in scopes, scopes
+
+    compiled_graphs = []
+
+    def counting_backend(graph, example_inputs):
+        compiled_graphs.append(graph)
+        return graph.forward
+
+    lowered.compile(backend=counting_backend)
+    try:
+        lowered(x.clone())
+    finally:
+        lowered._compiled_call_impl = None  # what Module.compile set, undone
+    assert compiled_graphs, "Module.compile's function was not called"
+
+    class KeepsTheProgram(torch.fx.Tracer):
+        def is_leaf_module(self, module, qualified_name):
+            return module is lowered or super().is_leaf_module(module, qualified_name)
+
+    graph = KeepsTheProgram().trace(Parent(lowered))
+    assert [n.target for n in graph.nodes if n.op == "call_module"] == ["program"]
+
+    with torch.profiler.profile(with_stack=True) as prof:  # records module calls
+        lowered(x.clone())
+    names = [event.name for event in prof.events()]
+    assert any(name.startswith("nn.Module:") for name in names), names[:20]
 
 
 @pytest.mark.spec("CL-2")

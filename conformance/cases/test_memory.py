@@ -125,6 +125,30 @@ def test_output_aliases_an_input(backend, fake_world):
 high-water 48 at %4""")
 
 
+# `mul.out` renames `out` (a keyword argument), and so does its view `t`: the empty
+# buffer lives until the all_reduce, which copies at issue (MEM-2, MEM-3). Every node
+# whose value lives in a buffer is one of its aliases, the allocating node first (MEM-1).
+@pytest.mark.spec("MEM-1", "MEM-2", "MEM-3")
+def test_an_out_variant_renames_its_out_argument(backend, fake_world):
+    gm = mp.traced("out_variant")
+    assert_expected_inline(plan_text(backend, gm), """\
+%0 input                           +48 %0                       live 48
+%1 aten.empty.memory_format        +48 %1                       live 96
+%4 funcol.all_reduce               +48 %4 -48 %1                live 96
+%5 funcol.wait_tensor              +48 %5 -48 %4                live 96
+%6 aten.sum                        +4 %6                        live 100
+%7 aten.add.Tensor                 +48 %7 -48 %5 -4 %6          live 96
+high-water 148 at %7""")
+    ns = backend.require("memory", "plan_memory")
+    for name, want in (("out_variant", {"%0": ["%0"], "%1": ["%1", "%2", "%3"]}),
+                       ("output_aliases_input", {"%0": ["%0", "%1", "%2"]})):
+        graph = mp.traced(name)
+        labels = {node: label.split()[0] for node, label in mp.node_labels(graph).items()}
+        aliases = {labels[b.alloc_node]: [labels[a] for a in b.aliases]
+                   for b in ns.plan_memory(graph).buffers}
+        assert {k: aliases[k] for k in want} == want, (name, aliases)
+
+
 # Per member of a coalesced all_gather, its input is held until its own wait (MEM-5).
 @pytest.mark.spec("MEM-5")
 def test_coalesced_members_are_held_until_their_own_wait(backend, fake_world):

@@ -566,6 +566,59 @@ def test_opaque_op_is_a_barrier(backend, world4):
 return [%8, %11, %9]""")
 
 
+# Two barriers (record_ writes its argument, note returns nothing): the first wait stays
+# above the first, the second gather and wait between them, the third gather below the
+# second (RO-6).
+@pytest.mark.spec("RO-6")
+def test_every_barrier_holds_its_side(backend, world4):
+    assert_expected_inline(golden(backend, rp.Case("two_barriers", math.inf)), """\
+%0 = input : f32[4]
+%1 = input : f32[2]
+%2 = input : f32[2]
+%3 = input : f32[2]
+%4 = funcol.all_gather_into_tensor(%1, 4, ranks[0,1,2,3]) : f32[8]
+%5 = aten.mul.Tensor(%0, 2) : f32[4]
+%6 = funcol.wait_tensor(%4) : f32[8]
+%7 = refimpl_conformance.record_(%5) : none
+%8 = funcol.all_gather_into_tensor(%2, 4, ranks[0,1,2,3]) : f32[8]
+%9 = aten.add.Tensor(%5, 1) : f32[4]
+%10 = funcol.wait_tensor(%8) : f32[8]
+%11 = refimpl_conformance.note(%9) : none
+%12 = funcol.all_gather_into_tensor(%3, 4, ranks[0,1,2,3]) : f32[8]
+%13 = aten.add.Tensor(%6, 1) : f32[8]
+%14 = aten.add.Tensor(%10, 1) : f32[8]
+%15 = aten.add.Tensor(%5, 1) : f32[4]
+%16 = funcol.wait_tensor(%12) : f32[8]
+%17 = aten.add.Tensor(%16, 1) : f32[8]
+return [%13, %14, %17, %15]""")
+
+
+# The original order has three all_gathers in flight; with a limit of one, each later
+# gather is placed after the previous one's wait, whatever the memory bound (budget 0)
+# says (RO-8, RO-9's exception).
+@pytest.mark.spec("RO-8", "RO-9")
+def test_a_limit_the_original_order_breaks_is_met(backend, world4):
+    assert_expected_inline(golden(backend, rp.Case("gathers_first", 0.0, rp.ONE_ALL_GATHER)),
+                           """\
+%0 = input : f32[8]
+%1 = input : f32[2]
+%2 = input : f32[2]
+%3 = input : f32[2]
+%4 = aten.mul.Tensor(%1, 1) : f32[2]
+%5 = funcol.all_gather_into_tensor(%4, 4, ranks[0,1,2,3]) : f32[8]
+%6 = aten.mul.Tensor(%2, 1) : f32[2]
+%7 = funcol.wait_tensor(%5) : f32[8]
+%8 = funcol.all_gather_into_tensor(%6, 4, ranks[0,1,2,3]) : f32[8]
+%9 = aten.mul.Tensor(%3, 1) : f32[2]
+%10 = funcol.wait_tensor(%8) : f32[8]
+%11 = funcol.all_gather_into_tensor(%9, 4, ranks[0,1,2,3]) : f32[8]
+%12 = aten.mul.Tensor(%0, %7) : f32[8]
+%13 = aten.mul.Tensor(%12, %10) : f32[8]
+%14 = funcol.wait_tensor(%11) : f32[8]
+%15 = aten.mul.Tensor(%13, %14) : f32[8]
+return %15""")
+
+
 # Budget 0.065: 500 B planned originally, so 532 B may be; raising the first gather above
 # the 240 B intermediate plans exactly 532 B and is made, raising the second as well
 # would plan 564 B and is not (RO-9, RO-10).

@@ -10,6 +10,7 @@ a fake process group of 4.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import xml.etree.ElementTree as ET
@@ -18,6 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from expecttest import assert_expected_inline
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from conformance import memory_programs as mp
 
@@ -319,6 +321,30 @@ def test_blocking_one_shot_all_reduce(backend):
 %3 symm_mem.one_shot_all_reduce    comm ranks[0,1]        20.0   30.0
 %4 aten.add.Tensor                 compute                30.0   40.0
 step 40.0 us, comm 10.0 us, exposed 10.0 us, overlap 0.000, peak 64 B""")
+        # Unpinned, its cost is SIM-2's: every rank reads the (n - 1) peers' 16 bytes.
+        one_shot = nodes_of(gm, "one_shot_all_reduce")[0]
+        del pins[one_shot.name]
+        tl = ns.simulate(gm, ns.CostModel(_profile(ns), pinned=pins))
+        got = [e.end_us - e.start_us for e in tl.events if e.node is one_shot]
+        assert got == pytest.approx([ALPHA[2] + (2 - 1) * 16 / BETA[2]], rel=1e-9)
+
+
+@pytest.mark.spec("SIM-2")
+def test_all_to_all_costs_the_larger_of_its_input_and_result(backend):
+    """Uneven splits: 4 elements sent, 6 received (and the other way round)."""
+    with mp.fake_world(2):
+        ns = sim(backend)
+        ops = mp.refimpl_ops()
+        for send, receive in (([1, 3], [2, 4]), ([2, 4], [1, 3])):
+            def program(x, send=send, receive=receive):
+                return mp._wait(ops, ops.all_to_all_single(x, receive, send, mp.G))
+
+            gm = make_fx(functools.partial(program, send=send, receive=receive),
+                         tracing_mode="fake")(torch.ones(sum(send)))
+            tl = ns.simulate(gm, ns.CostModel(_profile(ns)))
+            node = nodes_of(gm, "all_to_all_single")[0]
+            got = [e.end_us - e.start_us for e in tl.events if e.node is node]
+            assert got == pytest.approx([ring(2, 4 * 6)], rel=1e-9), (send, receive, got)
 
 
 @pytest.mark.spec("SIM-5", "MEM-11")

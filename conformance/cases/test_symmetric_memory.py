@@ -280,6 +280,35 @@ def test_a_wait_times_out_naming_the_peer(backend):
 
 
 
+
+def _rendezvous_no_show(spec: str):
+    sm, _, device = _setup(spec, "empty", "rendezvous", "SymmMemTimeout", "leaked_segments")
+    # A group of its own: the failed rendezvous leaves this group's ranks out of step
+    # (one rank rendezvoused once less), and no later case uses it.
+    other = dist.new_group(list(range(dist.get_world_size()))).group_name
+    sm.enable_symm_mem_for_group(other)
+    t = sm.empty(4, dtype=torch.float32, device=device)
+    found = None
+    if dist.get_rank() != 1:  # rank 1 never comes
+        try:
+            sm.rendezvous(t, other, timeout_ms=500)
+        except sm.SymmMemTimeout as exc:
+            found = exc.peer, str(exc)
+    dist.barrier()  # every rank's wait has ended
+    mine = [n for n in sm.leaked_segments() if f"-{os.getpid()}-" in n]
+    return found, mine
+
+
+@pytest.mark.spec("SM-11", "SM-12")
+def test_a_rendezvous_times_out_naming_the_rank_that_never_came(backend):
+    backend.require(CONCEPT, "empty", "rendezvous", "SymmMemTimeout", "leaked_segments")
+    results = run(backend, _rendezvous_no_show, 3)
+    for rank in (0, 2):
+        (peer, message), mine = results[rank]
+        assert peer == 1 and "[1]" in message, (rank, message)
+        assert mine == [], f"rank {rank} left its segment {mine} [SM-12]"
+    assert results[1] == (None, [])
+
 # --------------------------------------------------------------------------------------
 # The rank-order oracle of SM-15 for every dtype and reduce op (independent of any backend)
 # --------------------------------------------------------------------------------------
@@ -393,6 +422,44 @@ def test_every_dtype_and_reduce_op_in_rank_order_on_every_rank(backend, world):
     assert results[0]["float32", "max", 7][0][5].isnan()
 
 
+def _results_held(spec: str):
+    """Three one-shot and pointwise results of one buffer, all held, for sizes around
+    16 KiB (where an implementation might start to recycle the storage of a result the
+    caller dropped): values read after the last call, and the distinct storages."""
+    sm, group, device = _setup(spec, "empty", "ops")
+    rank = dist.get_rank()
+    found = {}
+    for dtype_name, numel in (("float32", 4095), ("float32", 4096), ("bfloat16", 8192),
+                              ("float32", 16384)):
+        buf = sm.empty(numel, dtype=getattr(torch, dtype_name), device=device)
+        ones = torch.ones(numel, dtype=buf.dtype, device=device)
+        held = []
+        for k in range(1, 4):
+            buf.fill_((rank + 1) * k)
+            held.append(sm.ops.one_shot_all_reduce(buf, "sum", group))
+        if hasattr(sm, "pointwise_steps"):
+            for k in range(1, 4):
+                held.append(sm.ops.one_shot_all_reduce_pointwise(buf, ones, "sum", group,
+                                                                 f"mul {k}.0", ""))
+        storages = {r.untyped_storage().data_ptr() for r in held}
+        found[dtype_name, numel] = ([r.cpu().unique().tolist() for r in held], len(storages))
+    return found
+
+
+@pytest.mark.spec("SM-15", "SM-13", "SM-24")
+def test_every_result_is_a_new_tensor_while_earlier_ones_are_held(backend):
+    """A one-shot result is a new tensor (SM-13's schema): a later call never writes into
+    the storage of a result the caller still holds, at any size."""
+    backend.require(CONCEPT, "empty", "ops")
+    world = 2
+    for rank, found in enumerate(run(backend, _results_held, world)):
+        for (dtype_name, numel), (values, storages) in found.items():
+            calls = len(values)
+            want = [[3.0 * k] for k in range(1, 4)] + [[2.0 * k] for k in range(1, 4)]
+            assert values == want[:calls], f"{dtype_name}[{numel}] on rank {rank}: {values}"
+            assert storages == calls, f"{dtype_name}[{numel}] on rank {rank}: results share"
+
+
 def _op_refusals(spec: str):
     sm, group, device = _setup(spec, "empty", "ops")
     f = sm.empty(6, dtype=torch.float32, device=device)
@@ -413,8 +480,18 @@ def _op_refusals(spec: str):
         _refusal(sm.ops.one_shot_all_reduce_out, f, "sum", group,
                 out=torch.empty(6, dtype=torch.float64, device=device)),
         _refusal(sm.ops.one_shot_all_reduce_out, f[:3], "sum", group, out=f[3:]),
+        _refusal(sm.ops.one_shot_all_reduce_out, f, "sum", group,
+                 out=torch.empty(12, device=device)[::2]),  # the right shape, strided
         _refusal(sm.ops.one_shot_all_reduce, plain, "sum", group),
     ]
+    # The same ranks under another name: not the group the allocations were rendezvoused
+    # for (an implementation that finds an allocation by its address alone misses it).
+    other = dist.new_group([0, 1]).group_name
+    sm.enable_symm_mem_for_group(other)
+    answers += [_refusal(sm.ops.one_shot_all_reduce, f, "sum", other),
+                _refusal(sm.ops.one_shot_all_reduce_out, f, "sum", other,
+                         out=torch.empty(6, device=device)),
+                _refusal(sm.ops.two_shot_all_reduce_, i, "sum", other)]
     upper = sm.ops.one_shot_all_reduce(f, "SUM", group).cpu().tolist()  # case-insensitive
     return answers, upper
 
@@ -424,7 +501,7 @@ def test_op_arguments_are_refused_on_every_rank_before_any_wait(backend):
     backend.require(CONCEPT, "empty", "ops")
     for answers, upper in run(backend, _op_refusals, 2):
         assert answers == ["reduce_op", "reduce_op", "reduce_op", "input", "out", "out", "out",
-                           "input"]
+                           "out", "input", "group_name", "group_name", "group_name"]
         assert upper == [2.0] * 6
 
 
@@ -436,8 +513,11 @@ POINTWISE_CALLS = [
     # x + 1 + 1 is not x + 2 where the spacing is 2 (256 in bfloat16, 2048 in float16,
     # 2**24 in float32, all at the front of the input): each step rounds
     ("sum", "add 1.0; add 1.0", "sub 1.0; sub 1.0", "other"),
+    # chains of the same length as the previous call's, other numbers
+    ("sum", "add 2.0; add 1.0", "sub 3.0; sub 1.0", "other"),
     ("max", "mul -2.0; add 0.25", "add 0.5", "transposed"),  # Python kernel: not contiguous
     ("avg", "", "mul 3.0", "other"),
+    ("sum", "", "add 1.0", "transposed"),  # copied as it is, by the Python kernel
     ("sum", " sub 1.5 ;mul 2.0", "", "itself"),
 ]
 
@@ -469,6 +549,8 @@ def _pointwise(spec: str):
                       "transposed": data.t().contiguous().t()}[local]
             if local == "itself":
                 buf.copy_(data)
+            else:  # not what the previous call left there: a copy left out shows
+                buf.fill_(-7.0)
             out = sm.ops.one_shot_all_reduce_pointwise(buf, source, op, group, prologue,
                                                        epilogue)
             unchanged = local == "itself" or torch.equal(source.cpu(), data.cpu())
@@ -507,7 +589,8 @@ def _pointwise_refusals(spec: str):
     x = torch.ones(4, device=device)
     call = sm.ops.one_shot_all_reduce_pointwise
     answers = [_refusal(call, f[:4], x, "sum", group, bad, "") for bad in
-               ("div 2.0", "mul", "mul two", "mul 2.0;", "mul  2.0", "mul 0x10", "add1.0")]
+               ("div 2.0", "mul", "add ", "mul two", "mul 2.0;", "mul  2.0", "mul 0x10",
+                "mul 1.5.5", "add1.0")]
     answers += [
         _refusal(call, f[:4], x, "sum", group, "", "pow 2.0"),
         _refusal(call, i, x.int(), "sum", group, "add 1.0", ""),
@@ -519,6 +602,15 @@ def _pointwise_refusals(spec: str):
                  ""),
         _refusal(call, torch.ones(4, device=device), x, "sum", group, "", ""),
     ]
+    other = dist.new_group([0, 1]).group_name  # the same ranks, another group
+    sm.enable_symm_mem_for_group(other)
+    answers.append(_refusal(call, f[:4], x, "sum", other, "", ""))
+    for bad in ([("mul", True)], [("mul", "2")], [("pow", 2)], [("add", 2**53 + 1)]):
+        try:
+            sm.pointwise_steps(bad)
+            answers.append(None)
+        except (TypeError, ValueError) as exc:
+            answers.append(str(exc).split(":")[0])
     steps = sm.pointwise_steps([("mul", 2), ("add", 0.5)])
     result = call(f[:4], x * 3, "sum", group, steps, "sub 1.0").cpu().tolist()
     return answers, steps, result
@@ -528,8 +620,8 @@ def _pointwise_refusals(spec: str):
 def test_pointwise_arguments_are_refused_on_every_rank_before_any_wait(backend):
     backend.require(CONCEPT, "empty", "ops", "pointwise_steps", "rendezvous")
     for answers, steps, result in run(backend, _pointwise_refusals, 2):
-        assert answers == ["prologue"] * 7 + ["epilogue", "prologue"] + ["local_input"] * 3 \
-            + ["reduce_op", "symm_buffer", "symm_buffer"]
+        assert answers == ["prologue"] * 9 + ["epilogue", "prologue"] + ["local_input"] * 3 \
+            + ["reduce_op", "symm_buffer", "symm_buffer", "group_name"] + ["steps"] * 4
         assert steps == "mul 2.0; add 0.5"
         assert result == [12.0] * 4  # (3 * 2 + 0.5) on 2 ranks, then - 1
 
@@ -583,8 +675,16 @@ def _mismatched_calls(spec: str):
         # rank 1 calls two-shot where the others call one-shot
         lambda: (sm.ops.two_shot_all_reduce_(buf[:8], "sum", group) if rank == 1
                  else sm.ops.one_shot_all_reduce(buf[:8], "sum", group)),
+        # the out= and pointwise variants: rank 1 passes fewer elements, rank 2 an offset
+        lambda: sm.ops.one_shot_all_reduce_out(buf[: 8 if rank == 1 else 9], "sum", group,
+                                               out=torch.empty(8 if rank == 1 else 9,
+                                                               device=device)),
+        lambda: sm.ops.one_shot_all_reduce_pointwise(buf[(rank == 2):][:8],
+                                                     torch.ones(8, device=device), "sum",
+                                                     group, "mul 2.0", ""),
     ]
     messages = [_refusal(call, whole=True) for call in calls]
+    buf.fill_(rank + 1)  # the pointwise call wrote its input
     after = sm.ops.one_shot_all_reduce(buf[:4], "sum", group).cpu().tolist()  # still in step
     return messages, after
 
@@ -595,7 +695,7 @@ def test_a_call_that_differs_between_ranks_fails_on_every_rank_naming_the_rank(b
     world = 3
     for rank, (messages, after) in enumerate(run(backend, _mismatched_calls, world)):
         named = [m and m.split(";")[1].split()[1] for m in messages]
-        assert named == ["2", "1", "1", "2", "1"], (rank, messages)
+        assert named == ["2", "1", "1", "2", "1", "1", "2"], (rank, messages)
         assert all(m.startswith("input:") and "[SM-20]" in m for m in messages), messages
         assert "8 elements" in messages[0] and "9 elements" in messages[0]
         assert after == [6.0] * 4, "the ranks stay in step after a refused call"
@@ -902,9 +1002,14 @@ def _persistent_boundaries(spec: str, alloc_id: int):
     relaid = [str(as_int.dtype), tuple(as_int.shape), as_int.data_ptr() == address,
               as_int[15].item()]
     del as_int
-    back = new((16,), (1,), torch.float32, device, group, alloc_id=alloc_id)
+    back = new(shape, stride, torch.float32, device, group, alloc_id=alloc_id)
     relaid += [str(back.dtype), tuple(back.shape), back[15].item()]
     del back
+    try:  # the request just granted, on a device type without an allocator
+        new(shape, stride, torch.float32, torch.device("meta"), group, alloc_id=alloc_id)
+        relaid.append(None)
+    except ValueError as exc:
+        relaid.append(str(exc).split(":")[0])
     ends = []
     for edge in (0, 2**64 - 1):
         ends.append(new((1,), (1,), torch.int8, device, group, alloc_id=edge).numel())
@@ -926,7 +1031,7 @@ def test_persistent_allocation_boundaries_and_its_three_refusals(backend):
         assert answers == [("RuntimeError", True)] * 4 + [("ValueError", True)] * 3
         assert same == (True, True), "the same memory, contents kept"
         assert relaid == ["torch.int32", (16,), True, five_as_int32,
-                          "torch.float32", (16,), 5.0], "each request's own layout"
+                          "torch.float32", (16,), 5.0, "device"], "each request's own layout"
         assert ends == [1, 1, "alloc_id", "alloc_id"]
 
 
@@ -951,9 +1056,103 @@ def test_the_handle_is_found_through_any_view_and_no_segment_outlives_rendezvous
     assert run(backend, _handle_lookup_and_segments, 3) == [("RuntimeError", True, [])] * 3
 
 
+class _RecordingAllocator:
+    """Delegates to another allocator and records the protocol methods used (SM-1)."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+        self.device_type = inner.device_type
+
+    def empty_strided_p2p(self, *args):
+        self.calls.append("empty_strided_p2p")
+        return self.inner.empty_strided_p2p(*args)
+
+    def allocation_of(self, tensor):
+        self.calls.append("allocation_of")
+        return self.inner.allocation_of(tensor)
+
+    def rendezvous(self, *args):
+        self.calls.append("rendezvous")
+        handle = self.inner.rendezvous(*args)
+        for primitive in ("_one_shot", "_two_shot", "_barrier"):
+            kernel = getattr(handle, primitive)
+
+            def recorded(*a, _kernel=kernel, _name=primitive):
+                self.calls.append(_name)
+                return _kernel(*a)
+            setattr(handle, primitive, recorded)
+        return handle
+
+
+def _through_the_registry(spec: str):
+    sm, group, device = _setup(spec, "empty", "empty_strided_p2p", "ops", "get_allocator",
+                               "register_allocator")
+    rank = dist.get_rank()
+    own = sm.get_allocator(device.type)
+    warm = sm.empty(4, dtype=torch.float32, device=device)  # the own allocator's, in use
+    warm.fill_(rank + 1)
+    sm.ops.one_shot_all_reduce(warm, "sum", group)
+    request = ((4,), (1,), torch.float32, device, group, 0x5152)
+    sm.empty_strided_p2p(*request)  # granted by the own allocator, then dropped
+    # The allocator asked directly for another layout of that id: the request repeated
+    # through the module still gets its own layout.
+    own.empty_strided_p2p((2, 2), (2, 1), torch.float32, device, group, 0x5152)
+    relaid = tuple(sm.empty_strided_p2p(*request).shape)
+    recording = _RecordingAllocator(own)
+    sm.register_allocator(device.type, recording)
+    try:
+        persistent = sm.empty_strided_p2p(*request).data_ptr() != 0
+        asked = {"persistent": list(recording.calls)}
+        recording.calls.clear()
+        warm_total = sm.ops.one_shot_all_reduce(warm, "sum", group).cpu().tolist()
+        sm.ops.two_shot_all_reduce_(warm, "sum", group)
+        asked["warm"] = list(recording.calls)
+        recording.calls.clear()
+        t = sm.empty(4, dtype=torch.float32, device=device)
+        t.fill_(rank + 1)
+        total = sm.ops.one_shot_all_reduce(t, "sum", group).cpu().tolist()
+        sm.ops.two_shot_all_reduce_(t, "sum", group)
+        sm.ops.barrier(t, group)
+        asked["new"] = list(recording.calls)
+    finally:
+        sm.register_allocator(device.type, own)
+    return relaid, persistent, warm_total, warm.cpu().tolist(), total, t.cpu().tolist(), asked
+
+
+@pytest.mark.spec("SM-1")
+def test_functions_and_ops_use_the_allocator_registered_now(backend):
+    """An allocator registered for the device type serves every later call: tensors made
+    by the one it replaced (ops still ask it `allocation_of`), a persistent request the
+    replaced one granted before (asked again), and new tensors (every kernel through the
+    handle it rendezvoused). Before that, the allocator asked directly for another
+    layout of a persistent id does not change what the repeated request gets."""
+    backend.require(CONCEPT, "empty", "empty_strided_p2p", "ops", "get_allocator",
+                    "register_allocator")
+    for rank, got in enumerate(run(backend, _through_the_registry, 2)):
+        relaid, persistent, warm_total, warm, total, t, asked = got
+        assert relaid == (4,), (rank, relaid)
+        assert persistent and asked["persistent"] == ["empty_strided_p2p"], (rank, asked)
+        assert warm_total == [3.0] * 4 and warm == [3.0] * 4, rank
+        assert asked["warm"].count("allocation_of") >= 2, (rank, asked)
+        assert total == [3.0] * 4 and t == [3.0] * 4, rank
+        assert asked["new"][:2] == ["empty_strided_p2p", "allocation_of"], (rank, asked)
+        assert asked["new"].count("rendezvous") == 1, (rank, asked)
+        assert {"_one_shot", "_two_shot", "_barrier"} <= set(asked["new"]), (rank, asked)
+
+
 # --------------------------------------------------------------------------------------
 # Local rules: no ranks needed
 # --------------------------------------------------------------------------------------
+@pytest.mark.spec("SM-6")
+def test_is_symm_mem_tensor_knows_its_allocations_and_nothing_else(backend):
+    sm = backend.require(CONCEPT, "empty", "is_symm_mem_tensor")
+    device = torch.device(getattr(sm, "DEVICE", "cpu"))
+    t = sm.empty(8, device=device)
+    assert sm.is_symm_mem_tensor(t) and sm.is_symm_mem_tensor(t[3:5])
+    assert not sm.is_symm_mem_tensor(torch.empty(8, device=device))
+    assert not sm.is_symm_mem_tensor(torch.empty(8, device="meta"))  # no allocator: False
+
+
 @pytest.mark.spec("SM-1")
 def test_a_device_type_without_an_allocator_is_refused_naming_device(backend):
     sm = backend.require(CONCEPT, "get_allocator", "empty")
@@ -961,6 +1160,40 @@ def test_a_device_type_without_an_allocator_is_refused_naming_device(backend):
     for call in (lambda: sm.get_allocator("meta"), lambda: sm.empty(4, device="meta")):
         with pytest.raises(ValueError, match=r"^device: .*'meta'"):
             call()
+
+
+@pytest.mark.spec("SM-11")
+def test_the_default_timeout_is_a_positive_int(backend):
+    sm = backend.require(CONCEPT, "set_default_timeout")
+    before = sm.set_default_timeout(CASE_TIMEOUT_MS)
+    try:
+        refused = [_refusal(sm.set_default_timeout, bad) for bad in (0, -1, 1.5, "5", True)]
+        assert refused == ["timeout_ms"] * 5, refused
+        assert sm.set_default_timeout(1) == CASE_TIMEOUT_MS  # the least, and the previous
+    finally:
+        sm.set_default_timeout(before)
+
+
+@pytest.mark.spec("SM-12")
+def test_a_dropped_allocation_closes_its_file(backend):
+    sm = backend.require(CONCEPT, "empty")
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc/self/fd (Linux) to count open files")
+    import gc
+
+    def open_files() -> int:
+        gc.collect()
+        return len(os.listdir("/proc/self/fd"))
+
+    device = torch.device(getattr(sm, "DEVICE", "cpu"))
+    sm.empty(4, device=device)  # whatever a first allocation sets up for good
+    before = open_files()
+    for _ in range(20):
+        t = sm.empty(64, device=device)
+        view = t[8:]
+        del t
+        del view  # the last tensor over the allocation
+    assert open_files() == before
 
 
 @pytest.mark.spec("SM-2")
