@@ -175,6 +175,7 @@ def two_barriers(ops, ctx, x, s1, s2, s3):
 def gathers_first(ops, ctx, x, s1, s2, s3):
     """Every gather issued before any wait: the original order itself has three
     all_gathers in flight (RO-9's exception when a limit is set)."""
+    # `s * 1`: each gather gets a prologue of its own, which a pass may move with it
     pending = [ops.all_gather_into_tensor(s * 1, ctx.n, ctx.world) for s in (s1, s2, s3)]
     h = x
     for t in pending:
@@ -229,8 +230,7 @@ FUNCTIONS = {
     "fsdp_backward": fsdp_backward, "mutated_buffer": mutated_buffer,
     "lowered_all_reduce": shared_all_reduce, "two_groups": two_groups,
     "opaque_op": opaque_op, "two_barriers": two_barriers, "gathers_first": gathers_first,
-    "memory_bound": memory_bound,
-    "stall_tie": stall_tie,
+    "memory_bound": memory_bound, "stall_tie": stall_tie,
 }
 PROGRAMS = list(FUNCTIONS)
 

@@ -587,8 +587,9 @@ class _Lowering:
         (FC-35): the lowered program pays no copy per wait (CL-9). Upstream's wait
         already returns its argument."""
         for node in self.graph.nodes:
-            # By namespace first: refimpl's ops exist only once refimpl.functional_collectives
-            # was imported, which a graph of upstream collectives does not need.
+            # By name and namespace, not by identity: `torch.ops.refimpl_c10d.wait_tensor`
+            # exists only once refimpl.functional_collectives was imported, which a graph
+            # without refimpl's ops does not need.
             if (_fx.collective_name(node) == "wait_tensor"
                     and node.target.namespace == "refimpl_c10d"):
                 node.target = torch.ops.refimpl_c10d.wait_tensor_.default

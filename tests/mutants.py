@@ -559,10 +559,6 @@ RO = [
            "if not block.placed and block.queued == name and \\\n",
            "if not block.placed and block.queued != name and \\\n",
            "== for != : the forced move places a block queued elsewhere"),
-    Mutant("last_resort_ignores_the_limit", "RO-8", "refimpl/reorder.py",
-           "(block.kind != COLLECTIVE or self._flight_allows(block)):",
-           "(block.kind != COLLECTIVE and self._flight_allows(block)):",
-           "or for and: a forced move starts a collective the limit forbids"),
     Mutant("barrier_keeps_only_what_follows_the_previous_one", "RO-6", "refimpl/reorder.py",
            "            since = barriers[k - 1] if k else 0\n",
            "            since = barriers[k] if k else 0\n",
@@ -1189,8 +1185,6 @@ CATCHING_CASE: dict[str, str] = {
     "barrier_holds_nothing_after_it_but_the_last": "test_every_barrier_holds_its_side",
     "op_returning_nothing_is_compute": "test_every_barrier_holds_its_side",
     "last_resort_takes_a_block_of_another_queue": "test_a_limit_the_original_order_breaks_is_met",
-    "last_resort_ignores_the_limit":
-        "test_every_order_keeps_the_rules[gathers_first-budget=0-all_gather=1]",
     "native_serves_under_another_allocator":
         "test_functions_and_ops_use_the_allocator_registered_now",
     "registry_keeps_earlier_grants": "test_functions_and_ops_use_the_allocator_registered_now",
