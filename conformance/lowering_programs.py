@@ -50,6 +50,14 @@ def ar_coalesced(fc, x, y):
     return a, b
 
 
+def ar_coalesced_inplace(fc, x, y):
+    """all_reduce_coalesced_ on two contiguous buffers the program owns (CL-5: in place)."""
+    a, b = x * 2, y + 1
+    for done in fc.ops.all_reduce_coalesced_([a, b], "sum", WORLD):
+        fc.ops.wait_tensor(done)
+    return a + 1, b * 3
+
+
 def all_gather(fc, x):
     return fc.all_gather_tensor(x, 0, WORLD)
 
@@ -154,6 +162,12 @@ def ar_small_view(fc, x):
     return fc.all_reduce((x * 2).view(-1, 2), "sum", WORLD) + 1
 
 
+def ar_of_one_result_of_two(fc, x):
+    """all_reduce of one result of a multi-output op (an FX `getitem`, not an ATen op)."""
+    values, indices = torch.max(x, dim=0)
+    return fc.all_reduce(values, "sum", WORLD) + 1, indices
+
+
 # The name of a second group of every rank, whose symmetric memory is never enabled;
 # made by `prepare` before the program is traced (a tracer cannot create groups).
 OTHER_GROUP: dict = {}
@@ -238,18 +252,43 @@ def ar_pointwise_source_written(fc, x):
     return fc.all_reduce(y, "sum", WORLD) + done
 
 
+def ar_pointwise_source_written_through_a_view(fc, x):
+    """`x * 2` reads x before `x[1:].add_` writes a view of it: no prologue."""
+    y = x * 2
+    x[1:].add_(1)
+    return fc.all_reduce(y, "sum", WORLD) + x
+
+
+def ar_pointwise_other_buffer_written(fc, x):
+    """An in-place op and a multi-output op (an FX `getitem`, no ATen op) between the
+    prologue and the all_reduce write other buffers: the prologue is fused all the same."""
+    z = x - 1
+    y = x * 2
+    z.mul_(3)
+    top, _ = z.max(dim=0)
+    return fc.all_reduce(y, "sum", WORLD) + z + top
+
+
+def ar_pointwise_int32(fc, x):
+    """int32 is one-shot but no step dtype: the plain kernel, no chain."""
+    return fc.all_reduce(x.to(torch.int32) * 2, "sum", WORLD) + 1
+
+
 PROGRAMS = {f.__name__: f for f in [
     ar_graph_input, ar_intermediate, ar_intermediate_shared, ar_inplace, ar_coalesced,
+    ar_coalesced_inplace,
     all_gather, reduce_scatter, all_to_all, all_gather_coalesced, reduce_scatter_coalesced,
     all_gather_out, broadcast, broadcast_inplace, ar_small_intermediate, ar_small_avg,
     ar_small_graph_input, ar_inplace_small, ar_intermediate_read_before,
     ar_non_contiguous_intermediate, ar_inplace_non_contiguous,
     broadcast_inplace_non_contiguous, all_gather_non_contiguous,
     reduce_scatter_non_contiguous, ar_small_max, ar_small_f64, ar_small_view,
-    ar_small_other_group, ar_two_small, ar_comm_buffer_escapes,
+    ar_of_one_result_of_two, ar_small_other_group, ar_two_small, ar_comm_buffer_escapes,
     ar_pointwise_chains, ar_pointwise_shared_step, ar_pointwise_result_read_twice,
     ar_pointwise_epilogue_step_read_twice, ar_pointwise_alpha, ar_pointwise_bool,
     ar_pointwise_inexact_int, ar_pointwise_other_dtype, ar_pointwise_source_written,
+    ar_pointwise_source_written_through_a_view, ar_pointwise_other_buffer_written,
+    ar_pointwise_int32,
 ]}
 
 

@@ -296,6 +296,28 @@ FC = [
            "    return _start(what, group_name, out, lambda: pg._allgather_base(\n"
            "        out, tensor.contiguous()), reads=(tensor,))",
            "the ProcessGroup's private _allgather_base, which a Python ProcessGroup lacks"),
+    Mutant("rearranged_gather_completed_whenever_grad_is_on", "FC-9",
+           "refimpl/functional_collectives.py",
+           "(tensor.requires_grad and torch.is_grad_enabled())",
+           "(tensor.requires_grad or torch.is_grad_enabled())",
+           "`and` written `or`: an all_gather on dim 1 waits in the call, grad mode being on"),
+    Mutant("check_timeout_of_zero_accepted", "FC-28", "refimpl/functional_collectives.py",
+           "        if not timeout_s > 0:", "        if not timeout_s >= 0:",
+           "the bound off by one: a check that may not wait at all is accepted"),
+    Mutant("check_timeout_given_ignored", "FC-28", "refimpl/functional_collectives.py",
+           "    if timeout_s is not None:\n        if not timeout_s > 0:",
+           "    if timeout_s is None:\n        if not timeout_s > 0:",
+           "`is not` written `is`: the timeout given to set_collective_checks is dropped"),
+    Mutant("group_request_not_counted", "FC-31", "refimpl/functional_collectives.py",
+           "_group_requests.get((wanted, me), 0) + 1",
+           "_group_requests.get((wanted, me), 0)",
+           "the request counter never moves: a member's first request answers for its later "
+           "ones"),
+    Mutant("destroyed_group_of_ranks_reused", "FC-15", "refimpl/functional_collectives.py",
+           "    if pg is None or pg not in c10d._world.pg_names:",
+           "    if pg is None and pg not in c10d._world.pg_names:",
+           "`or` written `and`: the group a rank list made earlier is used after it was "
+           "destroyed"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -445,6 +467,31 @@ CL = [
            "            if _written_between(current, anchor, source):\n                break\n",
            "",
            "the prologue moved to the all_reduce past an in-place write of its source"),
+    Mutant("fresh_test_reads_a_namespace_of_any_target", "CL-15", _CL,
+           'node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload)',
+           'node.op != "call_function" and not isinstance(node.target, torch._ops.OpOverload)',
+           "`or` written `and`: a getitem's target is asked for its ATen namespace"),
+    Mutant("view_taken_for_its_own_buffer", "CL-17", _CL,
+           '    while (node.op == "call_function" and',
+           '    while (node.op != "call_function" and',
+           "the base of a view is the view itself: a write through a view of the source is missed"),
+    Mutant("any_alias_annotation_counts_as_a_write", "CL-17", _CL,
+           "                if (a.alias_info is not None and a.alias_info.is_write",
+           "                if (a.alias_info is not None or a.alias_info.is_write",
+           "every in-place op taken to write the prologue's source: the prologue is not fused"),
+    Mutant("schema_of_no_op_read", "CL-17", _CL,
+           "        if schema is not None and schema.is_mutable:",
+           "        if schema is not None or schema.is_mutable:",
+           "`and` written `or`: a getitem between the prologue and the all_reduce is asked "
+           "for its schema"),
+    Mutant("coalesced_refuses_its_contiguous_members", "CL-5", _CL,
+           "        bad = [inp.name for inp in node.args[0] if not _is_contiguous(inp)]",
+           "        bad = [inp.name for inp in node.args[0] if _is_contiguous(inp)]",
+           "the refusal's filter inverted: contiguous members are the ones refused"),
+    Mutant("step_of_any_dtype", "CL-17", _CL,
+           "            or val.shape != source.shape:",
+           "            and val.shape != source.shape:",
+           "`or` written `and`: an int32 step taken into a float-only chain"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -548,6 +595,10 @@ BK = [
            '        self.block = (f"{kind}_wait", index)',
            '        self.block = (kind, index)',
            "the wait and copy-outs tagged as the collective's block"),
+    Mutant("cast_to_an_integer_absorbed", "BK-9", "refimpl/bucketing.py",
+           "            and node.meta[\"val\"].dtype.is_floating_point)",
+           "            or node.meta[\"val\"].dtype.is_floating_point)",
+           "`and` written `or`: a cast from a float to int32 is taken into the bucket's copy"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -1118,6 +1169,10 @@ E2E = [
     Mutant("e2e_zero_cap_accepted", "E2E-1", "refimpl/compile.py",
            "if not math.isfinite(cap) or cap <= 0:", "if not math.isfinite(cap) or cap < 0:",
            "a cap of 0 MiB accepted: every bucket would close before its first member"),
+    Mutant("e2e_rank_asked_without_a_group", "E2E-5", "refimpl/compile.py",
+           "dist.is_available() and dist.is_initialized() else 0",
+           "dist.is_available() or dist.is_initialized() else 0",
+           "`and` written `or`: the rank asked of a process group that does not exist"),
 ]
 
 
@@ -1441,4 +1496,26 @@ CATCHING_CASE: dict[str, str] = {
     "e2e_debug_text_at_info":
         "test_one_info_line_per_compiled_graph_and_the_text_of_every_stage_at_debug",
     "e2e_zero_cap_accepted": "test_bad_config_is_refused[cap_zero]",
+    "e2e_rank_asked_without_a_group": "test_debug_dir_without_a_process_group_is_rank0",
+    "view_taken_for_its_own_buffer":
+        "test_pointwise_chains_run_in_the_one_shot_kernel[ar_pointwise_source_written_through_a_view]",
+    "any_alias_annotation_counts_as_a_write":
+        "test_pointwise_chains_run_in_the_one_shot_kernel[ar_pointwise_other_buffer_written]",
+    "schema_of_no_op_read":
+        "test_pointwise_chains_run_in_the_one_shot_kernel[ar_pointwise_other_buffer_written]",
+    "coalesced_refuses_its_contiguous_members":
+        "test_all_reduce_coalesced_inplace_stays_in_place",
+    "cast_to_an_integer_absorbed": "test_a_cast_to_an_integer_dtype_is_kept",
+    "rearranged_gather_completed_whenever_grad_is_on":
+        "test_all_gather_on_another_dim_is_pending_too",
+    "check_timeout_of_zero_accepted":
+        "test_set_collective_checks_takes_a_positive_timeout_and_uses_it",
+    "check_timeout_given_ignored":
+        "test_set_collective_checks_takes_a_positive_timeout_and_uses_it",
+    "group_request_not_counted": "test_a_member_that_does_not_ask_for_the_list_again_is_named",
+    "destroyed_group_of_ranks_reused":
+        "test_rank_list_after_its_group_is_destroyed_gets_a_new_one",
+    "step_of_any_dtype": "test_pointwise_chains_run_in_the_one_shot_kernel[ar_pointwise_int32]",
+    "fresh_test_reads_a_namespace_of_any_target":
+        "test_all_reduce_of_one_result_of_a_multi_output_op[plain]",
 }

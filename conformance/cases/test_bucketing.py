@@ -397,6 +397,16 @@ wait b1""")
 
 
 @pytest.mark.spec("BK-9")
+def test_a_cast_to_an_integer_dtype_is_kept(backend):
+    # f32 -> int32 is no floating-point cast: each member's cast stays, the bucket's copy
+    # converts nothing.
+    result = run_case(backend, 2, "fsdp_all_gather", AG, dtype=torch.int32,
+                      program_args={"rows": (3, 1), "cast": True})
+    assert result["collectives"] == (2, 1)
+    assert result["canonical"].count("aten._to_copy(") == 2, result["canonical"]
+
+
+@pytest.mark.spec("BK-9")
 def test_a_cast_with_another_reader_is_kept(backend):
     result = run_case(backend, 2, "fsdp_all_gather", AG, dtype=BF16,
                       program_args={"rows": (3, 1), "cast": True, "cast_read_again": True})

@@ -170,6 +170,30 @@ return [%7, %8]""")
     check_numerics(backend, "ar_coalesced", [(4,), (2, 3)])
 
 
+@pytest.mark.spec("CL-5", "CL-9", "CL-15")
+def test_all_reduce_coalesced_inplace_stays_in_place(backend, fake_world):
+    assert_expected_inline(comm_trace(backend, "ar_coalesced_inplace", [(4,), (2, 3)]), """\
+all_reduce_coalesced_ in-place ranks[0,1] sum in=b0:f32[4]=computed,b1:f32[2, 3]=computed
+wait b0
+wait b1""")
+    graph = lowered_text(backend, "ar_coalesced_inplace", [(4,), (2, 3)])
+    if graph is not None:
+        assert_expected_inline(graph, """\
+%0 = input : f32[4]
+%1 = input : f32[2, 3]
+%2 = aten.mul.Tensor(%0, 2) : f32[4]
+%3 = aten.add.Tensor(%1, 1) : f32[2, 3]
+%4 = funcol.all_reduce_coalesced_([%2, %3], 'sum', ranks[0,1]) : (f32[4], f32[2, 3])
+%5 = getitem(%4, 0) : f32[4]
+%6 = getitem(%4, 1) : f32[2, 3]
+%7 = funcol.wait_tensor_(%5) : f32[4]
+%8 = funcol.wait_tensor_(%6) : f32[2, 3]
+%9 = aten.add.Tensor(%5, 1) : f32[4]
+%10 = aten.mul.Tensor(%6, 3) : f32[2, 3]
+return [%9, %10]""")
+    check_numerics(backend, "ar_coalesced_inplace", [(4,), (2, 3)])
+
+
 @pytest.mark.spec("CL-6", "CL-9", "CL-15")
 def test_all_gather_is_out_of_place(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "all_gather", [(4, 2)]), """\
@@ -378,6 +402,14 @@ def test_one_shot_not_chosen(backend, fake_world, why):
                         rf"{re.escape(origin)}", first), trace
     assert trace.splitlines()[1] == "wait b0"
     check_numerics(backend, name, [(4,)], options)
+
+
+@pytest.mark.spec("CL-15", "CL-3", "CL-10")
+@pytest.mark.parametrize("options", [{}, ONE_SHOT], ids=["plain", "auto_select"])
+def test_all_reduce_of_one_result_of_a_multi_output_op(backend, fake_world, options):
+    # The reduced tensor is an FX getitem of `max.dim`'s pair, a node whose target is no
+    # ATen op: whether it is reduced in place or cloned, lowering takes it.
+    check_numerics(backend, "ar_of_one_result_of_two", [(3, 4)], options)
 
 
 @pytest.mark.spec("CL-15", "CL-2", "CL-5", "CL-6")
@@ -817,6 +849,35 @@ return %4"""),  # noqa: E501
 %5 = symm_mem.one_shot_all_reduce(%2, 'sum', ranks[0,1]) : f32[4]
 %6 = aten.add.Tensor(%5, %4) : f32[4]
 return %6"""),  # noqa: E501
+    "ar_pointwise_source_written_through_a_view": ("add_ writes a view of x between x * 2 and the all_reduce", """\
+%0 = input : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 3357528822944488114) : f32[4]
+%2 = aten.mul.out(%0, 2, out=%1) : f32[4]
+%3 = aten.slice.Tensor(%0, 0, 1, 9223372036854775807) : f32[3]
+%4 = aten.add_.Tensor(%3, 1) : f32[3]
+%5 = symm_mem.one_shot_all_reduce(%2, 'sum', ranks[0,1]) : f32[4]
+%6 = aten.add.Tensor(%5, %0) : f32[4]
+return %6"""),  # noqa: E501
+    "ar_pointwise_other_buffer_written": ("an in-place op and a getitem on other buffers do not stop the prologue", """\
+%0 = input : f32[4]
+%1 = aten.sub.Tensor(%0, 1) : f32[4]
+%2 = aten.mul_.Tensor(%1, 3) : f32[4]
+%3 = aten.max.dim(%2, 0) : (f32[], i64[])
+%4 = getitem(%3, 0) : f32[]
+%5 = getitem(%3, 1) : i64[]
+%6 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 8264156509152802279) : f32[4]
+%7 = symm_mem.one_shot_all_reduce_pointwise(%6, %0, 'sum', ranks[0,1], 'mul 2.0', '') : f32[4]
+%8 = aten.add.Tensor(%7, %2) : f32[4]
+%9 = aten.add.Tensor(%8, %4) : f32[4]
+return %9"""),  # noqa: E501
+    "ar_pointwise_int32": ("int32 is no step dtype: the plain kernel", """\
+%0 = input : f32[4]
+%1 = aten._to_copy(%0, dtype=i32) : i32[4]
+%2 = symm_mem.empty_strided_p2p([4], [1], i32, device(cpu), ranks[0,1], 7779678519511802561) : i32[4]
+%3 = aten.mul.out(%1, 2, out=%2) : i32[4]
+%4 = symm_mem.one_shot_all_reduce(%3, 'sum', ranks[0,1]) : i32[4]
+%5 = aten.add.Tensor(%4, 1) : i32[4]
+return %5"""),  # noqa: E501
 }
 
 

@@ -235,6 +235,26 @@ def test_stages_switched_off_write_no_text(backend, tmp_path):
             assert texts == ["0_traced.txt"], f"rank {rank} {graph}: {texts}"
 
 
+@pytest.mark.spec("E2E-5")
+def test_debug_dir_without_a_process_group_is_rank0(backend, tmp_path):
+    """Compiled in this process, where no process group exists: `rank0`, as for rank 0."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        pytest.skip("a process group is left in this process by another case")
+    compiled = backend.require("compile_backend").make({**OFF, "debug_dir": str(tmp_path)})
+    torch._dynamo.reset()
+    try:
+        got = torch.compile(lambda x: x * 2 + 1, backend=compiled)(torch.arange(4.0))
+    finally:
+        torch._dynamo.reset()
+    assert got.tolist() == [1.0, 3.0, 5.0, 7.0]
+    assert [p.name for p in tmp_path.iterdir()] == ["rank0"]
+    graphs = sorted(p.name for p in (tmp_path / "rank0").iterdir())
+    assert graphs == ["graph0_inference"], graphs
+    assert (tmp_path / "rank0" / "graph0_inference" / "0_traced.txt").read_text()
+
+
 # --------------------------------------------------------------------------------------
 # Configs (E2E-1)
 # --------------------------------------------------------------------------------------

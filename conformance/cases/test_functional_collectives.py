@@ -375,6 +375,32 @@ def test_async_collective_tensor(backend):
             "op_wait_value": [3.0] * 4}
 
 
+def _gathered_on_dim_one(spec):
+    fc = funcol_api(spec)
+    registry = getattr(fc, "work_registry_size", None)
+    x = torch.full((2, 1), float(dist.get_rank() + 1))
+    before = registry() if registry else 0
+    y = fc.all_gather_tensor(x, 1, dist.group.WORLD)
+    pending = registry() > before if registry else True
+    with torch.no_grad():  # an input that requires grad, under no_grad: nothing recorded
+        g = fc.all_gather_tensor(x.clone().requires_grad_(), 1, dist.group.WORLD)
+    facts = {"async": isinstance(y, fc.AsyncCollectiveTensor), "pending": pending,
+             "no_grad_async": isinstance(g, fc.AsyncCollectiveTensor),
+             "values": [waited(y).tolist(), waited(g).tolist()]}
+    facts["drained"] = registry() == before if registry else True
+    return facts
+
+
+@pytest.mark.spec("FC-9", "FC-6", "FC-14")
+def test_all_gather_on_another_dim_is_pending_too(backend):
+    """Gathering on dim 1 rearranges the gathered rows: eagerly, only once waited."""
+    backend.require("functional_collectives")
+    for rank, facts in enumerate(run(backend, _gathered_on_dim_one, 2)):
+        assert facts == {"async": True, "pending": True, "no_grad_async": True,
+                         "values": [[[1.0, 2.0]] * 2] * 2, "drained": True}, \
+            f"rank {rank}: {facts}"
+
+
 # Every view op of FC-10, applied to a pending result of shape (2, 1, 3).
 VIEWS = {
     "view": lambda y: y.view(6), "reshape": lambda y: y.reshape(3, 2),
@@ -1043,6 +1069,33 @@ def test_a_peer_that_never_comes_is_named(backend):
     assert seconds < 10, f"named after {seconds:.1f} s, not within the check's timeout"
 
 
+def _timeout_set_in_process(spec):
+    os.environ["REFIMPL_CHECK_TIMEOUT_S"] = "8"  # what set_collective_checks overrides
+    fc = funcol_api(spec)
+    group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=10))
+    refused = [_error(lambda t=t: fc.set_collective_checks(True, timeout_s=t))[:2]
+               for t in (0, -1.0)]
+    fc.set_collective_checks(True, timeout_s=0.5)
+    if dist.get_rank() == 1:
+        return refused, None  # never comes to the collective
+    start = time.monotonic()
+    outcome = _error(lambda: fc.all_reduce(torch.ones(2), "sum", group))
+    return refused, (outcome, time.monotonic() - start)
+
+
+@pytest.mark.spec("FC-28")
+def test_set_collective_checks_takes_a_positive_timeout_and_uses_it(backend):
+    backend.require("functional_collectives", "set_collective_checks")
+    results = run(backend, _timeout_set_in_process, 2, timeout=60, restart_after=True)
+    for rank, (refused, _) in enumerate(results):
+        for exc_type, message in refused:
+            assert exc_type == "ValueError" and "timeout_s" in message, \
+                f"rank {rank}: a timeout of 0 or -1 s: {exc_type} {message}"
+    (exc_type, message, _), seconds = results[0][1]
+    assert exc_type != "no error" and "rank 1" in message, f"{exc_type}: {message}"
+    assert seconds < 4, f"named after {seconds:.1f} s: the 0.5 s given was not used"
+
+
 # ---- FC-29: a peer that dies or never comes during the collective ----------------------
 def _peer_dies(spec, dies):
     os.environ["REFIMPL_CHECK_COLLECTIVES"] = "0"  # the failure is the backend's, not a check's
@@ -1133,3 +1186,62 @@ def _fresh_rank_list(spec):
 def test_rank_list_creates_its_group(backend):
     backend.require("functional_collectives")
     assert run(backend, _fresh_rank_list, 3) == [[2.0, 2.0], None, [2.0, 2.0]]
+
+
+def _destroy_groups_of(members: list[int]) -> int:
+    """Destroy whichever groups of exactly `members` (the default group aside) exist."""
+    from torch.distributed import distributed_c10d as c10d
+
+    groups = [pg for pg, ranks in c10d._world.pg_group_ranks.items()
+              if pg is not c10d._get_default_group() and sorted(ranks) == members]
+    for pg in groups:
+        dist.destroy_process_group(pg)
+    return len(groups)
+
+
+def _rank_list_after_its_group_is_destroyed(spec):
+    fc = funcol_api(spec)
+    if dist.get_rank() == 1:
+        return None
+    first = fc.all_reduce(torch.full((2,), float(dist.get_rank())), "sum", [0, 2]).tolist()
+    groups = _destroy_groups_of([0, 2])
+    again = fc.all_reduce(torch.full((2,), float(dist.get_rank() + 1)), "sum", [0, 2]).tolist()
+    return first, groups, again
+
+
+@pytest.mark.spec("FC-15")
+def test_rank_list_after_its_group_is_destroyed_gets_a_new_one(backend):
+    backend.require("functional_collectives")
+    results = run(backend, _rank_list_after_its_group_is_destroyed, 3, restart_after=True)
+    assert results[1] is None
+    for rank in (0, 2):
+        first, destroyed, again = results[rank]
+        assert first == [2.0, 2.0] and destroyed >= 1, f"rank {rank}: {results[rank]}"
+        assert again == [4.0, 4.0], f"rank {rank}: {again}"
+
+
+def _member_that_does_not_ask_again(spec):
+    os.environ.update(SHORT_CHECK_TIMEOUT)
+    fc = funcol_api(spec)
+    me = dist.get_rank()
+    if me == 1:
+        return None
+    fc.all_reduce(torch.ones(1), "sum", [0, 2]).tolist()
+    _destroy_groups_of([0, 2])
+    if me == 2:
+        return None  # asks for [0, 2] once, not twice
+    start = time.monotonic()
+    outcome = _error(lambda: fc.all_reduce(torch.ones(1), "sum", [0, 2]))
+    return outcome, time.monotonic() - start
+
+
+@pytest.mark.spec("FC-31", "FC-15")
+def test_a_member_that_does_not_ask_for_the_list_again_is_named(backend):
+    """Agreeing on a rank list the second time needs the members' second requests: the
+    first ones do not stand in for them."""
+    backend.require("functional_collectives")
+    results = run(backend, _member_that_does_not_ask_again, 3, timeout=20, restart_after=True)
+    (exc_type, message, _), seconds = results[0]
+    assert exc_type != "no error", "rank 0: no error"
+    assert "[0, 2]" in message and "rank 2" in message, f"rank 0: {message}"
+    assert seconds < 15, f"rank 0: took {seconds:.1f} s"
