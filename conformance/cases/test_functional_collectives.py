@@ -1244,4 +1244,6 @@ def test_a_member_that_does_not_ask_for_the_list_again_is_named(backend):
     (exc_type, message, _), seconds = results[0]
     assert exc_type != "no error", "rank 0: no error"
     assert "[0, 2]" in message and "rank 2" in message, f"rank 0: {message}"
+    # The agreement's error, not a later one (a collective on a group made without it).
+    assert "[FC-31]" in message, f"rank 0: not the group agreement's error: {message}"
     assert seconds < 15, f"rank 0: took {seconds:.1f} s"
