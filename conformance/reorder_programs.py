@@ -192,6 +192,16 @@ def memory_bound(ops, ctx, x, s1, s2):
     return g1 + small, g2 + small
 
 
+def bound_at_the_raise(ops, ctx, x):
+    """The gather's input is computed while a large intermediate lives, whose last use
+    writes it in place (allocating nothing): raised above that write, the gather's output
+    is planned at the very moment the peak is, and nowhere later."""
+    big = x * 2
+    part = big[:_rows(ctx)] * 1
+    big.add_(1)
+    return _gather(ops, ctx, part) + 1
+
+
 def stall_tie(ops, ctx, x, w, y):
     """A collective (30 us pinned) issued first; 30 us of compute (a matmul and ten 1-us
     ops); then the reader of the collective's result, then independent compute. When the
@@ -221,6 +231,7 @@ def _shapes(name: str, ctx: Ctx) -> list[tuple]:
         "two_barriers": [(4,), (r,), (r,), (r,)],
         "gathers_first": [(8,), (r,), (r,), (r,)],
         "memory_bound": [(60,), (r,), (r,)],  # on 4 ranks: peak 500 B, a gather 32 B
+        "bound_at_the_raise": [(60,)],  # on 4 ranks: peak 488 B, a gather 32 B
         "stall_tie": [(4,), (2, 2), (4,)],
     }[name]
 
@@ -231,6 +242,7 @@ FUNCTIONS = {
     "lowered_all_reduce": shared_all_reduce, "two_groups": two_groups,
     "opaque_op": opaque_op, "two_barriers": two_barriers, "gathers_first": gathers_first,
     "memory_bound": memory_bound, "stall_tie": stall_tie,
+    "bound_at_the_raise": bound_at_the_raise,
 }
 PROGRAMS = list(FUNCTIONS)
 

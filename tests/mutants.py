@@ -680,6 +680,11 @@ RO = [
     Mutant("ro_ties_broken_by_name", "RO-12", _RO,
            "        return block.pos\n", "        return self.p.body[block.pos].name\n",
            "ties broken by node name instead of original position"),
+    Mutant("bound_now_refuses_the_exact_limit", "RO-9", "refimpl/reorder.py",
+           "sum(self.p.alloc[i] for i in members) > self.limit:",
+           "sum(self.p.alloc[i] for i in members) >= self.limit:",
+           "off by one at the bound: a raise that plans exactly the limit at its own "
+           "placement is refused"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -1505,6 +1510,8 @@ CATCHING_CASE: dict[str, str] = {
         "test_pointwise_chains_run_in_the_one_shot_kernel[ar_pointwise_other_buffer_written]",
     "coalesced_refuses_its_contiguous_members":
         "test_all_reduce_coalesced_inplace_stays_in_place",
+    "bound_now_refuses_the_exact_limit":
+        "test_a_raise_that_reaches_the_bound_where_it_is_placed[bound_520]",
     "cast_to_an_integer_absorbed": "test_a_cast_to_an_integer_dtype_is_kept",
     "rearranged_gather_completed_whenever_grad_is_on":
         "test_all_gather_on_another_dim_is_pending_too",

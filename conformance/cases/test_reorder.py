@@ -657,6 +657,23 @@ def test_memory_bound_stops_the_raise(backend, world4):
 return [%8, %10]""")
 
 
+# 488 B planned originally. Raised above `add_`, the gather's 32 B output is live with
+# everything the original peak holds, at the raise itself: 520 B, made under budget
+# 0.066 (floor(1.066 * 488) = 520), not under 0.064 (519) (RO-9, RO-10).
+@pytest.mark.spec("RO-9", "RO-10")
+@pytest.mark.parametrize("budget, raised", [(0.066, True), (0.064, False)],
+                         ids=["bound_520", "bound_519"])
+def test_a_raise_that_reaches_the_bound_where_it_is_placed(backend, world4, budget, raised):
+    from refimpl.memory import plan_memory
+
+    gm, new = reordered(backend, rp.Case("bound_at_the_raise", budget))
+    lines = canonical_graph(new).splitlines()
+    gather = next(i for i, line in enumerate(lines) if "all_gather_into_tensor" in line)
+    write = next(i for i, line in enumerate(lines) if "aten.add_" in line)
+    assert (gather < write) == raised, "\n".join(lines)
+    assert plan_memory(new).peak_bytes == (520 if raised else 488)
+
+
 @pytest.mark.spec("RO-8")
 def test_a_limit_that_cannot_be_met_is_refused(backend, world4):
     """The first gather's wait is gone: it stays in flight, the second may never start."""
