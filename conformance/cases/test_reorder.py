@@ -666,7 +666,7 @@ return [%8, %10]""")
 def test_a_raise_that_reaches_the_bound_where_it_is_placed(backend, world4, budget, raised):
     from refimpl.memory import plan_memory
 
-    gm, new = reordered(backend, rp.Case("bound_at_the_raise", budget))
+    _, new = reordered(backend, rp.Case("bound_at_the_raise", budget))
     lines = canonical_graph(new).splitlines()
     gather = next(i for i, line in enumerate(lines) if "all_gather_into_tensor" in line)
     write = next(i for i, line in enumerate(lines) if "aten.add_" in line)
