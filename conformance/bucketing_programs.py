@@ -48,16 +48,17 @@ def group_of(spec):
 # Programs. Each returns (function to trace, inputs for this rank).
 # --------------------------------------------------------------------------------------
 def fsdp_all_gather(fc, dtype, rows=(3, 5, 1, 4, 2, 6), cast=False, group=WORLD,
-                    cast_read_again=False, independent=False):
+                    cast_read_again=False, independent=False, source=torch.float32):
     """Params of uneven dim 0 gathered one by one, each used by compute after its wait.
 
-    `cast`: each shard is cast to `dtype` first (FSDP's mixed precision); with
-    `cast_read_again` the first cast is also returned, so it has a second reader; with
-    `independent`, compute that reads no gathered value follows each gather.
+    `cast`: each shard, of dtype `source`, is cast to `dtype` first (FSDP's mixed
+    precision); with `cast_read_again` the first cast is also returned, so it has a
+    second reader; with `independent`, compute that reads no gathered value follows each
+    gather.
     """
     pg = group_of(group)
     me = dist.get_rank()
-    shards = [rank_input(me, (r, 3), torch.float32 if cast else dtype, salt=i)
+    shards = [rank_input(me, (r, 3), source if cast else dtype, salt=i)
               for i, r in enumerate(rows)]
 
     def step(*shards):

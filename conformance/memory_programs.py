@@ -139,6 +139,13 @@ def out_variant(ops, x):
     return summed + x.sum()
 
 
+def symbolic_halves(ops, x):
+    """Sizes computed from x's length: traced with symbolic sizes (`traced(...,
+    tracing_mode="symbolic")`), each byte size counts as its value in the example."""
+    half = x[: x.shape[0] // 2] * 2
+    return _wait(ops, ops.all_reduce(half, "sum", G)) + x.sum()
+
+
 PROGRAMS = {
     "all_gather_copy_out": (all_gather_copy_out, [(12,)]),
     "out_variant": (out_variant, [(3, 4)]),
@@ -151,6 +158,7 @@ PROGRAMS = {
     "coalesced_members": (coalesced_members, [(2,), (3,)]),
     "all_to_all_and_broadcast": (all_to_all_and_broadcast, [(4,)]),
     "dead_value": (dead_value, [(4,)]),
+    "symbolic_halves": (symbolic_halves, [(6,)]),
 }
 
 
@@ -165,11 +173,13 @@ def refimpl_ops():
     return torch.ops.refimpl_c10d
 
 
-def traced(name: str, ops=None, rank: int = 0) -> torch.fx.GraphModule:
+def traced(name: str, ops=None, rank: int = 0, tracing_mode: str = "fake"
+           ) -> torch.fx.GraphModule:
     """make_fx of a program on fake values (needs a default group of 2, fake or real)."""
     fn, _ = PROGRAMS[name]
     ops = ops if ops is not None else refimpl_ops()
-    return make_fx(lambda *xs: fn(ops, *xs), tracing_mode="fake")(*inputs_for(name, rank))
+    return make_fx(lambda *xs: fn(ops, *xs), tracing_mode=tracing_mode)(
+        *inputs_for(name, rank))
 
 
 # --------------------------------------------------------------------------------------

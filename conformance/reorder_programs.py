@@ -214,6 +214,55 @@ def stall_tie(ops, ctx, x, w, y):
     return reduced * 2, h, y * 3
 
 
+def two_waits(ops, ctx, x, w, y):
+    """Two all_reduces: the first issued at once (30 us pinned, it ends at 30), the second
+    on a 20 us matmul's result, through a clone (its prologue: a block of two members), so
+    it runs after the first on the group's stream and ends at 60. `both` reads both
+    results, `one` only the first: `both` would stall the compute stream until 60, the
+    later of its waits' ends, and `one` until 30, so `one` goes first though `both`
+    precedes it (RO-12). The second wait's end is its collective's, not its prologue's."""
+    first = ops.all_reduce(x, "sum", ctx.world)
+    h = w @ w
+    second = ops.all_reduce(h.sum(0).clone(), "sum", ctx.world)
+    a, b = _wait(ops, first), _wait(ops, second)
+    both = a + b
+    one = a * 2
+    return both, one, y * 3
+
+
+def coalesced_waits(ops, ctx, x, s1, s2, s3):
+    """A coalesced all_gather of two shards, its results read apart (the first at once,
+    the second after some compute), then a third gather. With one all_gather in flight,
+    the third is issued only after the coalesced gather's second wait: a collective of
+    several results is in flight until its last wait (RO-8)."""
+    first, second = ops.all_gather_into_tensor_coalesced([s1, s2], ctx.n, ctx.world)
+    a = _wait(ops, first) + 1
+    h = x * 2
+    for _ in range(5):
+        h = h + 1
+    b = _wait(ops, second) + h.sum()
+    return a, b, _gather(ops, ctx, s3) + 1
+
+
+def size_arithmetic(ops, ctx, x, s):
+    """Sizes computed from `x`'s symbolic length (traced by `symbolic_graph`): ATen's
+    `sym_size`, `operator.floordiv` and `truediv`, `torch.sym_max`, `math.floor`, all
+    between compute and a gather. The pass understands them (RO-6): none is a barrier."""
+    a = x * 2
+    n = x.shape[0]
+    half = torch.sym_max(n // 2, 1)
+    third = math.floor(n / 3)
+    b = a[:half].sum() + a[:third].sum()
+    return _gather(ops, ctx, s) + b
+
+
+def symbolic_graph(ops) -> torch.fx.GraphModule:
+    """`size_arithmetic` traced by make_fx with symbolic sizes (x of 6, s of 2 examples)."""
+    ctx = context()
+    return make_fx(lambda x, s: size_arithmetic(ops, ctx, x, s), tracing_mode="symbolic")(
+        rank_input(0, (6,)), rank_input(0, (_rows(ctx),), salt=1))
+
+
 def _rows(ctx) -> int:
     return 8 // ctx.n
 
@@ -233,6 +282,8 @@ def _shapes(name: str, ctx: Ctx) -> list[tuple]:
         "memory_bound": [(60,), (r,), (r,)],  # on 4 ranks: peak 500 B, a gather 32 B
         "bound_at_the_raise": [(60,)],  # on 4 ranks: peak 488 B, a gather 32 B
         "stall_tie": [(4,), (2, 2), (4,)],
+        "two_waits": [(2,), (2, 2), (2,)],
+        "coalesced_waits": [(4,), (r,), (r,), (r,)],
     }[name]
 
 
@@ -242,7 +293,8 @@ FUNCTIONS = {
     "lowered_all_reduce": shared_all_reduce, "two_groups": two_groups,
     "opaque_op": opaque_op, "two_barriers": two_barriers, "gathers_first": gathers_first,
     "memory_bound": memory_bound, "stall_tie": stall_tie,
-    "bound_at_the_raise": bound_at_the_raise,
+    "bound_at_the_raise": bound_at_the_raise, "two_waits": two_waits,
+    "coalesced_waits": coalesced_waits,
 }
 PROGRAMS = list(FUNCTIONS)
 
@@ -340,6 +392,8 @@ CASES = [
     Case("memory_bound", 0.065),  # on 4 ranks: 532 B may be planned, 500 + 32 (RO-9)
     Case("memory_bound", 0.05),
     Case("stall_tie", math.inf),
+    Case("two_waits", math.inf),
+    Case("coalesced_waits", math.inf, ONE_ALL_GATHER),
 ]
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.fx
 
 __all__ = ["COLLECTIVE_NAMESPACES", "REDUCE_OPS", "collective_name", "is_wait", "overloads",
-           "arguments", "fake_value"]
+           "arguments", "fake_value", "size_hint"]
 
 # Namespaces whose ops are functional collectives, refimpl's first.
 COLLECTIVE_NAMESPACES = ("refimpl_c10d", "_c10d_functional", "_c10d_functional_autograd")
@@ -82,6 +82,19 @@ def fake_value(node: torch.fx.Node, rule: str):
         raise ValueError(f"gm: node {node.name!r} has no meta['val']; trace the graph with "
                          f"fake values (make_fx(tracing_mode='fake'), torch.compile) [{rule}]")
     return node.meta["val"]
+
+
+def size_hint(size) -> int:
+    """An int for a size that may be symbolic (a graph traced with dynamic shapes): its
+    value in the traced example; a data-dependent (unbacked) size as the shape environment
+    estimates it, as Inductor's does. Reads the hint only: adds no guard."""
+    if not isinstance(size, torch.SymInt):
+        return int(size)
+    from torch.fx.experimental import symbolic_shapes
+
+    # torch 2.13 renamed hint_int (which took the same arguments) optimization_hint
+    hint = getattr(symbolic_shapes, "optimization_hint", None) or symbolic_shapes.hint_int
+    return int(hint(size))
 
 
 def node_args(arg) -> list[torch.fx.Node]:

@@ -36,7 +36,7 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_leaves
 
-from refimpl._fx import collective_name, is_wait, node_args
+from refimpl._fx import collective_name, is_wait, node_args, size_hint
 
 __all__ = [
     "Buffer", "MemoryEvent", "MemoryPlan", "MemoryModel", "MemorySweep", "plan_memory",
@@ -202,12 +202,7 @@ class MemoryPlan:
 
 
 def _nbytes(value) -> int:
-    nbytes = value.untyped_storage().nbytes()
-    if isinstance(nbytes, torch.SymInt):
-        from torch.fx.experimental.symbolic_shapes import hint_int
-
-        return hint_int(nbytes)
-    return int(nbytes)
+    return size_hint(value.untyped_storage().nbytes())  # MEM-1: a symbolic one too
 
 
 def _tensors(value) -> list[torch.Tensor]:

@@ -30,7 +30,7 @@ import torch
 import torch.fx
 from torch.utils.flop_counter import flop_registry
 
-from refimpl._fx import collective_name, is_wait
+from refimpl._fx import collective_name, is_wait, size_hint
 from refimpl.memory import UNANNOTATED_RENAMES, MemoryModel, collector_paused, is_collective
 
 __all__ = [
@@ -133,7 +133,7 @@ H100_NVLINK_8 = HardwareProfile(
 # --------------------------------------------------------------------------------------
 def _tensor_bytes(value) -> int:
     if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
+        return size_hint(value.numel()) * value.element_size()  # symbolic: its example's
     if isinstance(value, (list, tuple)):
         return sum(_tensor_bytes(v) for v in value)
     return 0
@@ -339,13 +339,13 @@ def count_flops(node: torch.fx.Node) -> int:
     """FLOPs of an ATen node: matmuls from shapes, else torch.utils.flop_counter's formula."""
     by_shape = SHAPE_FLOPS.get(node.target)
     if by_shape is not None:
-        return by_shape(node)
+        return size_hint(by_shape(node))  # of symbolic shapes: the example's
     formula = flop_registry.get(node.target.overloadpacket)
     if formula is None:
         return 0
     args = torch.fx.node.map_arg(node.args, _val)
     kwargs = torch.fx.node.map_arg(node.kwargs, _val)
-    return int(formula(*args, **kwargs, out_val=node.meta.get("val")))
+    return size_hint(formula(*args, **kwargs, out_val=node.meta.get("val")))
 
 
 # --------------------------------------------------------------------------------------

@@ -599,6 +599,12 @@ BK = [
            "            and node.meta[\"val\"].dtype.is_floating_point)",
            "            or node.meta[\"val\"].dtype.is_floating_point)",
            "`and` written `or`: a cast from a float to int32 is taken into the bucket's copy"),
+    Mutant("cast_from_an_integer_absorbed", "BK-9", "refimpl/bucketing.py",
+           "    return (isinstance(src, torch.fx.Node) and "
+           "src.meta[\"val\"].dtype.is_floating_point",
+           "    return (isinstance(src, torch.fx.Node)",
+           "only the cast's result dtype checked: a cast from int32 to bf16 is taken into the "
+           "bucket's copy"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -685,6 +691,36 @@ RO = [
            "sum(self.p.alloc[i] for i in members) >= self.limit:",
            "off by one at the bound: a raise that plans exactly the limit at its own "
            "placement is refused"),
+    Mutant("stall_of_the_earliest_wait", "RO-12", _RO,
+           "        stall_end = max((w.finish_us for w in waits), default=0.0)",
+           "        stall_end = min((w.finish_us for w in waits), default=0.0)",
+           "a block that reads two waits stalls until the first collective ends, not the "
+           "last"),
+    Mutant("wait_ends_with_its_earliest_member", "RO-12", _RO,
+           "        block.finish_us = max((self.finish.get(i, 0.0) for c in block.completes",
+           "        block.finish_us = min((self.finish.get(i, 0.0) for c in block.completes",
+           "a wait of a block with a prologue ends when the prologue does (a compute member "
+           "has no end on the group's stream), not when the collective does"),
+    Mutant("released_at_its_first_wait", "RO-8", _RO,
+           "            if collective.waits_left == 0 and collective.placed:",
+           "            if collective.waits_left == 0 or collective.placed:",
+           "a collective of several results leaves the flight at its first wait: the next "
+           "one is issued while its other results are still pending"),
+    Mutant("sym_functions_are_barriers", "RO-6", _RO,
+           "        if module in PURE_MODULES or (module, name) in SYMMETRIC_ALLOCATIONS or \\\n"
+           "                (module == \"torch\" and name.startswith(\"sym_\")):",
+           "        if module in PURE_MODULES or (module, name) in SYMMETRIC_ALLOCATIONS:",
+           "torch.sym_max and the other torch.sym_* functions of a symbolic size taken for "
+           "unknown Python functions: barriers"),
+    Mutant("math_functions_are_barriers", "RO-6", _RO,
+           'PURE_MODULES = ("_operator", "operator", "math")',
+           'PURE_MODULES = ("_operator", "operator")',
+           "math.floor of a symbolic size is a barrier"),
+    Mutant("operator_functions_are_barriers", "RO-6", _RO,
+           'PURE_MODULES = ("_operator", "operator", "math")',
+           'PURE_MODULES = ("operator", "math")',
+           "the operator module's functions say `_operator` in __module__: operator.floordiv "
+           "on a symbolic size is a barrier"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -1042,6 +1078,12 @@ MEM = [
            "        for b in expected - freed.keys():\n",
            "        for b in expected - freed.keys() - expected:\n",
            "the verifier does not check that a predicted free happened"),
+    Mutant("symbolic_size_by_its_old_helper", "MEM-1", "refimpl/_fx.py",
+           '    hint = getattr(symbolic_shapes, "optimization_hint", None) or '
+           'symbolic_shapes.hint_int',
+           "    hint = symbolic_shapes.hint_int",
+           "the helper of older torch called on every torch: gone since 2.13, so a graph "
+           "traced with symbolic sizes cannot be planned (nor reordered)"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -1124,6 +1166,15 @@ SIM = [
            "        link = self.links.get(group_size, self.links.get(0))\n",
            "        link = self.links.get(0, self.links.get(group_size))\n",
            "the default link shadows a group size's own"),
+    Mutant("symbolic_bytes_left_symbolic", "SIM-3", SIMULATOR,
+           "        return size_hint(value.numel()) * value.element_size()",
+           "        return value.numel() * value.element_size()",
+           "a tensor's bytes taken as they are: of a graph traced with dynamic shapes, a "
+           "symbolic expression, and so is every duration and time after it"),
+    Mutant("symbolic_matmul_flops_left_symbolic", "SIM-3", SIMULATOR,
+           "        return size_hint(by_shape(node))  # of symbolic shapes: the example's",
+           "        return by_shape(node)",
+           "a matmul's FLOPs from symbolic shapes left symbolic"),
 ]
 
 
@@ -1197,6 +1248,9 @@ MUTANTS: list[Mutant] = [m for section in section_lists().values() for m in sect
 _FUSED = "test_pointwise_chains_run_in_the_one_shot_kernel"
 _CALLED = "test_the_lowered_program_is_called_as_any_module"
 CATCHING_CASE: dict[str, str] = {
+    "symbolic_bytes_left_symbolic": "test_symbolic_sizes_cost_as_in_the_example",
+    "symbolic_matmul_flops_left_symbolic": "test_symbolic_sizes_cost_as_in_the_example",
+    "symbolic_size_by_its_old_helper": "test_symbolic_sizes_count_as_in_the_example",
     "straight_call_skips_forward_hooks": _CALLED,
     "straight_call_skips_global_pre_hooks": _CALLED,
     "straight_call_skips_backward_pre_hooks": _CALLED,
@@ -1512,7 +1566,15 @@ CATCHING_CASE: dict[str, str] = {
         "test_all_reduce_coalesced_inplace_stays_in_place",
     "bound_now_refuses_the_exact_limit":
         "test_a_raise_that_reaches_the_bound_where_it_is_placed[bound_520]",
+    "stall_of_the_earliest_wait": "test_the_later_of_two_waits_sets_the_stall",
+    "wait_ends_with_its_earliest_member": "test_the_later_of_two_waits_sets_the_stall",
+    "sym_functions_are_barriers": "test_size_arithmetic_is_no_barrier[inf]",
+    "math_functions_are_barriers": "test_size_arithmetic_is_no_barrier[inf]",
+    "operator_functions_are_barriers": "test_size_arithmetic_is_no_barrier[inf]",
+    "released_at_its_first_wait":
+        "test_every_order_keeps_the_rules[coalesced_waits-budget=inf-all_gather=1]",
     "cast_to_an_integer_absorbed": "test_a_cast_to_an_integer_dtype_is_kept",
+    "cast_from_an_integer_absorbed": "test_a_cast_from_an_integer_dtype_is_kept",
     "rearranged_gather_completed_whenever_grad_is_on":
         "test_all_gather_on_another_dim_is_pending_too",
     "check_timeout_of_zero_accepted":

@@ -407,6 +407,15 @@ def test_a_cast_to_an_integer_dtype_is_kept(backend):
 
 
 @pytest.mark.spec("BK-9")
+def test_a_cast_from_an_integer_dtype_is_kept(backend):
+    # int32 -> bf16 converts no floating-point source: each member's cast stays.
+    result = run_case(backend, 2, "fsdp_all_gather", AG, dtype=BF16,
+                      program_args={"rows": (3, 1), "cast": True, "source": torch.int32})
+    assert result["collectives"] == (2, 1)
+    assert result["canonical"].count("aten._to_copy(") == 2, result["canonical"]
+
+
+@pytest.mark.spec("BK-9")
 def test_a_cast_with_another_reader_is_kept(backend):
     result = run_case(backend, 2, "fsdp_all_gather", AG, dtype=BF16,
                       program_args={"rows": (3, 1), "cast": True, "cast_read_again": True})

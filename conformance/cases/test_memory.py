@@ -149,6 +149,22 @@ high-water 148 at %7""")
         assert {k: aliases[k] for k in want} == want, (name, aliases)
 
 
+# Traced with symbolic sizes, x of 6 f32 in the example: every byte size is a symbol's
+# expression, counted as its value there (MEM-1): x 24, its first half `x[:3] * 2` 12, the
+# sum 4. The size arithmetic (sym_size, floordiv) and the slice allocate nothing.
+@pytest.mark.spec("MEM-1")
+def test_symbolic_sizes_count_as_in_the_example(backend, fake_world):
+    gm = mp.traced("symbolic_halves", tracing_mode="symbolic")
+    assert_expected_inline(plan_text(backend, gm), """\
+%0 input                           +24 %0                       live 24
+%4 aten.mul.Tensor                 +12 %4                       live 36
+%5 funcol.all_reduce               +12 %5 -12 %4                live 36
+%6 funcol.wait_tensor              +12 %6 -12 %5                live 36
+%7 aten.sum                        +4 %7                        live 40
+%8 aten.add.Tensor                 +12 %8 -12 %6 -4 %7          live 36
+high-water 52 at %8""")
+
+
 # Per member of a coalesced all_gather, its input is held until its own wait (MEM-5).
 @pytest.mark.spec("MEM-5")
 def test_coalesced_members_are_held_until_their_own_wait(backend, fake_world):

@@ -15,6 +15,7 @@ group is each rank's pair of [[0, 1], [2, 3]].
 from __future__ import annotations
 
 import math
+import operator
 
 import pytest
 import torch
@@ -127,11 +128,34 @@ def test_memory_bound_is_reached_exactly(backend, world4):
     assert (before, after) == (500, 532)
 
 
+# What a symbolic shape's sizes are computed with: understood by the pass (RO-6).
+SIZE_ARITHMETIC = (torch.ops.aten.sym_size.int, operator.floordiv, operator.truediv,
+                   torch.sym_max, math.floor)
+
+
+@pytest.mark.spec("RO-6", "MEM-1")
+@pytest.mark.parametrize("budget", [math.inf, 1.0])
+def test_size_arithmetic_is_no_barrier(backend, world4, budget):
+    """A graph traced with symbolic sizes: the gather rises above the sizes' arithmetic
+    (each op of SIZE_ARITHMETIC is there), also under a memory bound, where every
+    symbolic byte size counts as its value in the traced example (MEM-1)."""
+    ns = concept(backend)
+    gm = rp.symbolic_graph(backend.require("functional_collectives").ops)
+    new = ns.reorder(gm, rp.config_for(ns, gm, rp.Case("size_arithmetic", budget)))
+    assert order_violations(gm, new, budget, {}) == []
+    nodes = list(new.graph.nodes)
+    arithmetic = [i for i, n in enumerate(nodes) if n.target in SIZE_ARITHMETIC]
+    assert {nodes[i].target for i in arithmetic} == set(SIZE_ARITHMETIC)
+    gather = next(i for i, n in enumerate(nodes) if kind_of(n) == "all_gather")
+    assert gather < min(arithmetic), [n.format_node() for n in nodes]
+
+
 @pytest.mark.spec("RO-13")
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_values_equal_the_original_order(backend, world_size):
+@pytest.mark.parametrize("case", rp.CASES, ids=lambda c: c.id)
+def test_values_equal_the_original_order(backend, world_size, case):
     concept(backend)
-    for rank, found in enumerate(harness.run(backend, rp.values_on_rank, world_size, rp.CASES)):
+    for rank, found in enumerate(harness.run(backend, rp.values_on_rank, world_size, [case])):
         assert {k: v for k, v in found.items() if v} == {}, f"rank {rank}"
 
 
@@ -259,6 +283,29 @@ def test_a_collective_that_ends_now_stalls_nothing(backend, world4):
 %16 = aten.mul.Tensor(%15, 2) : f32[4]
 %17 = aten.mul.Tensor(%2, 3) : f32[4]
 return [%16, %14, %17]""")
+
+
+# The second all_reduce ends at 60 us (after the first on the group's stream), the first
+# at 30: `%12`, which reads both, would stall until 60, the later end of its waits, and
+# `%10` until 30, so `%10` goes first (RO-12). The second wait completes a block of two
+# members, the clone and the all_reduce: the block's end is the collective's.
+@pytest.mark.spec("RO-12")
+def test_the_later_of_two_waits_sets_the_stall(backend, world4):
+    assert_expected_inline(golden(backend, rp.Case("two_waits", math.inf)), """\
+%0 = input : f32[2]
+%1 = input : f32[2, 2]
+%2 = input : f32[2]
+%3 = funcol.all_reduce(%0, 'sum', ranks[0,1,2,3]) : f32[2]
+%4 = aten.mm(%1, %1) : f32[2, 2]
+%5 = aten.sum.dim_IntList(%4, [0]) : f32[2]
+%6 = aten.clone(%5) : f32[2]
+%7 = funcol.all_reduce(%6, 'sum', ranks[0,1,2,3]) : f32[2]
+%8 = aten.mul.Tensor(%2, 3) : f32[2]
+%9 = funcol.wait_tensor(%3) : f32[2]
+%10 = aten.mul.Tensor(%9, 2) : f32[2]
+%11 = funcol.wait_tensor(%7) : f32[2]
+%12 = aten.add.Tensor(%9, %11) : f32[2]
+return [%12, %10, %8]""")
 
 
 # One gather in flight (the seed's FSDP chain): block i + 1 follows wait i at once, so

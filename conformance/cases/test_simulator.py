@@ -129,6 +129,35 @@ def test_compute_is_a_roofline(backend, world4):
         1 + max(2 * 8 * 16 * 4 / FLOPS, addmm_bytes / BANDWIDTH))
 
 
+@pytest.mark.spec("SIM-2", "SIM-3")
+def test_symbolic_sizes_cost_as_in_the_example(backend, world4):
+    """Traced with dynamic shapes, every size is a symbolic expression: each node costs
+    what it costs traced with the example's static sizes, as a float (a symbolic duration
+    could not be compared or printed as time)."""
+    ns = sim(backend)
+    ops = backend.require("functional_collectives").ops
+
+    def program(a, b, img, weight, shard):
+        m = (a @ b) + 1
+        conv = torch.nn.functional.conv2d(img, weight)
+        full = ops.wait_tensor(ops.all_gather_into_tensor(shard * 2, 4, "0"))
+        return m, conv, torch.addmm(m, a, b), full + full.shape[0]
+
+    inputs = [torch.randn(8, 16), torch.randn(16, 4), torch.randn(1, 2, 5, 5),
+              torch.randn(3, 2, 3, 3), torch.randn(6)]
+    durations = {}
+    for mode in ("fake", "symbolic"):
+        gm = make_fx(program, tracing_mode=mode)(*inputs)
+        tl = ns.simulate(gm, ns.CostModel(_profile(ns)))
+        durations[mode] = [(str(e.node.target), e.end_us - e.start_us) for e in tl.events
+                           if isinstance(e.node.meta.get("val"), torch.Tensor)]
+        assert all(type(e.start_us) is float and type(e.end_us) is float for e in tl.events)
+        assert type(tl.step_time_us) is float, tl.step_time_us
+    static, symbolic = durations["fake"], durations["symbolic"]
+    assert [t for t, _ in symbolic] == [t for t, _ in static]
+    assert [d for _, d in symbolic] == pytest.approx([d for _, d in static]), symbolic
+
+
 def _dtype(node):
     val = node.meta.get("val")
     return val.dtype if isinstance(val, torch.Tensor) else None
