@@ -492,6 +492,11 @@ CL = [
            "            or val.shape != source.shape:",
            "            and val.shape != source.shape:",
            "`or` written `and`: an int32 step taken into a float-only chain"),
+    Mutant("lowered_without_the_code_generator", "CL-1", "refimpl/comm_lowering.py",
+           "    graph._codegen = gm.graph._codegen\n    outputs =",
+           "    outputs =",
+           "the copy gets FX's plain code generator: a program of a dict (make_fx's pytree "
+           "code generator) takes flattened inputs and returns a list"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -706,6 +711,16 @@ RO = [
            "            if collective.waits_left == 0 or collective.placed:",
            "a collective of several results leaves the flight at its first wait: the next "
            "one is issued while its other results are still pending"),
+    Mutant("config_keeps_the_callers_mapping", "RO-1", _RO,
+           "MappingProxyType(dict(self.max_in_flight))",
+           "MappingProxyType(self.max_in_flight)",
+           "a read-only view of the caller's dict, not of a copy: the caller's later "
+           "changes reach the config"),
+    Mutant("reordered_without_the_code_generator", "RO-1", _RO,
+           "    graph._codegen = gm.graph._codegen\n    copies:",
+           "    copies:",
+           "the new graph gets FX's plain code generator: a program of a dict (make_fx's "
+           "pytree code generator) takes flattened inputs and returns a list"),
     Mutant("sym_functions_are_barriers", "RO-6", _RO,
            "        if module in PURE_MODULES or (module, name) in SYMMETRIC_ALLOCATIONS or \\\n"
            "                (module == \"torch\" and name.startswith(\"sym_\")):",
@@ -1248,6 +1263,11 @@ MUTANTS: list[Mutant] = [m for section in section_lists().values() for m in sect
 _FUSED = "test_pointwise_chains_run_in_the_one_shot_kernel"
 _CALLED = "test_the_lowered_program_is_called_as_any_module"
 CATCHING_CASE: dict[str, str] = {
+    "config_keeps_the_callers_mapping": "test_config_is_frozen_and_keeps_its_own_limits",
+    "reordered_without_the_code_generator":
+        "test_the_reordered_program_takes_and_returns_what_the_traced_one_does",
+    "lowered_without_the_code_generator":
+        "test_the_lowered_program_takes_and_returns_what_the_traced_one_does",
     "symbolic_bytes_left_symbolic": "test_symbolic_sizes_cost_as_in_the_example",
     "symbolic_matmul_flops_left_symbolic": "test_symbolic_sizes_cost_as_in_the_example",
     "symbolic_size_by_its_old_helper": "test_symbolic_sizes_count_as_in_the_example",

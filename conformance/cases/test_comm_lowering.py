@@ -589,6 +589,26 @@ def test_lower_returns_a_new_graph_and_leaves_its_input_alone(backend, fake_worl
     assert not missing, f"nodes without meta['val']: {missing}"
 
 
+@pytest.mark.spec("CL-1")
+def test_the_lowered_program_takes_and_returns_what_the_traced_one_does(backend, fake_world):
+    """make_fx of a function of a dict gives a program that takes the dict and returns one
+    (its code generator holds both structures): so does the lowered program."""
+    ns = backend.require("lowering", "lower", "Config")
+    fc = backend.require("functional_collectives")
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def program(d):
+        return {"reduced": fc.all_reduce(d["x"] * 2, "sum", "0"), "next": d["y"] + 1}
+
+    inputs = {"x": oracle.rank_input(0, (4,)), "y": oracle.rank_input(0, (3,), salt=1)}
+    gm = make_fx(program, tracing_mode="fake")(inputs)
+    want = gm(inputs)
+    got = ns.lower(gm, ns.Config())(inputs)
+    assert isinstance(got, dict) and got.keys() == want.keys(), got
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=0)
+
+
 def _each_hook_runs(lowered, x) -> dict[str, object]:
     """For each kind of forward hook, registered alone: the result of one call (each hook
     edits the arguments or the result, so an edit that was not used shows)."""

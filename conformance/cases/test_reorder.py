@@ -101,6 +101,28 @@ def test_the_result_names_its_original_order(backend, world4):
     assert new.meta.get("refimpl_reorder_original") == names
 
 
+@pytest.mark.spec("RO-1")
+def test_the_reordered_program_takes_and_returns_what_the_traced_one_does(backend, world4):
+    """make_fx of a function of a dict gives a program that takes the dict and returns one
+    (its code generator holds both structures): so does the reordered program."""
+    ns = concept(backend)
+    ops = backend.require("functional_collectives").ops
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def program(d):
+        h = d["x"] * 2
+        gathered = ops.wait_tensor(ops.all_gather_into_tensor(d["s"], 4, "0"))
+        return {"gathered": gathered + 1, "h": h + 1}
+
+    inputs = {"x": rp.rank_input(0, (4,)), "s": rp.rank_input(0, (2,), salt=1)}
+    gm = make_fx(program, tracing_mode="fake")(inputs)
+    want = gm(inputs)
+    got = ns.reorder(gm, rp.config_for(ns, gm, rp.Case("dict", math.inf)))(inputs)
+    assert isinstance(got, dict) and got.keys() == want.keys(), got
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=0)
+
+
 @pytest.mark.spec("RO-8", "RO-10")
 @pytest.mark.parametrize("limit", [1, 2, 3])
 def test_in_flight_limit_is_used_up_to_its_count(backend, world4, limit):
@@ -187,6 +209,23 @@ def test_config_takes_the_boundary_values(backend):
     config = ns.ReorderConfig(memory_budget=0, max_in_flight={"reduce_scatter": 1})
     assert config.memory_budget == 0 and dict(config.max_in_flight) == {"reduce_scatter": 1}
     assert ns.ReorderConfig(memory_budget=math.inf).memory_budget == math.inf
+
+
+@pytest.mark.spec("RO-1")
+def test_config_is_frozen_and_keeps_its_own_limits(backend):
+    """A config is a value: the mapping it was given, changed afterwards, changes nothing,
+    and neither it nor its limits can be changed."""
+    ns = concept(backend)
+    limits = {"all_gather": 1}
+    config = ns.ReorderConfig(max_in_flight=limits)
+    limits["all_gather"] = 5
+    limits["reduce_scatter"] = 2
+    assert dict(config.max_in_flight) == {"all_gather": 1}
+    with pytest.raises(TypeError):
+        config.max_in_flight["all_gather"] = 3
+    with pytest.raises(AttributeError):
+        config.memory_budget = 1.0
+    assert dict(config.max_in_flight) == {"all_gather": 1} and config.memory_budget == 0.1
 
 
 @pytest.mark.spec("RO-1")
