@@ -244,6 +244,29 @@ def coalesced_waits(ops, ctx, x, s1, s2, s3):
     return a, b, _gather(ops, ctx, s3) + 1
 
 
+def cast_and_view(ops, ctx, x, s1, s2):
+    """Each gather's input is a bf16 cast, then a view: both are the gather's prologue
+    (RO-7's largest set: the cast's only user, the view, is in it). With one all_gather
+    in flight the second block waits for the first wait, and is placed whole."""
+    g1 = _gather(ops, ctx, s1.to(torch.bfloat16).view(_rows(ctx), 1))
+    h = x * 2
+    for _ in range(3):
+        h = h + 1
+    g2 = _gather(ops, ctx, s2.to(torch.bfloat16).view(_rows(ctx), 1))
+    return g1 + 1, h, g2 + 1
+
+
+def random_draws(ops, ctx, x, y):
+    """Two random draws, each writing the random-number state (RO-4): the first reads an
+    all_reduce's result (30 us pinned, so it would stall), the second reads nothing. The
+    second stays after the first, though it is ready first: draws keep their order, and
+    so their values (each run starts from the same seed)."""
+    reduced = _wait(ops, ops.all_reduce(x, "sum", ctx.world))
+    first = torch.rand_like(reduced)
+    second = torch.rand(4)
+    return reduced + first, second * y
+
+
 def size_arithmetic(ops, ctx, x, s):
     """Sizes computed from `x`'s symbolic length (traced by `symbolic_graph`): ATen's
     `sym_size`, `operator.floordiv` and `truediv`, `torch.sym_max`, `math.floor`, all
@@ -284,6 +307,8 @@ def _shapes(name: str, ctx: Ctx) -> list[tuple]:
         "stall_tie": [(4,), (2, 2), (4,)],
         "two_waits": [(2,), (2, 2), (2,)],
         "coalesced_waits": [(4,), (r,), (r,), (r,)],
+        "cast_and_view": [(4,), (r,), (r,)],
+        "random_draws": [(4,), (4,)],
     }[name]
 
 
@@ -294,7 +319,8 @@ FUNCTIONS = {
     "opaque_op": opaque_op, "two_barriers": two_barriers, "gathers_first": gathers_first,
     "memory_bound": memory_bound, "stall_tie": stall_tie,
     "bound_at_the_raise": bound_at_the_raise, "two_waits": two_waits,
-    "coalesced_waits": coalesced_waits,
+    "coalesced_waits": coalesced_waits, "cast_and_view": cast_and_view,
+    "random_draws": random_draws,
 }
 PROGRAMS = list(FUNCTIONS)
 
@@ -394,6 +420,8 @@ CASES = [
     Case("stall_tie", math.inf),
     Case("two_waits", math.inf),
     Case("coalesced_waits", math.inf, ONE_ALL_GATHER),
+    Case("cast_and_view", math.inf, ONE_ALL_GATHER),
+    Case("random_draws", math.inf),
 ]
 
 
@@ -415,6 +443,7 @@ def _flat(out) -> list[torch.Tensor]:
 
 def _run(gm, inputs) -> tuple[list[torch.Tensor], list[float]]:
     RECORDED.clear()
+    torch.manual_seed(0)  # random draws compare between orders (RO-4)
     out = _flat(gm(*[x.clone() for x in inputs]))
     return out, list(RECORDED)
 

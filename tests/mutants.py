@@ -711,6 +711,16 @@ RO = [
            "            if collective.waits_left == 0 or collective.placed:",
            "a collective of several results leaves the flight at its first wait: the next "
            "one is issued while its other results are still pending"),
+    Mutant("prologue_of_one_level", "RO-7", _RO,
+           "            block.add(j)\n            prologue.append(j)",
+           "            prologue.append(j)",
+           "a prologue node is not added to the block it joins: a cast feeding the view "
+           "that feeds the collective is left out, and placed apart from it"),
+    Mutant("random_draws_reorder_freely", "RO-4", _RO,
+           "                writes.add(RNG_STATE)\n",
+           "                pass\n",
+           "a seeded random op writes no random-number state: a ready draw moves above an "
+           "earlier one that waits, and the two swap their values"),
     Mutant("config_keeps_the_callers_mapping", "RO-1", _RO,
            "MappingProxyType(dict(self.max_in_flight))",
            "MappingProxyType(self.max_in_flight)",
@@ -1264,6 +1274,10 @@ _FUSED = "test_pointwise_chains_run_in_the_one_shot_kernel"
 _CALLED = "test_the_lowered_program_is_called_as_any_module"
 CATCHING_CASE: dict[str, str] = {
     "config_keeps_the_callers_mapping": "test_config_is_frozen_and_keeps_its_own_limits",
+    "random_draws_reorder_freely":
+        "test_every_order_keeps_the_rules[random_draws-budget=inf-unlimited]",
+    "prologue_of_one_level":
+        "test_every_order_keeps_the_rules[cast_and_view-budget=inf-all_gather=1]",
     "reordered_without_the_code_generator":
         "test_the_reordered_program_takes_and_returns_what_the_traced_one_does",
     "lowered_without_the_code_generator":
