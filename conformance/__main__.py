@@ -155,6 +155,8 @@ def _pytest_args(args) -> list[str]:
         pytest_args += ["--first", first]
     if args.exitfirst:
         pytest_args += ["-x"]
+    if args.case_timeout is not None:
+        pytest_args += ["--case-timeout", str(args.case_timeout)]
     if args.list:
         pytest_args += ["--collect-only", "-q"]  # -qq: counts per file, not every case
     if args.workers and not args.list:
@@ -257,6 +259,9 @@ def _parser() -> argparse.ArgumentParser:
                              "this name (with or without its parameters), first; repeatable")
     parser.add_argument("-x", "--exitfirst", action="store_true",
                         help="stop at the first case that fails")
+    parser.add_argument("--case-timeout", type=float, metavar="SECONDS",
+                        help="fail a case still running after this many seconds (default: "
+                             "$REFIMPL_CASE_TIMEOUT, else 600; 0: none)")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="list every case that did not pass with its reason (expected "
                              "failures, not implemented, skipped), not only counts")

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import expecttest
@@ -53,6 +54,17 @@ class Failing(Backend):
 
 failing = Failing("failing", {},
                   expected_failures=str(Path(__file__).with_name("acme_expected_failures.txt")))
+
+
+class Hanging(Backend):
+    """Every case that asks it for a concept waits forever (a pass that never returns)."""
+
+    def require(self, concept, *attrs):
+        while True:
+            pass
+
+
+hanging = Hanging("hanging", {})
 '''
 
 
@@ -171,6 +183,19 @@ def test_a_concept_not_implemented_never_passes(tmp_path):
                                    "make_fx or async_collective")
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert outcomes and set(outcomes.values()) == {"not_implemented"}
+
+
+def test_a_case_that_never_returns_fails_naming_the_limit(tmp_path):
+    """CF-11: a backend that loops forever fails each case after --case-timeout, with the
+    limit in the reason, and the next case runs; the run reports."""
+    start = time.monotonic()
+    proc, outcomes, data = _run_suite(tmp_path, "acme_backend:hanging", f"{NAME} or {NAME2}",
+                                      (), "--case-timeout", "1")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert outcomes == {CASE: "failed", CASE2: "failed"}
+    assert all("--case-timeout 1 s" in c["reason"] and "[CF-11]" in c["reason"]
+               for c in data["cases"]), data["cases"]
+    assert time.monotonic() - start < 120
 
 
 def test_an_unknown_backend_is_refused(tmp_path):

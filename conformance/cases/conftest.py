@@ -11,6 +11,8 @@
   the bracketed torch-version condition optional; listed cases that apply to the running
   torch are strict expected failures (an unexpected pass fails the run); an entry
   matching no case warns (CF-4).
+- `--case-timeout SECONDS` (or REFIMPL_CASE_TIMEOUT; default 600, 0: none): a case still
+  running after that long fails, naming the limit, instead of hanging the run (CF-11).
 - `--section ID` keeps the cases naming a rule of that section; `--first X` runs the
   cases that X names (a SPEC ID, or a case's name with or without its parameters) before
   the others; given again, the next X's cases come next (with `-x`, a targeted failure
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import threading
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -32,6 +36,8 @@ from conformance.backends import BackendSpecError, NotImplementedConcept, get_ba
 from conformance.spec import section_prefix
 
 NOT_IMPLEMENTED = "not implemented"
+# The slowest case (end to end, 4 ranks) takes about a minute on a loaded 2-core machine.
+DEFAULT_CASE_TIMEOUT_S = 600.0
 XFAIL_DIR = Path(__file__).resolve().parent.parent / "expected_failures"
 CASES_DIR = Path(__file__).resolve().parent
 _LOADED = pytest.StashKey[tuple]()
@@ -45,6 +51,9 @@ def pytest_addoption(parser):
     parser.addoption("--first", metavar="ID_OR_CASE", action="append", default=None,
                      help="run the cases naming this SPEC ID, or the case of this name, "
                           "before the others (repeatable: in the order given)")
+    parser.addoption("--case-timeout", type=float, default=None, metavar="SECONDS",
+                     help="fail a case still running after this many seconds (default: "
+                          f"$REFIMPL_CASE_TIMEOUT, else {DEFAULT_CASE_TIMEOUT_S:g}; 0: none)")
 
 
 def backend_spec(config) -> str:
@@ -250,3 +259,44 @@ def pytest_runtest_makereport(item, call):
                            f"{NOT_IMPLEMENTED}: {call.excinfo.value}")
         if hasattr(report, "wasxfail"):
             del report.wasxfail
+
+
+# --------------------------------------------------------------------------------------
+# CF-11: a case that never returns fails, the run goes on
+# --------------------------------------------------------------------------------------
+class CaseTimeout(Exception):
+    """A case ran past --case-timeout (CF-11)."""
+
+
+def case_timeout(config) -> float:
+    limit = config.getoption("--case-timeout")
+    if limit is None:
+        limit = float(os.environ.get("REFIMPL_CASE_TIMEOUT", DEFAULT_CASE_TIMEOUT_S))
+    if limit < 0:
+        raise pytest.UsageError(f"--case-timeout: expected seconds >= 0, got {limit:g}")
+    return limit
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """The case's call under a timer: a backend's pass that loops forever is a failure
+    naming the limit, and the next case runs. (A SIGALRM interrupts Python code; native
+    code that never returns to Python is not interrupted, which refimpl's C waits avoid
+    by their own deadlines, SM-11.)"""
+    limit = case_timeout(item.config)
+    if not limit or threading.current_thread() is not threading.main_thread() or \
+            not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expire(signum, frame):
+        raise CaseTimeout(f"the case ran past --case-timeout {limit:g} s: a hang, or a "
+                          f"pass that never returns [CF-11]")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
