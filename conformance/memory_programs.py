@@ -262,6 +262,20 @@ def node_labels(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
     return labels
 
 
+def live_after_each_node(plan) -> list[int]:
+    """The live bytes after each node of `plan.order`, summed from the plan's own events
+    (what MEM-1's `live_bytes` must hold)."""
+    change: dict[torch.fx.Node, int] = {}
+    for e in plan.events:
+        sign = 1 if e.kind == "alloc" else -1
+        change[e.node] = change.get(e.node, 0) + sign * e.buffer.nbytes
+    live, lives = 0, []
+    for node in plan.order:
+        live += change.get(node, 0)
+        lives.append(live)
+    return lives
+
+
 def memory_text(gm: torch.fx.GraphModule, plan) -> str:
     """Golden form of a plan: per node its events, then the live bytes; the high-water."""
     labels = node_labels(gm)
@@ -465,6 +479,14 @@ def verify_with_backend(spec: str, names: list[str]) -> list[str]:
         measured = memory.verify_memory_lifecycle(gm, *inputs_for(name, rank), plan=plan)
         if measured != plan.peak_bytes:
             problems.append(f"{name}: measured peak {measured}, planned {plan.peak_bytes}")
+        wrong = memory.plan_memory(gm)
+        wrong.peak_bytes += 1  # every event right, the peak one byte off
+        try:
+            memory.verify_memory_lifecycle(gm, *inputs_for(name, rank), plan=wrong)
+            problems.append(f"{name}: a plan whose peak is one byte more than measured "
+                            f"passed")
+        except Exception:  # the backend's own error class
+            pass
         # A buffer freed by compute: its death is synchronous, unlike one a process
         # group's worker thread lets go of just after a wait (MEM-12's grace).
         freed = [b for b in plan.buffers if b.free_node is not None

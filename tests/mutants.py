@@ -1103,6 +1103,14 @@ MEM = [
            "        for b in expected - freed.keys():\n",
            "        for b in expected - freed.keys() - expected:\n",
            "the verifier does not check that a predicted free happened"),
+    Mutant("live_bytes_before_each_node", "MEM-1", MEMORY,
+           "            sweep.place(node)\n            live.append(sweep.live_bytes)",
+           "            live.append(sweep.live_bytes)\n            sweep.place(node)",
+           "the live bytes recorded before each node instead of after it"),
+    Mutant("verifier_refuses_only_a_larger_peak", "MEM-12", MEMORY,
+           "    if peak != plan.peak_bytes:",
+           "    if peak > plan.peak_bytes:",
+           "a plan that overstates the peak passes the verifier"),
     Mutant("symbolic_size_by_its_old_helper", "MEM-1", "refimpl/_fx.py",
            '    hint = getattr(symbolic_shapes, "optimization_hint", None) or '
            'symbolic_shapes.hint_int',
@@ -1273,6 +1281,8 @@ MUTANTS: list[Mutant] = [m for section in section_lists().values() for m in sect
 _FUSED = "test_pointwise_chains_run_in_the_one_shot_kernel"
 _CALLED = "test_the_lowered_program_is_called_as_any_module"
 CATCHING_CASE: dict[str, str] = {
+    "live_bytes_before_each_node": "test_all_gather_copy_out",
+    "verifier_refuses_only_a_larger_peak": "test_lifecycle_verifier",
     "config_keeps_the_callers_mapping": "test_config_is_frozen_and_keeps_its_own_limits",
     "random_draws_reorder_freely":
         "test_every_order_keeps_the_rules[random_draws-budget=inf-unlimited]",

@@ -7,7 +7,8 @@ was, unless the allocating node's name starts with "primals" (graph inputs of
 AOTAutograd's forward). It ignores CPU storages by default: this adapter passes a
 device filter that keeps every device, so that the cases (CPU tensors) see anything.
 Its events are rebuilt per node from the tracker's live storages, in the shape the
-cases read (`events` of `kind`, `node`, `buffer.alloc_node`, `buffer.nbytes`).
+cases read (`events` of `kind`, `node`, `buffer.alloc_node`, `buffer.nbytes`); the live
+bytes after each node are the tracker's own count (`get_current_memory_bytes`).
 """
 
 from __future__ import annotations
@@ -62,10 +63,13 @@ def plan_memory(gm: torch.fx.GraphModule, order=None):
             buffers[key] = _Buffer(node, tracker._get_storage_size(key), kind)
         return buffers[key]
 
-    for node in nodes:  # the tracker counts inputs when it is built
-        if node.op in ("placeholder", "get_attr"):
-            for key in alias.get_fresh_allocations(node):
-                events.append(_Event("alloc", buffer(key), node))
+    inputs = [n for n in nodes if n.op in ("placeholder", "get_attr")]
+    live_bytes, live = [], 0
+    for node in inputs:  # the tracker counts inputs when it is built
+        for key in alias.get_fresh_allocations(node):
+            events.append(_Event("alloc", buffer(key), node))
+            live += buffer(key).nbytes
+        live_bytes.append(live)
     peak = tracker.get_current_memory_bytes()
     peak_node = None
     for node in body:
@@ -81,8 +85,12 @@ def plan_memory(gm: torch.fx.GraphModule, order=None):
         high = tracker.get_current_memory_bytes() + sum(buffer(k).nbytes for k in freed)
         if high > peak:
             peak, peak_node = high, node
+        live_bytes.append(tracker.get_current_memory_bytes())
+    output = [n for n in nodes if n.op == "output"]
     return types.SimpleNamespace(events=events, peak_bytes=tracker.peak_memory,
-                                 peak_node=peak_node, buffers=list(buffers.values()))
+                                 peak_node=peak_node, buffers=list(buffers.values()),
+                                 order=inputs + body + output,
+                                 live_bytes=live_bytes + live_bytes[-1:] * len(output))
 
 
 def concept():

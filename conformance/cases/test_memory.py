@@ -38,6 +38,8 @@ def plan_text(backend, gm, order=None) -> str:
     assert plan.peak_bytes == int(high), f"peak_bytes {plan.peak_bytes} != high-water {high}"
     peak_node = mp.node_labels(gm)[plan.peak_node].split()[0] if plan.peak_node else "-"
     assert peak_node == at, f"peak_node {peak_node}, the first node at the high-water is {at}"
+    assert list(plan.live_bytes) == mp.live_after_each_node(plan), (
+        "live_bytes is not the running sum of the plan's events after each node of its order")
     return text
 
 
@@ -372,7 +374,8 @@ def test_plan_matches_a_real_run(backend):
 @pytest.mark.spec("MEM-12")
 def test_lifecycle_verifier(backend):
     """The backend's verifier passes on every plan and refuses one with a free one node
-    late or a buffer one byte larger, naming the buffer."""
+    late or a buffer one byte larger, naming the buffer, and one whose peak is one byte
+    more than it measures."""
     backend.require("memory", "plan_memory", "verify_memory_lifecycle")
     results = harness.run(backend, mp.verify_with_backend, 2, sorted(mp.PROGRAMS))
     for rank, problems in enumerate(results):
