@@ -313,11 +313,6 @@ FC = [
            "_group_requests.get((wanted, me), 0)",
            "the request counter never moves: a member's first request answers for its later "
            "ones"),
-    Mutant("destroyed_group_of_ranks_reused", "FC-15", "refimpl/functional_collectives.py",
-           "    if pg is None or pg not in c10d._world.pg_names:",
-           "    if pg is None and pg not in c10d._world.pg_names:",
-           "`or` written `and`: the group a rank list made earlier is used after it was "
-           "destroyed"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -1626,8 +1621,6 @@ CATCHING_CASE: dict[str, str] = {
     "check_timeout_given_ignored":
         "test_set_collective_checks_takes_a_positive_timeout_and_uses_it",
     "group_request_not_counted": "test_a_member_that_does_not_ask_for_the_list_again_is_named",
-    "destroyed_group_of_ranks_reused":
-        "test_rank_list_after_its_group_is_destroyed_gets_a_new_one",
     "step_of_any_dtype": "test_pointwise_chains_run_in_the_one_shot_kernel[ar_pointwise_int32]",
     "fresh_test_reads_a_namespace_of_any_target":
         "test_all_reduce_of_one_result_of_a_multi_output_op[plain]",

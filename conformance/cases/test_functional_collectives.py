@@ -1199,27 +1199,6 @@ def _destroy_groups_of(members: list[int]) -> int:
     return len(groups)
 
 
-def _rank_list_after_its_group_is_destroyed(spec):
-    fc = funcol_api(spec)
-    if dist.get_rank() == 1:
-        return None
-    first = fc.all_reduce(torch.full((2,), float(dist.get_rank())), "sum", [0, 2]).tolist()
-    groups = _destroy_groups_of([0, 2])
-    again = fc.all_reduce(torch.full((2,), float(dist.get_rank() + 1)), "sum", [0, 2]).tolist()
-    return first, groups, again
-
-
-@pytest.mark.spec("FC-15")
-def test_rank_list_after_its_group_is_destroyed_gets_a_new_one(backend):
-    backend.require("functional_collectives")
-    results = run(backend, _rank_list_after_its_group_is_destroyed, 3, restart_after=True)
-    assert results[1] is None
-    for rank in (0, 2):
-        first, destroyed, again = results[rank]
-        assert first == [2.0, 2.0] and destroyed >= 1, f"rank {rank}: {results[rank]}"
-        assert again == [4.0, 4.0], f"rank {rank}: {again}"
-
-
 def _member_that_does_not_ask_again(spec):
     os.environ.update(SHORT_CHECK_TIMEOUT)
     fc = funcol_api(spec)
