@@ -22,7 +22,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from conformance.backends import REGISTERED, BackendSpecError, get_backend
-from conformance.cases.conftest import section_of, strip_xdist_group
+from conformance.cases.conftest import DEFAULT_CASE_TIMEOUT_S, section_of, strip_xdist_group
 from conformance.spec import rule_ids, section_title, sections
 
 CASES_DIR = Path(__file__).resolve().parent / "cases"
@@ -261,7 +261,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="stop at the first case that fails")
     parser.add_argument("--case-timeout", type=float, metavar="SECONDS",
                         help="fail a case still running after this many seconds (default: "
-                             "$REFIMPL_CASE_TIMEOUT, else 600; 0: none)")
+                             f"$REFIMPL_CASE_TIMEOUT, else {DEFAULT_CASE_TIMEOUT_S:g}; 0: none)")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="list every case that did not pass with its reason (expected "
                              "failures, not implemented, skipped), not only counts")

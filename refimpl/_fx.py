@@ -17,7 +17,7 @@ import torch
 import torch.fx
 
 __all__ = ["COLLECTIVE_NAMESPACES", "REDUCE_OPS", "collective_name", "is_wait", "overloads",
-           "arguments", "fake_value", "size_hint"]
+           "arguments", "fake_value", "size_hint", "empty_graph_like"]
 
 # Namespaces whose ops are functional collectives, refimpl's first.
 COLLECTIVE_NAMESPACES = ("refimpl_c10d", "_c10d_functional", "_c10d_functional_autograd")
@@ -82,6 +82,16 @@ def fake_value(node: torch.fx.Node, rule: str):
         raise ValueError(f"gm: node {node.name!r} has no meta['val']; trace the graph with "
                          f"fake values (make_fx(tracing_mode='fake'), torch.compile) [{rule}]")
     return node.meta["val"]
+
+
+def empty_graph_like(gm: torch.fx.GraphModule) -> torch.fx.Graph:
+    """An empty graph for a pass's new copy of `gm`, with its tracer class and its code
+    generator: the latter holds the calling convention (make_fx of a function of a dict
+    gives a pytree code generator, which takes and returns the dict), which a pass's
+    result keeps (CL-1, RO-1)."""
+    graph = torch.fx.Graph(tracer_cls=gm.graph._tracer_cls)
+    graph._codegen = gm.graph._codegen
+    return graph
 
 
 def size_hint(size) -> int:

@@ -636,10 +636,7 @@ def _check_traced(gm: torch.fx.GraphModule) -> None:
 
 
 def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    graph = torch.fx.Graph(tracer_cls=gm.graph._tracer_cls)
-    # The code generator holds the calling convention: make_fx of a function of a dict
-    # (say) takes and returns the dict, through a pytree code generator (CL-1).
-    graph._codegen = gm.graph._codegen
+    graph = _fx.empty_graph_like(gm)
     outputs = graph.graph_copy(gm.graph, {})
     graph.output(outputs)
     return torch.fx.GraphModule(gm, graph)

@@ -782,8 +782,7 @@ def reorder(gm: torch.fx.GraphModule, config: ReorderConfig | None = None
 def _rebuilt(gm: torch.fx.GraphModule, order: list[torch.fx.Node],
              original: list[str]) -> torch.fx.GraphModule:
     """A new GraphModule of copies of `gm`'s nodes, in `order`, names and meta kept."""
-    graph = torch.fx.Graph(tracer_cls=gm.graph._tracer_cls)
-    graph._codegen = gm.graph._codegen
+    graph = _fx.empty_graph_like(gm)
     copies: dict[torch.fx.Node, torch.fx.Node] = {}
     for node in order:
         copies[node] = graph.node_copy(node, copies.__getitem__)

@@ -488,10 +488,10 @@ CL = [
            "            and val.shape != source.shape:",
            "`or` written `and`: an int32 step taken into a float-only chain"),
     Mutant("lowered_without_the_code_generator", "CL-1", "refimpl/comm_lowering.py",
-           "    graph._codegen = gm.graph._codegen\n    outputs =",
-           "    outputs =",
-           "the copy gets FX's plain code generator: a program of a dict (make_fx's pytree "
-           "code generator) takes flattened inputs and returns a list"),
+           "    graph = _fx.empty_graph_like(gm)\n    outputs =",
+           "    graph = torch.fx.Graph()\n    outputs =",
+           "the copy made bare, with FX's plain code generator: a program of a dict "
+           "(make_fx's pytree code generator) takes flattened inputs and returns a list"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -722,10 +722,10 @@ RO = [
            "a read-only view of the caller's dict, not of a copy: the caller's later "
            "changes reach the config"),
     Mutant("reordered_without_the_code_generator", "RO-1", _RO,
-           "    graph._codegen = gm.graph._codegen\n    copies:",
-           "    copies:",
-           "the new graph gets FX's plain code generator: a program of a dict (make_fx's "
-           "pytree code generator) takes flattened inputs and returns a list"),
+           "    graph = _fx.empty_graph_like(gm)\n    copies:",
+           "    graph = torch.fx.Graph()\n    copies:",
+           "the new graph made bare, with FX's plain code generator: a program of a dict "
+           "(make_fx's pytree code generator) takes flattened inputs and returns a list"),
     Mutant("sym_functions_are_barriers", "RO-6", _RO,
            "        if module in PURE_MODULES or (module, name) in SYMMETRIC_ALLOCATIONS or \\\n"
            "                (module == \"torch\" and name.startswith(\"sym_\")):",

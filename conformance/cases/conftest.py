@@ -36,11 +36,12 @@ from conformance.backends import BackendSpecError, NotImplementedConcept, get_ba
 from conformance.spec import section_prefix
 
 NOT_IMPLEMENTED = "not implemented"
-# The slowest case (end to end, 4 ranks) takes about a minute on a loaded 2-core machine.
+# Far above any case: the whole suite takes about a minute against refimpl on 2 workers.
 DEFAULT_CASE_TIMEOUT_S = 600.0
 XFAIL_DIR = Path(__file__).resolve().parent.parent / "expected_failures"
 CASES_DIR = Path(__file__).resolve().parent
 _LOADED = pytest.StashKey[tuple]()
+_CASE_TIMEOUT = pytest.StashKey[float]()
 
 
 def pytest_addoption(parser):
@@ -62,6 +63,7 @@ def backend_spec(config) -> str:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "spec(*ids): the SPEC.md rules a conformance case checks")
+    config.stash[_CASE_TIMEOUT] = case_timeout(config)  # refused before any case runs
 
 
 def loaded_backend(config):
@@ -269,6 +271,8 @@ class CaseTimeout(Exception):
 
 
 def case_timeout(config) -> float:
+    """--case-timeout, else $REFIMPL_CASE_TIMEOUT, else the default; a negative one stops
+    the run."""
     limit = config.getoption("--case-timeout")
     if limit is None:
         limit = float(os.environ.get("REFIMPL_CASE_TIMEOUT", DEFAULT_CASE_TIMEOUT_S))
@@ -283,7 +287,7 @@ def pytest_runtest_call(item):
     naming the limit, and the next case runs. (A SIGALRM interrupts Python code; native
     code that never returns to Python is not interrupted, which refimpl's C waits avoid
     by their own deadlines, SM-11.)"""
-    limit = case_timeout(item.config)
+    limit = item.config.stash[_CASE_TIMEOUT]
     if not limit or threading.current_thread() is not threading.main_thread() or \
             not hasattr(signal, "setitimer"):
         yield
