@@ -221,18 +221,34 @@ def _existing_group_of(ranks: tuple[int, ...]) -> dist.ProcessGroup | None:
 
 
 def _new_group_of(ranks: tuple[int, ...]) -> dist.ProcessGroup:
-    # Local synchronization: only the members call new_group, so a rank list names a
+    # Local synchronization: only the members make the group, so a rank list names a
     # group without every other rank having to join in (FC-15). The members first agree
     # that they all asked for this list, so a disagreement ends in an error (FC-31).
-    _agree_on_group(ranks)
-    return dist.new_group(list(ranks), use_local_synchronization=True)
+    #
+    # Not dist.new_group(ranks, use_local_synchronization=True): torch names such a group
+    # by the hash of its ranks alone, and its backend meets its peers through store keys
+    # under that name. Made again after the first was destroyed, the group would find the
+    # destroyed one's addresses there and connect to closed sockets. A name of its own
+    # for each request (the list and how often its members asked for it) keeps every
+    # group's rendezvous apart; c10d has no public call that takes a name.
+    request = _agree_on_group(ranks)
+    default_pg = c10d._get_default_group()
+    backend, store = c10d._world.pg_map[default_pg]
+    pg, _ = c10d._new_process_group_helper(
+        len(ranks), ranks.index(dist.get_rank()), list(ranks), backend, store,
+        f"refimpl-ranks-{'-'.join(map(str, ranks))}-request-{request}",
+        timeout=c10d._get_default_timeout(backend), device_id=default_pg.bound_device_id)
+    c10d._world.pg_group_ranks[pg] = {rank: i for i, rank in enumerate(ranks)}
+    return pg
 
 
 _group_requests: dict[tuple[str, int], int] = {}
 
 
-def _agree_on_group(ranks: tuple[int, ...]) -> None:
-    """Every member of `ranks` must ask for the same list within the peer timeout (FC-31)."""
+def _agree_on_group(ranks: tuple[int, ...]) -> int:
+    """Every member of `ranks` must ask for the same list within the peer timeout (FC-31).
+
+    Returns how many times this rank has asked for the list, the same on every member."""
     store, me = c10d._get_default_store(), dist.get_rank()
     wanted = ",".join(map(str, ranks))
     count = _group_requests[(wanted, me)] = _group_requests.get((wanted, me), 0) + 1
@@ -247,6 +263,7 @@ def _agree_on_group(ranks: tuple[int, ...]) -> None:
             f"group: global rank {me} asked for the group of ranks {list(ranks)}, but "
             f"{_ranks_text(missing)} did not ask for it within {timeout_s:g} s ({said}); "
             f"every member must pass the same rank list [FC-31]")
+    return count
 
 
 def _asked(store, rank: int) -> str:

@@ -308,6 +308,16 @@ FC = [
            "    if timeout_s is not None:\n        if not timeout_s > 0:",
            "    if timeout_s is None:\n        if not timeout_s > 0:",
            "`is not` written `is`: the timeout given to set_collective_checks is dropped"),
+    Mutant("destroyed_group_of_ranks_reused", "FC-15", "refimpl/functional_collectives.py",
+           "    if pg is None or pg not in c10d._world.pg_names:",
+           "    if pg is None and pg not in c10d._world.pg_names:",
+           "`or` written `and`: the group a rank list made earlier is used after it was "
+           "destroyed"),
+    Mutant("group_named_by_its_ranks_alone", "FC-15", "refimpl/functional_collectives.py",
+           "-request-{request}\"",
+           "\"",
+           "the group made again after a destroy has the destroyed one's name and meets its "
+           "peers on the destroyed one's store keys"),
     Mutant("group_request_not_counted", "FC-31", "refimpl/functional_collectives.py",
            "_group_requests.get((wanted, me), 0) + 1",
            "_group_requests.get((wanted, me), 0)",
@@ -1620,6 +1630,10 @@ CATCHING_CASE: dict[str, str] = {
         "test_set_collective_checks_takes_a_positive_timeout_and_uses_it",
     "check_timeout_given_ignored":
         "test_set_collective_checks_takes_a_positive_timeout_and_uses_it",
+    "destroyed_group_of_ranks_reused":
+        "test_rank_list_after_its_group_is_destroyed_gets_a_new_one",
+    "group_named_by_its_ranks_alone":
+        "test_rank_list_after_its_group_is_destroyed_gets_a_new_one",
     "group_request_not_counted": "test_a_member_that_does_not_ask_for_the_list_again_is_named",
     "step_of_any_dtype": "test_pointwise_chains_run_in_the_one_shot_kernel[ar_pointwise_int32]",
     "fresh_test_reads_a_namespace_of_any_target":
