@@ -22,6 +22,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from conformance.canonical import canonical_graph, op_name
 from conformance.comm_trace import comm_trace_of_graph, format_comm_trace, is_comm_op
 from conformance.oracle import rank_input
+from conformance.true_meta import MetaChecker
 
 WORLD = "world"
 _subgroups: dict = {}
@@ -364,12 +365,14 @@ def trace_bucket_run(fc, bucketing, program: str, pass_name: str, cap_mb, dtype,
         "asked": asked,
         "blocks": block_runs(bucketed),
         "slots": recorder.slots,
+        "untrue_meta": recorder.report(),
     }
 
 
-class _SlotRecorder(torch.fx.Interpreter):
+class _SlotRecorder(MetaChecker):
     """Runs a graph and records where each `all_gather_into_tensor_out` reads its input
-    within `out`: (offset in elements, elements), this rank's slot (BK-8)."""
+    within `out`: (offset in elements, elements), this rank's slot (BK-8); and each node
+    whose `meta["val"]` is not what it computed (BK-7)."""
 
     def __init__(self, gm: torch.fx.GraphModule):
         super().__init__(gm)

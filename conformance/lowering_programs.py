@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from conformance.oracle import rank_input
+from conformance.true_meta import MetaChecker
 
 WORLD = "0"
 
@@ -313,7 +314,9 @@ def _plain(value):
 
 
 def numeric_check(spec: str, name: str, shapes, options) -> tuple:
-    """On one rank: (eager reference, lowered program) results for the same inputs."""
+    """On one rank: (eager reference, lowered program) results for the same inputs, and
+    the lowered graph's nodes whose meta val is not what they computed (CL-1; '' for a
+    backend that gives no graph, `lowered_graph`)."""
     from conformance.harness import backend_in_rank
 
     prepare(name)
@@ -323,8 +326,12 @@ def numeric_check(spec: str, name: str, shapes, options) -> tuple:
     program = functools.partial(PROGRAMS[name], fc)
     inputs = inputs_for(dist.get_rank(), shapes)
     want = _plain(program(*[t.clone() for t in inputs]))
-    got = _plain(ns.run_lowered(program, [t.clone() for t in inputs], options))
-    return want, got
+    if getattr(ns, "lowered_graph", None) is None:
+        return want, _plain(ns.run_lowered(program, [t.clone() for t in inputs], options)), ""
+    gm = ns.lowered_graph(program, [t.clone() for t in inputs], options)
+    checker = MetaChecker(gm)
+    flat = checker.run(*gm.graph._codegen.process_inputs(*[t.clone() for t in inputs]))
+    return want, _plain(gm.graph._codegen.process_outputs(flat)), checker.report()
 
 
 def lowered_values(spec: str, name: str, shapes, options):

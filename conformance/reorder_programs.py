@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from conformance.oracle import rank_input
+from conformance.true_meta import MetaChecker
 
 RECORDED: list[float] = []  # what record_ saw, in this process
 
@@ -441,11 +442,19 @@ def _flat(out) -> list[torch.Tensor]:
     return [t for o in out for t in _flat(o)]
 
 
-def _run(gm, inputs) -> tuple[list[torch.Tensor], list[float]]:
+def _run(gm, inputs, checker: MetaChecker | None = None
+         ) -> tuple[list[torch.Tensor], list[float]]:
+    """`gm`'s outputs and recorded side effects; run by `checker` (its meta checked) if
+    given."""
     RECORDED.clear()
     torch.manual_seed(0)  # random draws compare between orders (RO-4)
-    out = _flat(gm(*[x.clone() for x in inputs]))
-    return out, list(RECORDED)
+    args = [x.clone() for x in inputs]
+    if checker is None:
+        out = gm(*args)
+    else:
+        codegen = gm.graph._codegen
+        out = codegen.process_outputs(checker.run(*codegen.process_inputs(*args)))
+    return _flat(out), list(RECORDED)
 
 
 def differences(before, after) -> str:
@@ -475,5 +484,8 @@ def values_on_rank(spec: str, cases: list[Case]) -> dict[str, str]:
         gm = program_graph(case.program, ops, rank)
         inputs = inputs_for(case.program, ctx, rank)
         new = ns.reorder(gm, config_for(ns, gm, case))
-        found[case.id] = differences(_run(gm, inputs), _run(new, inputs))
+        checker = MetaChecker(new)
+        found[case.id] = differences(_run(gm, inputs), _run(new, inputs, checker))
+        if checker.untrue and not found[case.id]:
+            found[case.id] = f"untrue meta val: {checker.report()}"
     return found

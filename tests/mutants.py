@@ -573,6 +573,12 @@ BK = [
            "return position[unit.members[-1]] if isinstance(unit, Bucket)",
            "return position[unit.members[0]] if isinstance(unit, Bucket)",
            "the merged collective placed where the bucket's first member was"),
+    Mutant("dtype_view_keeps_byte_count", "BK-7", _BK,
+           "    shape[-1] = shape[-1] // dtype.itemsize\n",
+           "",
+           "the view of the gathered bytes as a member's dtype keeps the byte count as its "
+           "last size in meta: values right, every later pass reads a size itemsize times "
+           "too large"),
     Mutant("slot_at_rank_modulo", "BK-8", _BK,
            "    return call.ranks.index(me)",
            "    return me % len(call.ranks)",
@@ -1496,6 +1502,7 @@ CATCHING_CASE: dict[str, str] = {
         "test_a_merge_that_would_close_a_cycle_across_keys_is_not_made",
     "reach_not_propagated": "test_a_cycle_through_two_other_buckets_is_not_closed",
     "bucket_at_its_first_member": "test_nodes_that_read_no_member_keep_their_place",
+    "dtype_view_keeps_byte_count": "test_all_gather_mixed_dtypes",
     "slot_at_rank_modulo": "test_group_index_is_the_position_among_sorted_ranks[bucket_all_gather]",
     "padding_one_row_too_many": "test_zero_size_members_are_merged[reduce_scatter]",
     "unpad_keeps_padding": "test_padded_reduce_scatter_gives_each_rank_its_chunk[2]",

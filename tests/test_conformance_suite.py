@@ -337,3 +337,28 @@ def test_every_torch_expected_failure_names_a_case(torch_listing):
     entries = [ln for ln in lines if ln.strip() and not ln.startswith("#")]
     assert entries and all("  " in ln and ln.split("  ", 1)[1].strip() for ln in entries), \
         "every entry gives a reason"
+
+
+def test_meta_checker_names_untrue_and_missing_vals_only():
+    """MetaChecker (BK-7, CL-1, RO-1) flags a meta val of the wrong shape, dtype or stride
+    and a missing one, but not a stride over a dim of size 1 (never stepped over)."""
+    from torch._subclasses import FakeTensorMode
+
+    from conformance.true_meta import MetaChecker
+
+    mode = FakeTensorMode()
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["val"] = mode.from_tensor(torch.empty(2, 3))
+    t = graph.call_function(torch.ops.aten.t.default, (x,))
+    t.meta["val"] = mode.from_tensor(torch.empty(3, 2))  # contiguous: the transpose is not
+    row = graph.call_function(torch.ops.aten.slice.Tensor, (x, 0, 0, 1))
+    row.meta["val"] = mode.from_tensor(torch.empty(1, 3).as_strided((1, 3), (7, 1)))
+    half = graph.call_function(torch.ops.aten.mul.Tensor, (x, 0.5))
+    half.meta["val"] = mode.from_tensor(torch.empty(2, 3, dtype=torch.float16))
+    bare = graph.call_function(torch.ops.aten.neg.default, (x,))
+    graph.output((t, row, half, bare))
+    checker = MetaChecker(torch.fx.GraphModule(torch.nn.Module(), graph))
+    checker.run(torch.ones(2, 3))
+    assert [line.split(":")[0] for line in checker.untrue] == [t.name, half.name, bare.name]
+    assert "strides [1, 3]" in checker.untrue[0] and "no meta val" in checker.untrue[2]

@@ -48,6 +48,8 @@ def run_case(backend, world_size, program, pass_name, cap_mb=25, dtype=torch.flo
                           dtype, options, program_args, again_cap_mb)
     for rank, result in enumerate(results):
         assert result["mismatch"] == "", f"rank {rank}: {result['mismatch']}"
+        # BK-7: later passes (reorder, memory planning, lowering) read the sizes there.
+        assert result["untrue_meta"] == "", f"rank {rank}: {result['untrue_meta']} [BK-7]"
     if groups_alike:
         # BK-6: every rank merges the same collectives (groups differ only by their ranks).
         traces = {re.sub(r"ranks\[[\d,]*\]", "G", r["comm_trace"]) for r in results}

@@ -73,8 +73,9 @@ def lowered_text(backend, name, shapes, options=None) -> str | None:
 def check_numerics(backend, name, shapes, options=None, world_size=2):
     results = harness.run(backend, numeric_check, world_size, name, shapes,
                           dict(options or {}))
-    for rank, (want, got) in enumerate(results):
+    for rank, (want, got, untrue_meta) in enumerate(results):
         torch.testing.assert_close(got, want, msg=lambda m, r=rank: f"rank {r}: {m}")
+        assert untrue_meta == "", f"rank {rank}: {untrue_meta} [CL-1]"
 
 
 @pytest.mark.spec("CL-1", "CL-2", "CL-9", "CL-15")
@@ -905,9 +906,10 @@ def check_bitwise(backend, name, options, world_size=2):
     """CL-15 to the bit: on 2 ranks gloo's sum and the one-shot's agree exactly (a + b is
     b + a), so the lowered program must give the eager program's very bits."""
     results = harness.run(backend, numeric_check, world_size, name, [(4,)], dict(options))
-    for rank, (want, got) in enumerate(results):
+    for rank, (want, got, untrue_meta) in enumerate(results):
         torch.testing.assert_close(got, want, rtol=0, atol=0,
                                    msg=lambda m, r=rank: f"rank {r}: {m}")
+        assert untrue_meta == "", f"rank {rank}: {untrue_meta} [CL-1]"
 
 
 @pytest.mark.spec("CL-17", "CL-15", "CL-11", "CL-12")

@@ -172,10 +172,12 @@ def test_size_arithmetic_is_no_barrier(backend, world4, budget):
     assert gather < min(arithmetic), [n.format_node() for n in nodes]
 
 
-@pytest.mark.spec("RO-13")
+@pytest.mark.spec("RO-13", "RO-1")
 @pytest.mark.parametrize("world_size", [2, 4])
 @pytest.mark.parametrize("case", rp.CASES, ids=lambda c: c.id)
 def test_values_equal_the_original_order(backend, world_size, case):
+    """And every node's meta val is what it computes there (RO-1: the nodes keep their
+    meta)."""
     concept(backend)
     for rank, found in enumerate(harness.run(backend, rp.values_on_rank, world_size, [case])):
         assert {k: v for k, v in found.items() if v} == {}, f"rank {rank}"
