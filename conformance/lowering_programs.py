@@ -150,6 +150,15 @@ def reduce_scatter_non_contiguous(fc, x):
     return fc.reduce_scatter_tensor(x.t(), "sum", 0, WORLD)
 
 
+# The ops themselves, unlike the API above, take a view as it is: the lowering copies it.
+def all_gather_op_non_contiguous(fc, x):
+    return fc.ops.wait_tensor(fc.ops.all_gather_into_tensor(x.t(), 2, WORLD))
+
+
+def reduce_scatter_op_non_contiguous(fc, x):
+    return fc.ops.wait_tensor(fc.ops.reduce_scatter_tensor(x.t(), "sum", 2, WORLD))
+
+
 def ar_small_max(fc, x):
     return fc.all_reduce(x * 2, "max", WORLD) + 1
 
@@ -279,6 +288,7 @@ PROGRAMS = {f.__name__: f for f in [
     ar_graph_input, ar_intermediate, ar_intermediate_shared, ar_inplace, ar_coalesced,
     ar_coalesced_inplace,
     all_gather, reduce_scatter, all_to_all, all_gather_coalesced, reduce_scatter_coalesced,
+    all_gather_op_non_contiguous, reduce_scatter_op_non_contiguous,
     all_gather_out, broadcast, broadcast_inplace, ar_small_intermediate, ar_small_avg,
     ar_small_graph_input, ar_inplace_small, ar_intermediate_read_before,
     ar_non_contiguous_intermediate, ar_inplace_non_contiguous,

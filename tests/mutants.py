@@ -330,6 +330,14 @@ FC = [
 # --------------------------------------------------------------------------------------
 _CL = "refimpl/comm_lowering.py"
 CL = [
+    Mutant("group_of_no_group_not_checked", "CL-16", _CL,
+           '        group_ranks(args["group_name"])\n', "        pass\n",
+           "lower does not look up each collective's group: a name of no group is refused "
+           "only by the fake kernel it makes, an error that names neither gm nor the node"),
+    Mutant("out_of_place_view_not_copied", "CL-6", _CL,
+           "        node.args = (inputs, *node.args[1:])\n", "",
+           "the contiguous copy of an out-of-place collective's view input is made but not "
+           "passed: the kernel reads the view"),
     # the straight call of a lowered module (refimpl/_fx.py): each check it may forget
     Mutant("straight_call_skips_forward_hooks", "CL-1", "refimpl/_fx.py",
            "self._forward_hooks or ", "",
@@ -1642,6 +1650,9 @@ CATCHING_CASE: dict[str, str] = {
     "group_named_by_its_ranks_alone":
         "test_rank_list_after_its_group_is_destroyed_gets_a_new_one",
     "group_request_not_counted": "test_a_member_that_does_not_ask_for_the_list_again_is_named",
+    "group_of_no_group_not_checked":
+        "test_lower_refuses_what_it_cannot_lower[group_name_of_no_group]",
+    "out_of_place_view_not_copied": "test_the_gather_op_reads_a_contiguous_copy_of_a_view",
     "step_of_any_dtype": "test_pointwise_chains_run_in_the_one_shot_kernel[ar_pointwise_int32]",
     "fresh_test_reads_a_namespace_of_any_target":
         "test_all_reduce_of_one_result_of_a_multi_output_op[plain]",

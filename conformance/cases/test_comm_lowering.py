@@ -517,6 +517,24 @@ wait b2""")
     check_numerics(backend, "reduce_scatter_non_contiguous", [(2, 4)])
 
 
+@pytest.mark.spec("CL-6", "CL-9", "CL-15")
+def test_the_gather_op_reads_a_contiguous_copy_of_a_view(backend, fake_world):
+    """The op called on a transposed view (the API copies it before; the op does not)."""
+    assert_expected_inline(comm_trace(backend, "all_gather_op_non_contiguous", [(2, 4)]), """\
+all_gather_into_tensor out-of-place ranks[0,1] in=b0:f32[4, 2]=copy(b1=input) out=b2:f32[8, 2]
+wait b2""")
+    check_numerics(backend, "all_gather_op_non_contiguous", [(2, 4)])
+
+
+@pytest.mark.spec("CL-6", "CL-9", "CL-15")
+def test_the_scatter_op_reads_a_contiguous_copy_of_a_view(backend, fake_world):
+    assert_expected_inline(comm_trace(backend, "reduce_scatter_op_non_contiguous", [(2, 4)]),
+                           """\
+reduce_scatter_tensor out-of-place ranks[0,1] sum in=b0:f32[4, 2]=copy(b1=input) out=b2:f32[2, 2]
+wait b2""")
+    check_numerics(backend, "reduce_scatter_op_non_contiguous", [(2, 4)])
+
+
 # ---- CL-12, CL-13: persistent comm buffers ----------------------------------------------
 @pytest.mark.spec("CL-12")
 def test_alloc_ids_are_equal_on_every_rank_and_distinct_where_they_must_be(backend):
@@ -741,7 +759,7 @@ def _traced(backend, program, *inputs):
 
 
 def _refusals(backend):
-    """name: (a call of lower, the error, a word its message must hold)."""
+    """name: (a call of lower, the error, a word its message must hold, or words)."""
     ns = backend.require("lowering", "lower", "Config")
     fc = backend.require("functional_collectives")
     x = torch.ones(3, 2)
@@ -752,6 +770,11 @@ def _refusals(backend):
     program = functools.partial(PROGRAMS["ar_small_graph_input"], fc)
     graph_input = _traced(backend, program, torch.ones(4))
     forced = {**ONE_SHOT, "force_one_shot_all_reduce": True}
+    unknown_group = _traced(
+        backend, lambda t: fc.ops.wait_tensor(fc.ops.all_reduce(t * 2, "sum", "0")), x)
+    for node in unknown_group.graph.nodes:  # a graph traced elsewhere, say, on other groups
+        if node.op == "call_function" and len(node.args) == 3:
+            node.args = (*node.args[:2], "no-such-group")
     return {
         "not_a_graph_module": (lambda: ns.lower(torch.nn.Linear(2, 2), ns.Config()),
                                TypeError, "gm"),
@@ -765,21 +788,25 @@ def _refusals(backend):
         "forced_one_shot_of_a_graph_input": (
             lambda: ns.lowered_graph(program, [torch.ones(4)], forced), ValueError,
             "graph input"),
+        # Refused by lower itself, naming gm and the node, not by a kernel it made (CL-16).
+        "group_name_of_no_group": (lambda: ns.lower(unknown_group, ns.Config()), ValueError,
+                                   ("gm", "all_reduce", "group_name", "'no-such-group'")),
     }
 
 
 REFUSALS = ["not_a_graph_module", "config_of_another_type", "no_fake_values",
             "in_place_on_a_view_without_wait", "coalesced_in_place_on_a_view",
-            "forced_one_shot_of_a_graph_input"]
+            "forced_one_shot_of_a_graph_input", "group_name_of_no_group"]
 
 
-@pytest.mark.spec("CL-1", "CL-4", "CL-5", "CL-10")
+@pytest.mark.spec("CL-1", "CL-4", "CL-5", "CL-10", "CL-16")
 @pytest.mark.parametrize("name", REFUSALS)
 def test_lower_refuses_what_it_cannot_lower(backend, fake_world, name):
-    call, error, word = _refusals(backend)[name]
+    call, error, words = _refusals(backend)[name]
     with pytest.raises(error) as info:
         call()
-    assert word in str(info.value), f"{name}: {info.value} does not say {word!r}"
+    for word in (words,) if isinstance(words, str) else words:
+        assert word in str(info.value), f"{name}: {info.value} does not say {word!r}"
 
 
 # ---- CL-16: bad input -------------------------------------------------------------------
