@@ -775,6 +775,14 @@ def _refusals(backend):
     for node in unknown_group.graph.nodes:  # a graph traced elsewhere, say, on other groups
         if node.op == "call_function" and len(node.args) == 3:
             node.args = (*node.args[:2], "no-such-group")
+    # A pass before lower that made nodes without meta val: the collective, its input.
+    valueless = {}
+    for which in ("collective", "input"):
+        gm = valueless[which] = _traced(
+            backend, lambda t: fc.ops.wait_tensor(fc.ops.all_reduce(t * 2, "sum", "0")), x)
+        collective = next(n for n in gm.graph.nodes
+                          if n.op == "call_function" and len(n.args) == 3)
+        del (collective if which == "collective" else collective.args[0]).meta["val"]
     return {
         "not_a_graph_module": (lambda: ns.lower(torch.nn.Linear(2, 2), ns.Config()),
                                TypeError, "gm"),
@@ -791,12 +799,19 @@ def _refusals(backend):
         # Refused by lower itself, naming gm and the node, not by a kernel it made (CL-16).
         "group_name_of_no_group": (lambda: ns.lower(unknown_group, ns.Config()), ValueError,
                                    ("gm", "all_reduce", "group_name", "'no-such-group'")),
+        "collective_without_meta_val": (
+            lambda: ns.lower(valueless["collective"], ns.Config()), ValueError,
+            ("gm", "all_reduce", "meta['val']")),
+        "collective_input_without_meta_val": (
+            lambda: ns.lower(valueless["input"], ns.Config()), ValueError,
+            ("gm", "mul", "meta['val']")),
     }
 
 
 REFUSALS = ["not_a_graph_module", "config_of_another_type", "no_fake_values",
             "in_place_on_a_view_without_wait", "coalesced_in_place_on_a_view",
-            "forced_one_shot_of_a_graph_input", "group_name_of_no_group"]
+            "forced_one_shot_of_a_graph_input", "group_name_of_no_group",
+            "collective_without_meta_val", "collective_input_without_meta_val"]
 
 
 @pytest.mark.spec("CL-1", "CL-4", "CL-5", "CL-10", "CL-16")
