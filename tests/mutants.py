@@ -1214,6 +1214,14 @@ SIM = [
            '"ts": e.start_us, "dur": e.end_us - e.start_us,',
            '"ts": e.start_us, "dur": e.end_us,',
            "the trace's duration is the event's end time"),
+    Mutant("h100_without_default_link", "SIM-11", SIMULATOR,
+           "    links[0] = links[8]\n", "",
+           "the H100 profile has links for 2, 4 and 8 only: a group of 3 or 16 cannot be "
+           "costed"),
+    Mutant("svg_memory_line_not_moved", "SIM-10", SIMULATOR,
+           "        x, y = left + t * scale, base - live / peak * (mem_h - 10)\n", "",
+           "the memory line's vertices keep the coordinates last drawn: a line that neither "
+           "goes forward nor rises"),
     Mutant("sim_link_default_first", "SIM-11", SIMULATOR,
            "        link = self.links.get(group_size, self.links.get(0))\n",
            "        link = self.links.get(0, self.links.get(group_size))\n",
@@ -1604,6 +1612,8 @@ CATCHING_CASE: dict[str, str] = {
     "sim_blocking_not_exposed": "test_blocking_one_shot_all_reduce",
     "sim_peak_of_program_order": "test_timeline_collectives_first",
     "sim_trace_duration": "test_chrome_trace",
+    "h100_without_default_link": "test_profiles",
+    "svg_memory_line_not_moved": "test_svg",
     "sim_link_default_first": "test_profiles",
     "e2e_cap_from_the_default_config":
         "test_bucket_cap_reaches_forward_and_backward[one_under_two]",

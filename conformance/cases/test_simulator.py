@@ -202,6 +202,8 @@ def test_profiles(backend, world4):
     assert default == preset > 0
     h100 = ns.H100_NVLINK_8
     assert h100.source and h100.link(8).beta_bytes_per_us > 0
+    # Any other group size (a mesh dim of 3, 16 ranks) costs as the node's ring of 8.
+    assert h100.link(3) == h100.link(16) == h100.link(8)
     assert h100.flops_rate(torch.bfloat16) > h100.flops_rate(torch.float32)
 
 
@@ -424,4 +426,11 @@ def test_svg(backend, world4, tmp_path):
     titles = [t.text for t in root.iter(f"{svg}title")]
     drawn = {e.node.name for e in tl.events if e.end_us > e.start_us}
     assert {t.split()[0] for t in titles} == drawn
-    assert any(el.tag == f"{svg}polyline" for el in root.iter())
+    (line,) = [el for el in root.iter(f"{svg}polyline")]
+    # The live bytes over time: the line goes forward and rises and falls as they do.
+    xs, ys = zip(*[map(float, p.split(",")) for p in line.get("points").split()], strict=True)
+    assert list(xs) == sorted(xs) and len(set(xs)) > 1, xs
+    tl.to_chrome_trace(tmp_path / "trace.json")  # its memory counter: the live bytes (SIM-9)
+    lives = {e["args"]["live_bytes"] for e in json.loads((tmp_path / "trace.json").read_text())
+             ["traceEvents"] if e["ph"] == "C"}
+    assert len(lives) > 1 and len(set(ys)) >= len(lives), (ys, lives)
