@@ -771,6 +771,12 @@ RO = [
 # 6. Symmetric memory (SM), C kernels included
 # --------------------------------------------------------------------------------------
 SM = [
+    Mutant("default_timeout_not_given_to_the_native_ops", "SM-11",
+           "refimpl/symmetric_memory.py",
+           "        _native_ops.rsm_ops_set_timeout(timeout_ms * 1_000_000)\n",
+           "        pass\n",
+           "set_default_timeout changes the Python path's waits only: the C++ op kernels keep "
+           "the timeout of the moment they were loaded"),
     Mutant("timeout_type_check_and", "SM-11", "refimpl/symmetric_memory.py",
            "if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or timeout_ms < 0:",
            "if not isinstance(timeout_ms, int) and isinstance(timeout_ms, bool) or timeout_ms < 0:",
@@ -1485,6 +1491,8 @@ CATCHING_CASE: dict[str, str] = {
         "test_all_reduces_at_the_smallest_group_and_sizes[one_rank]",
     "reduce_refuses_a_group_of_one":
         "test_all_reduces_at_the_smallest_group_and_sizes[one_rank]",
+    "default_timeout_not_given_to_the_native_ops":
+        "test_an_op_waits_as_long_as_the_default_timeout_set_last[one_shot_all_reduce]",
     "timeout_type_check_and":
         "test_arguments_of_the_wrong_type_are_refused_naming_them",
     "index_type_check_and":

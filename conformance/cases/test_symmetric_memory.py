@@ -938,6 +938,39 @@ def test_a_barrier_that_timed_out_makes_the_handle_fail_stop(backend):
     assert one == 0, "rank 1's next barrier with the fail-stopped rank 0 times out naming it"
 
 
+def _op_under_the_default_timeout(spec: str, op: str):
+    sm, group, device = _setup(spec, "empty", "rendezvous", "SymmMemTimeout", "ops",
+                               "set_default_timeout")
+    rank = dist.get_rank()
+    t = sm.empty(256, dtype=torch.float32, device=device)
+    t.fill_(rank + 1)
+    sm.rendezvous(t, group).barrier()
+    sm.set_default_timeout(300)  # after the handle exists: the ops read it at each call
+    outcome = None
+    if rank == 0:  # rank 1 never calls the op
+        start = time.monotonic()
+        try:
+            getattr(sm.ops, op)(t, "sum", group)
+            outcome = "returned"
+        except sm.SymmMemTimeout as exc:
+            outcome = (exc.peer, time.monotonic() - start < 5)
+    dist.barrier()
+    return outcome
+
+
+@pytest.mark.spec("SM-11")
+@pytest.mark.parametrize("op", ["one_shot_all_reduce", "two_shot_all_reduce_"])
+def test_an_op_waits_as_long_as_the_default_timeout_set_last(backend, op):
+    """The ops take no timeout: the default set just before governs their waits (here
+    300 ms, where the case's own default is 15 s), whatever path runs them."""
+    backend.require(CONCEPT, "empty", "rendezvous", "SymmMemTimeout", "ops",
+                    "set_default_timeout")
+    zero, one = run(backend, _op_under_the_default_timeout, 2, op, timeout=15,
+                    restart_after=True)
+    assert zero == (1, True), f"rank 0: {zero} (want a timeout naming rank 1 within 5 s)"
+    assert one is None
+
+
 def _wait_timeouts_leave_the_handle_usable(spec: str):
     sm, group, device = _setup(spec, "empty", "rendezvous", "SymmMemTimeout", "ops")
     rank = dist.get_rank()
