@@ -777,6 +777,12 @@ SM = [
            "        pass\n",
            "set_default_timeout changes the Python path's waits only: the C++ op kernels keep "
            "the timeout of the moment they were loaded"),
+    Mutant("registered_group_not_enabled_implicitly", "SM-2", "refimpl/symmetric_memory.py",
+           "        enable_symm_mem_for_group(group_name)  # a registered ProcessGroup needs "
+           "no setup\n",
+           "        pass\n",
+           "a rendezvous on a ProcessGroup never enabled by name fails: upstream and SPEC "
+           "enable it implicitly"),
     Mutant("timeout_type_check_and", "SM-11", "refimpl/symmetric_memory.py",
            "if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or timeout_ms < 0:",
            "if not isinstance(timeout_ms, int) and isinstance(timeout_ms, bool) or timeout_ms < 0:",
@@ -1493,6 +1499,8 @@ CATCHING_CASE: dict[str, str] = {
         "test_all_reduces_at_the_smallest_group_and_sizes[one_rank]",
     "default_timeout_not_given_to_the_native_ops":
         "test_an_op_waits_as_long_as_the_default_timeout_set_last[one_shot_all_reduce]",
+    "registered_group_not_enabled_implicitly":
+        "test_a_rendezvous_on_a_registered_group_enables_it",
     "timeout_type_check_and":
         "test_arguments_of_the_wrong_type_are_refused_naming_them",
     "index_type_check_and":

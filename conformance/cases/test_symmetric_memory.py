@@ -114,6 +114,27 @@ def test_signals_carry_writes_per_channel_and_leave_pads_zero(backend):
     assert run(backend, _signals, 2) == [(41, 0), (40, 0)]
 
 
+def _rendezvous_on_a_group_never_enabled(spec: str):
+    sm, _, device = _setup(spec, "empty", "rendezvous", "is_symm_mem_enabled_for_group")
+    pg = dist.new_group([0, 1])  # a registered ProcessGroup, never enabled by name
+    before = sm.is_symm_mem_enabled_for_group(pg.group_name)
+    t = sm.empty(4, dtype=torch.float32, device=device)
+    t.fill_(dist.get_rank() + 10)
+    h = sm.rendezvous(t, pg.group_name)
+    h.barrier()
+    peer = h.get_buffer(1 - dist.get_rank(), (4,), torch.float32)[0].item()
+    h.barrier()
+    return before, sm.is_symm_mem_enabled_for_group(pg.group_name), h.world_size, peer
+
+
+@pytest.mark.spec("SM-2", "SM-5")
+def test_a_rendezvous_on_a_registered_group_enables_it(backend):
+    """A ProcessGroup's name needs no enable_symm_mem_for_group first (as upstream)."""
+    backend.require(CONCEPT, "empty", "rendezvous", "is_symm_mem_enabled_for_group")
+    assert run(backend, _rendezvous_on_a_group_never_enabled, 2, restart_after=True) == \
+        [(False, True, 2, 11.0), (False, True, 2, 10.0)]
+
+
 def _plain_tensor_is_refused(spec: str):
     sm, group, device = _setup(spec, "empty", "rendezvous")
     try:
