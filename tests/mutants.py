@@ -783,6 +783,10 @@ SM = [
            "        pass\n",
            "a rendezvous on a ProcessGroup never enabled by name fails: upstream and SPEC "
            "enable it implicitly"),
+    Mutant("naming_directory_left_open", "SM-12", "refimpl/symmetric_memory.py",
+           "        os.close(proc_fds)\n", "        pass\n",
+           "the /proc/self/fd directory opened to name each segment is never closed: a "
+           "descriptor leaks per allocation"),
     Mutant("timeout_type_check_and", "SM-11", "refimpl/symmetric_memory.py",
            "if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or timeout_ms < 0:",
            "if not isinstance(timeout_ms, int) and isinstance(timeout_ms, bool) or timeout_ms < 0:",
@@ -1501,6 +1505,8 @@ CATCHING_CASE: dict[str, str] = {
         "test_an_op_waits_as_long_as_the_default_timeout_set_last[one_shot_all_reduce]",
     "registered_group_not_enabled_implicitly":
         "test_a_rendezvous_on_a_registered_group_enables_it",
+    "naming_directory_left_open":
+        "test_rendezvous_of_dropped_allocations_leaves_no_descriptor_open",
     "timeout_type_check_and":
         "test_arguments_of_the_wrong_type_are_refused_naming_them",
     "index_type_check_and":

@@ -1235,37 +1235,63 @@ def test_the_default_timeout_is_a_positive_int(backend):
         sm.set_default_timeout(before)
 
 
+def _open_files(shm: str) -> tuple[int, int]:
+    """Descriptors of shared-memory files, and of directories (one opened to name a
+    segment and left open leaks too): nothing else of the process counts."""
+    import gc
+
+    gc.collect()
+    names = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            names.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # closed meanwhile (listdir's own descriptor)
+            pass
+    return (sum(name.startswith(shm) for name in names),
+            sum(os.path.isdir(name) for name in names if name.startswith("/")))
+
+
+def _rendezvous_rounds(spec: str):
+    sm, group, device = _setup(spec, "empty", "rendezvous")
+    shm = getattr(sm, "SHM_DIR", "/dev/shm")
+
+    def round_():
+        t = sm.empty(64, device=device)
+        sm.rendezvous(t, group).barrier()
+
+    round_()  # whatever a first rendezvous sets up for good
+    before = _open_files(shm)
+    for _ in range(5):
+        round_()
+    dist.barrier()
+    return before == _open_files(shm) or (before, _open_files(shm))
+
+
+@pytest.mark.spec("SM-12")
+def test_rendezvous_of_dropped_allocations_leaves_no_descriptor_open(backend):
+    backend.require(CONCEPT, "empty", "rendezvous")
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc/self/fd (Linux) to count open files")
+    assert run(backend, _rendezvous_rounds, 2) == [True, True]
+
+
 @pytest.mark.spec("SM-12")
 def test_a_dropped_allocation_closes_its_file(backend):
     sm = backend.require(CONCEPT, "empty")
     if not os.path.isdir("/proc/self/fd"):
         pytest.skip("needs /proc/self/fd (Linux) to count open files")
-    import gc
-
     shm = getattr(sm, "SHM_DIR", "/dev/shm")
-
-    def open_files() -> int:
-        """Descriptors of shared-memory files: nothing else of the process counts."""
-        gc.collect()
-        names = []
-        for fd in os.listdir("/proc/self/fd"):
-            try:
-                names.append(os.readlink(f"/proc/self/fd/{fd}"))
-            except OSError:  # closed meanwhile (listdir's own descriptor)
-                pass
-        return sum(name.startswith(shm) for name in names)
-
     device = torch.device(getattr(sm, "DEVICE", "cpu"))
     if device.type != "cpu":
         pytest.skip("a file per allocation is the CPU allocator's (SM-12)")
     sm.empty(4, device=device)  # whatever a first allocation sets up for good
-    before = open_files()
+    before = _open_files(shm)
     for _ in range(20):
         t = sm.empty(64, device=device)
         view = t[8:]
         del t
         del view  # the last tensor over the allocation
-    assert open_files() == before
+    assert _open_files(shm) == before
 
 
 @pytest.mark.spec("SM-2")
