@@ -861,6 +861,23 @@ def _dead_code(spec, waited):
     return before, canonical_graph(gm)
 
 
+def _dead_code_of_packets(spec):
+    """symbolic_trace records the ops' packets (`ops.all_reduce`), not their overloads."""
+    fc = funcol_api(spec)
+    name = fc.resolve_group_name(dist.group.WORLD)
+
+    def program(x):
+        fc.ops.wait_tensor(fc.ops.all_reduce(x, "sum", name))  # waited, result unused
+        fc.ops.all_reduce(x, "sum", name)  # never waited, result unused
+        return x * 2
+
+    gm = torch.fx.symbolic_trace(program)
+    ops = lambda: [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]  # noqa: E731
+    before = ops()
+    gm.graph.eliminate_dead_code()
+    return before, ops()
+
+
 @pytest.mark.spec("FC-33", "FC-12")
 @pytest.mark.parametrize("waited", [True, False], ids=["waited", "unwaited"])
 def test_dead_code_elimination_keeps_collectives_and_waits(backend, waited):
@@ -868,6 +885,14 @@ def test_dead_code_elimination_keeps_collectives_and_waits(backend, waited):
     for rank, (before, after) in enumerate(run(backend, _dead_code, 2, waited)):
         assert "funcol.all_reduce" in before, f"rank {rank}: nothing traced:\n{before}"
         assert after == before, f"rank {rank}: DCE changed the graph:\n{before}\n--\n{after}"
+
+
+@pytest.mark.spec("FC-33")
+def test_dead_code_elimination_keeps_the_ops_packets_too(backend):
+    backend.require("functional_collectives")
+    for rank, (before, after) in enumerate(run(backend, _dead_code_of_packets, 2)):
+        assert sum("all_reduce" in t for t in before) == 2, f"rank {rank}: traced {before}"
+        assert after == before, f"rank {rank}: DCE left {after} of {before}"
 
 
 # ---- FC-34: any ProcessGroup, one written in Python included ---------------------------
