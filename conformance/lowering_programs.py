@@ -338,10 +338,8 @@ def numeric_check(spec: str, name: str, shapes, options) -> tuple:
     want = _plain(program(*[t.clone() for t in inputs]))
     if getattr(ns, "lowered_graph", None) is None:
         return want, _plain(ns.run_lowered(program, [t.clone() for t in inputs], options)), ""
-    gm = ns.lowered_graph(program, [t.clone() for t in inputs], options)
-    checker = MetaChecker(gm)
-    flat = checker.run(*gm.graph._codegen.process_inputs(*[t.clone() for t in inputs]))
-    return want, _plain(gm.graph._codegen.process_outputs(flat)), checker.report()
+    checker = MetaChecker(ns.lowered_graph(program, [t.clone() for t in inputs], options))
+    return want, _plain(checker.call(*[t.clone() for t in inputs])), checker.report()
 
 
 def lowered_values(spec: str, name: str, shapes, options):

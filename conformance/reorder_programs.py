@@ -448,12 +448,7 @@ def _run(gm, inputs, checker: MetaChecker | None = None
     given."""
     RECORDED.clear()
     torch.manual_seed(0)  # random draws compare between orders (RO-4)
-    args = [x.clone() for x in inputs]
-    if checker is None:
-        out = gm(*args)
-    else:
-        codegen = gm.graph._codegen
-        out = codegen.process_outputs(checker.run(*codegen.process_inputs(*args)))
+    out = (gm if checker is None else checker.call)(*[x.clone() for x in inputs])
     return _flat(out), list(RECORDED)
 
 

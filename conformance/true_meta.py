@@ -5,7 +5,7 @@ and strides from `meta["val"]`, not from a run: a pass that writes a wrong one p
 every value check and misleads the next pass. `MetaChecker` runs a graph on real
 tensors and notes each node whose result's dtype, shape or strides (over dims of size
 above 1: a dim of size 1 is never stepped over) differ from its `meta["val"]`, or that
-has none. SPEC.md BK-7, CL-1.
+has none. SPEC.md BK-7, CL-1, RO-1.
 """
 
 from __future__ import annotations
@@ -40,6 +40,12 @@ class MetaChecker(torch.fx.Interpreter):
                 self.untrue.append(f"{node.name}: meta val {layout_text(val)}, computed "
                                    f"{layout_text(result)}")
         return result
+
+    def call(self, *args):
+        """The graph's result for `args`, as calling the GraphModule gives it (through its
+        code generator: a pytree one takes and returns structures), meta checked."""
+        codegen = self.module.graph._codegen
+        return codegen.process_outputs(self.run(*codegen.process_inputs(*args)))
 
     def report(self) -> str:
         return "; ".join(self.untrue)

@@ -770,19 +770,21 @@ def _refusals(backend):
     program = functools.partial(PROGRAMS["ar_small_graph_input"], fc)
     graph_input = _traced(backend, program, torch.ones(4))
     forced = {**ONE_SHOT, "force_one_shot_all_reduce": True}
-    unknown_group = _traced(
-        backend, lambda t: fc.ops.wait_tensor(fc.ops.all_reduce(t * 2, "sum", "0")), x)
-    for node in unknown_group.graph.nodes:  # a graph traced elsewhere, say, on other groups
-        if node.op == "call_function" and len(node.args) == 3:
-            node.args = (*node.args[:2], "no-such-group")
-    # A pass before lower that made nodes without meta val: the collective, its input.
-    valueless = {}
-    for which in ("collective", "input"):
-        gm = valueless[which] = _traced(
-            backend, lambda t: fc.ops.wait_tensor(fc.ops.all_reduce(t * 2, "sum", "0")), x)
-        collective = next(n for n in gm.graph.nodes
-                          if n.op == "call_function" and len(n.args) == 3)
-        del (collective if which == "collective" else collective.args[0]).meta["val"]
+
+    def doctored(edit):
+        """`all_reduce(t * 2)`, traced, with `edit` applied to its all_reduce node."""
+        def all_reduce_of_double(t):
+            return fc.ops.wait_tensor(fc.ops.all_reduce(t * 2, "sum", "0"))
+
+        gm = _traced(backend, all_reduce_of_double, x)
+        edit(next(n for n in gm.graph.nodes if n.op == "call_function" and len(n.args) == 3))
+        return gm
+
+    # A graph traced elsewhere (on other groups, say); a pass before lower that made nodes
+    # without meta val: the collective, its input.
+    unknown_group = doctored(lambda n: setattr(n, "args", (*n.args[:2], "no-such-group")))
+    valueless = {"collective": doctored(lambda n: n.meta.pop("val")),
+                 "input": doctored(lambda n: n.args[0].meta.pop("val"))}
     return {
         "not_a_graph_module": (lambda: ns.lower(torch.nn.Linear(2, 2), ns.Config()),
                                TypeError, "gm"),

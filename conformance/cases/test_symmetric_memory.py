@@ -1264,7 +1264,8 @@ def _rendezvous_rounds(spec: str):
     for _ in range(5):
         round_()
     dist.barrier()
-    return before == _open_files(shm) or (before, _open_files(shm))
+    after = _open_files(shm)
+    return before == after or (before, after)
 
 
 @pytest.mark.spec("SM-12")
