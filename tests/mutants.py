@@ -1304,6 +1304,42 @@ E2E = [
            "dist.is_available() and dist.is_initialized() else 0",
            "dist.is_available() or dist.is_initialized() else 0",
            "`and` written `or`: the rank asked of a process group that does not exist"),
+    Mutant("e2e_memory_plan_not_written", "E2E-5", "refimpl/compile.py",
+           '(self.folder / "memory_plan.json").write_text(json.dumps(record, indent=1))',
+           "pass",
+           "the program's memory plan computed but never written to debug_dir"),
+    Mutant("e2e_chrome_trace_not_written", "E2E-5", "refimpl/compile.py",
+           'timeline.to_chrome_trace(str(self.folder / "timeline.json"))', "pass",
+           "the simulated timeline drawn as SVG only: no trace to open in Perfetto"),
+    Mutant("e2e_svg_not_written", "E2E-5", "refimpl/compile.py",
+           'timeline.to_svg(str(self.folder / "timeline.svg"))', "pass",
+           "the simulated timeline written as a trace only: no picture"),
+    Mutant("e2e_plan_of_the_traced_graph", "E2E-5", "refimpl/compile.py",
+           """        self._observe(record, writer, "traced", gm)
+        for stage, run in _stages(self.config):
+            gm = run(gm)
+            self._observe(record, writer, stage, gm)
+        if writer is not None:
+            writer.program(gm)
+""",
+           """        self._observe(record, writer, "traced", gm)
+        if writer is not None:
+            writer.program(gm)
+        for stage, run in _stages(self.config):
+            gm = run(gm)
+            self._observe(record, writer, stage, gm)
+""",
+           "the memory plan and timeline of the graph as traced, not of the program that "
+           "runs: bucketing and lowering change both"),
+    Mutant("e2e_backward_dead_code_kept", "E2E-2", "refimpl/compile.py",
+           "    backward.graph.eliminate_dead_code()  # what computed only their inputs\n",
+           "",
+           "the forward's collectives dropped from the backward, but what computed their "
+           "inputs (the logged loss's division) still runs there for nothing"),
+    Mutant("e2e_graphs_not_counted", "E2E-5", "refimpl/compile.py",
+           "        self._dynamo_graphs += 1\n", "",
+           "every graph Dynamo hands over is graph0: a graph break's second graph writes "
+           "over the first one's debug files"),
 ]
 
 
@@ -1651,6 +1687,13 @@ CATCHING_CASE: dict[str, str] = {
         "test_one_info_line_per_compiled_graph_and_the_text_of_every_stage_at_debug",
     "e2e_zero_cap_accepted": "test_bad_config_is_refused[cap_zero]",
     "e2e_rank_asked_without_a_group": "test_debug_dir_without_a_process_group_is_rank0",
+    "e2e_memory_plan_not_written": "test_debug_dir_has_every_stage_of_every_graph",
+    "e2e_chrome_trace_not_written": "test_debug_dir_has_every_stage_of_every_graph",
+    "e2e_svg_not_written": "test_debug_dir_has_every_stage_of_every_graph",
+    "e2e_plan_of_the_traced_graph": "test_debug_dir_has_every_stage_of_every_graph",
+    "e2e_backward_dead_code_kept": "test_debug_dir_has_every_stage_of_every_graph",
+    "e2e_graphs_not_counted":
+        "test_graphs_of_one_backend_are_numbered_in_the_order_dynamo_hands_them_over",
     "view_taken_for_its_own_buffer":
         "test_pointwise_chains_run_in_the_one_shot_kernel[ar_pointwise_source_written_through_a_view]",
     "any_alias_annotation_counts_as_a_write":

@@ -183,6 +183,47 @@ def families_in_record(ops: dict[str, int]) -> dict[str, int]:
     return counts
 
 
+def dead_nodes(text: str) -> list[str]:
+    """The lines of a canonical text whose value no later line reads."""
+    lines = text.splitlines()
+    return [line for i, line in enumerate(lines)
+            if (m := re.match(r"(%\d+) = ", line))
+            and not any(re.search(rf"{m.group(1)}\b", later) for later in lines[i + 1:])]
+
+
+def check_program_files(folder, program: str, where: str) -> None:
+    """The memory plan and the timeline debug_dir holds for a graph describe its program,
+    whose canonical text is `program` (E2E-5, MEM-1, SIM-9, SIM-10): a live byte count
+    after every node (its output included), in the plan and as the trace's memory counter
+    alike; one complete event per collective on a stream of its own; an SVG with a
+    rectangle per event."""
+    import json
+    import xml.etree.ElementTree as ET
+
+    nodes = len(program.splitlines())  # one line per node, `return` the last
+    collectives = sum(families_in_text(program).values())
+    plan = json.loads((folder / "memory_plan.json").read_text())
+    assert set(plan) >= {"peak_bytes", "peak_node", "live_bytes", "events"}, f"{where}: {plan}"
+    live = plan["live_bytes"]
+    assert len(live) == nodes, f"{where}: {len(live)} live byte counts for {nodes} nodes"
+    assert plan["peak_bytes"] >= max(live) > 0, f"{where}: peak {plan['peak_bytes']}"
+    assert plan["events"] and isinstance(plan["peak_node"], str), f"{where}: {plan}"
+    trace = json.loads((folder / "timeline.json").read_text())["traceEvents"]
+    counter = [e["args"]["live_bytes"] for e in trace if e["ph"] == "C"]
+    assert counter == live, f"{where}: the trace's memory counter is not the plan's"
+    spans = [e for e in trace if e["ph"] == "X"]
+    compute_thread = next(e["tid"] for e in trace
+                          if e["ph"] == "M" and e["args"].get("name") == "compute")
+    on_comm = [e for e in spans if e["tid"] != compute_thread]
+    assert len(on_comm) == collectives, \
+        f"{where}: {len(on_comm)} events on comm streams for {collectives} collectives"
+    svg = ET.fromstring((folder / "timeline.svg").read_text())
+    assert svg.tag.endswith("svg"), f"{where}: {svg.tag}"
+    titled = [r for r in svg.iter() if r.tag.endswith("rect")
+              and any(c.tag.endswith("title") for c in r)]
+    assert len(titled) == len(spans), f"{where}: {len(titled)} rectangles, {len(spans)} events"
+
+
 @pytest.mark.spec("E2E-5", "E2E-2", "E2E-4")
 def test_debug_dir_has_every_stage_of_every_graph(backend, tmp_path):
     options = {**all_stages(backend), "bucket_cap_mb": CAPS["two"],
@@ -217,6 +258,11 @@ def test_debug_dir_has_every_stage_of_every_graph(backend, tmp_path):
                 if result["stage_counts"] is not None:
                     recorded = families_in_record(result["stage_counts"][graph][stage])
                     assert recorded == counts, f"rank {rank} {graph} {stage}: record"
+            assert not dead_nodes((folder / graph / "0_traced.txt").read_text()), \
+                f"rank {rank} {graph}: traced nodes nothing reads"
+            last = list(stages)[-1]
+            program = (folder / graph / f"{len(stages) - 1}_{last}.txt").read_text()
+            check_program_files(folder / graph, program, f"rank {rank} {graph}")
         # In place: the lowered forward reduces the loss in its own buffer (CL-3).
         lowered = (folder / "graph0_forward" / "2_lowered.txt").read_text()
         assert "funcol.all_reduce_(" in lowered and "funcol.all_reduce(" not in lowered
@@ -253,6 +299,37 @@ def test_debug_dir_without_a_process_group_is_rank0(backend, tmp_path):
     graphs = sorted(p.name for p in (tmp_path / "rank0").iterdir())
     assert graphs == ["graph0_inference"], graphs
     assert (tmp_path / "rank0" / "graph0_inference" / "0_traced.txt").read_text()
+
+
+@pytest.mark.spec("E2E-5")
+def test_graphs_of_one_backend_are_numbered_in_the_order_dynamo_hands_them_over(
+        backend, tmp_path):
+    """A graph break splits a function into two graphs Dynamo hands the same backend
+    object one after the other: `graph0_inference`, then `graph1_inference`; a second
+    call compiles nothing new."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        pytest.skip("a process group is left in this process by another case")
+    compiled = backend.require("compile_backend").make({**OFF, "debug_dir": str(tmp_path)})
+
+    def split(x):
+        y = x * 2
+        torch._dynamo.graph_break()
+        return y + 1
+
+    torch._dynamo.reset()
+    try:
+        function = torch.compile(split, backend=compiled)
+        got = [function(torch.arange(4.0)).tolist() for _ in range(2)]
+    finally:
+        torch._dynamo.reset()
+    assert got == [[1.0, 3.0, 5.0, 7.0]] * 2
+    graphs = sorted(p.name for p in (tmp_path / "rank0").iterdir())
+    assert graphs == ["graph0_inference", "graph1_inference"], graphs
+    first, second = ((tmp_path / "rank0" / g / "0_traced.txt").read_text() for g in graphs)
+    assert "aten.mul" in first and "aten.add" not in first, first
+    assert "aten.add" in second and "aten.mul" not in second, second
 
 
 # --------------------------------------------------------------------------------------
