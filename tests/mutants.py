@@ -322,6 +322,29 @@ FC = [
            "_group_requests.get((wanted, me), 0)",
            "the request counter never moves: a member's first request answers for its later "
            "ones"),
+    Mutant("all_to_all_api_reads_rows_of_a_0d_input", "FC-21",
+           "refimpl/functional_collectives.py",
+           '    n = group_size(name)\n'
+           '    _check_has_dims(self, "input", "all_to_all_single", "FC-21")\n',
+           "    n = group_size(name)\n",
+           "the API derives equal splits from dim 0 before the op checks it: a 0-d input "
+           "fails with IndexError, naming no argument (as upstream does)"),
+    Mutant("last_request_recorded_under_rank_0", "FC-31", "refimpl/functional_collectives.py",
+           'store.set(f"refimpl-fc/group-last/{me}", wanted)',
+           'store.set("refimpl-fc/group-last/0", wanted)',
+           "every member records the list it asked for under rank 0's key: the timeout "
+           "names the members missing but not the list each of them asked for"),
+    Mutant("checks_switch_ignored", "FC-28", "refimpl/functional_collectives.py",
+           '    _checks["enabled"] = enabled\n', "",
+           "set_collective_checks(False) leaves the environment in charge: a late peer still "
+           "times the check out"),
+    Mutant("in_place_coalesced_all_reduce_unchecked", "FC-28",
+           "refimpl/functional_collectives.py",
+           """    _agree("all_reduce_coalesced_", pg, group_name, shapes=_shapes(tensors),
+           dtypes=_dtypes(tensors), reduce_op=str(reduce_op).lower())
+""", "",
+           "the in-place coalesced all_reduce communicates without the check its out-of-place "
+           "twin makes: mismatched shapes reach gloo"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -1047,6 +1070,18 @@ SM = [
            "    size, _ = _check_shape(size, ())  # before the strides are derived from it\n",
            "",
            "the size check left to empty_strided_p2p, after the strides failed on it"),
+    Mutant("python_two_shot_status_ignored", "SM-20", "refimpl/symmetric_memory.py",
+           '''        if status:
+            handle._check(status, peer, "two_shot_all_reduce_", OP_CHANNEL, timeout)
+''', "",
+           "the Python two-shot kernel (a call the C++ kernel hands over: the first on an "
+           "allocation) drops the kernel's status: a mismatch between ranks returns "
+           "whatever the buffer holds"),
+    Mutant("grant_keyed_by_the_callers_lists", "SM-4", "refimpl/symmetric_memory.py",
+           "    size, stride = tuple(size), tuple(stride)\n", "",
+           "the sizes kept as the caller gave them: the last grant remembers the caller's "
+           "list, which the caller changes in place, and the next request by it is waved "
+           "through with the old layout"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -1687,6 +1722,17 @@ CATCHING_CASE: dict[str, str] = {
         "test_one_info_line_per_compiled_graph_and_the_text_of_every_stage_at_debug",
     "e2e_zero_cap_accepted": "test_bad_config_is_refused[cap_zero]",
     "e2e_rank_asked_without_a_group": "test_debug_dir_without_a_process_group_is_rank0",
+    "all_to_all_api_reads_rows_of_a_0d_input":
+        "test_bad_input_is_refused[all_to_all_of_0d_equal_splits]",
+    "python_two_shot_status_ignored":
+        "test_a_call_that_differs_between_ranks_fails_on_every_rank_naming_the_rank",
+    "grant_keyed_by_the_callers_lists":
+        "test_persistent_allocation_boundaries_and_its_three_refusals",
+    "last_request_recorded_under_rank_0": "test_disagreeing_rank_lists_end_in_an_error",
+    "checks_switch_ignored":
+        "test_set_collective_checks_false_switches_the_check_off_whatever_the_environment",
+    "in_place_coalesced_all_reduce_unchecked":
+        "test_mismatched_calls_raise_on_every_rank[all_reduce_coalesced_-shapes]",
     "e2e_memory_plan_not_written": "test_debug_dir_has_every_stage_of_every_graph",
     "e2e_chrome_trace_not_written": "test_debug_dir_has_every_stage_of_every_graph",
     "e2e_svg_not_written": "test_debug_dir_has_every_stage_of_every_graph",

@@ -548,6 +548,7 @@ BAD_INPUTS = {
     "all_gather_of_0d": ("FC-20", V, ["dim"]),
     "raw_all_gather_of_0d": ("FC-20", V, ["dim"]),
     "raw_reduce_scatter_of_0d": ("FC-20", V, ["dim"]),
+    "all_to_all_of_0d_equal_splits": ("FC-21", V, ["input", "dim"]),
     "unequal_rank_rows": ("FC-15", V, ["group", "size"]),
     "duplicate_ranks": ("FC-15", V, ["group", "duplicate"]),
     "rank_repeated_across_rows": ("FC-15", V, ["group", "duplicate"]),
@@ -629,6 +630,8 @@ def _bad_call(fc, name):
         "raw_all_gather_of_0d": lambda: fc.ops.all_gather_into_tensor(torch.tensor(1.0), n, g),
         "raw_reduce_scatter_of_0d": lambda: fc.ops.reduce_scatter_tensor(
             torch.tensor(1.0), "sum", n, g),
+        "all_to_all_of_0d_equal_splits": lambda: fc.all_to_all_single(torch.tensor(1.0), None,
+                                                                      None, world),
         "unequal_rank_rows": lambda: fc.all_reduce(x, "sum", [[0, 1], [2]]),
         "duplicate_ranks": lambda: fc.all_reduce(x, "sum", [0, 0, 1]),
         "rank_repeated_across_rows": lambda: fc.all_reduce(x, "sum", [[0, 1], [1, 0]]),
@@ -1024,6 +1027,8 @@ MISMATCHES = {
         torch.ones(2 + me), "sum", fc.resolve_group_name(g))),
     "all_reduce_coalesced-shapes": ("shape", lambda fc, me, g: fc.all_reduce_coalesced(
         [torch.ones(2), torch.ones(2 + me)], "sum", g)[1]),
+    "all_reduce_coalesced_-shapes": ("shape", lambda fc, me, g: fc.ops.all_reduce_coalesced_(
+        [torch.ones(2), torch.ones(2 + me)], "sum", fc.resolve_group_name(g))[1]),
     "all_gather-shapes": ("shape", lambda fc, me, g: fc.all_gather_tensor(
         torch.ones(2, 1 + me), 0, g)),
     "all_gather_out-shapes": ("shape", lambda fc, me, g: fc.ops.all_gather_into_tensor_out(
@@ -1121,6 +1126,32 @@ def test_set_collective_checks_takes_a_positive_timeout_and_uses_it(backend):
     assert seconds < 4, f"named after {seconds:.1f} s: the 0.5 s given was not used"
 
 
+def _checks_switched_off(spec):
+    os.environ["REFIMPL_CHECK_COLLECTIVES"] = "1"  # what set_collective_checks overrides
+    fc = funcol_api(spec)
+    group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=20))
+    fc.set_collective_checks(False, timeout_s=0.5)
+    if dist.get_rank() == 1:
+        time.sleep(2.0)  # comes late: a check on rank 0 would give up after 0.5 s
+    result = []
+    outcome = _error(lambda: result.append(waited(fc.all_reduce(torch.ones(2), "sum",
+                                                                group))))
+    return outcome, [t.tolist() for t in result]
+
+
+@pytest.mark.spec("FC-28")
+def test_set_collective_checks_false_switches_the_check_off_whatever_the_environment(
+        backend):
+    """With `REFIMPL_CHECK_COLLECTIVES=1`, `set_collective_checks(False)` on every rank:
+    rank 1 comes to the all_reduce 2 s late, rank 0 waits in the collective itself (no
+    check gives up after its 0.5 s), and both get the sum."""
+    backend.require("functional_collectives", "set_collective_checks")
+    for rank, (outcome, result) in enumerate(run(backend, _checks_switched_off, 2, timeout=60,
+                                                 restart_after=True)):
+        assert outcome[0] == "no error", f"rank {rank}: {outcome[0]} {outcome[1]}"
+        assert result == [[2.0, 2.0]], f"rank {rank}: {result}"
+
+
 # ---- FC-29: a peer that dies or never comes during the collective ----------------------
 def _peer_dies(spec, dies):
     os.environ["REFIMPL_CHECK_COLLECTIVES"] = "0"  # the failure is the backend's, not a check's
@@ -1168,6 +1199,10 @@ def test_disagreeing_rank_lists_end_in_an_error(backend):
         assert exc_type != "no error", f"{where}: no error"
         assert str(sorted(mine)) in message and f"rank {other}" in message, \
             f"{where}: the message names neither its list nor rank {other}: {message}"
+        theirs = sorted([other, (other + 1) % 3])
+        assert str(theirs) in message, \
+            f"{where}: the message does not name the list rank {other} asked for, {theirs}: " \
+            f"{message}"
         assert seconds < 15, f"{where}: took {seconds:.1f} s"
 
 

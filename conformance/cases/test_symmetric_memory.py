@@ -689,6 +689,8 @@ def _mismatched_calls(spec: str):
     rank = dist.get_rank()
     buf = sm.empty(16, dtype=torch.float32, device=device)
     buf.fill_(rank + 1)
+    fresh = sm.empty(16, dtype=torch.float32, device=device)
+    fresh.fill_(rank + 1)
 
     calls = [
         # rank 2 passes fewer elements
@@ -710,6 +712,9 @@ def _mismatched_calls(spec: str):
         lambda: sm.ops.one_shot_all_reduce_pointwise(buf[(rank == 2):][:8],
                                                      torch.ones(8, device=device), "sum",
                                                      group, "mul 2.0", ""),
+        # two-shot as the first call on an allocation (its rendezvous inside the call):
+        # rank 2 asks for another reduce op
+        lambda: sm.ops.two_shot_all_reduce_(fresh[:8], "min" if rank == 2 else "max", group),
     ]
     messages = [_refusal(call, whole=True) for call in calls]
     buf.fill_(rank + 1)  # the pointwise call wrote its input
@@ -723,7 +728,7 @@ def test_a_call_that_differs_between_ranks_fails_on_every_rank_naming_the_rank(b
     world = 3
     for rank, (messages, after) in enumerate(run(backend, _mismatched_calls, world)):
         named = [m and m.split(";")[1].split()[1] for m in messages]
-        assert named == ["2", "1", "1", "2", "1", "1", "2"], (rank, messages)
+        assert named == ["2", "1", "1", "2", "1", "1", "2", "2"], (rank, messages)
         assert all(m.startswith("input:") and "[SM-20]" in m for m in messages), messages
         assert "8 elements" in messages[0] and "9 elements" in messages[0]
         assert after == [6.0] * 4, "the ranks stay in step after a refused call"
@@ -1071,6 +1076,17 @@ def _persistent_boundaries(spec: str, alloc_id: int):
         relaid.append(None)
     except ValueError as exc:
         relaid.append(str(exc).split(":")[0])
+    # Lists the caller changes in place after a grant: each request is judged by the values
+    # its lists hold when it is made (a remembered request must not be the caller's list).
+    sizes, strides = [16], [1]
+    held = new(sizes, strides, torch.float32, device, group, alloc_id=alloc_id)
+    del held
+    sizes[0] = 17
+    changed = [refused(new, sizes, strides, torch.float32, device, group, alloc_id=alloc_id)]
+    sizes[:], strides[:] = [4, 4], [1, 4]
+    relaid_in_place = new(sizes, strides, torch.float32, device, group, alloc_id=alloc_id)
+    changed += [tuple(relaid_in_place.shape), relaid_in_place.stride()]
+    del relaid_in_place
     ends = []
     for edge in (0, 2**64 - 1):
         ends.append(new((1,), (1,), torch.int8, device, group, alloc_id=edge).numel())
@@ -1080,7 +1096,7 @@ def _persistent_boundaries(spec: str, alloc_id: int):
             ends.append(None)
         except ValueError as exc:
             ends.append(str(exc).split(":")[0])
-    return answers, same, relaid, ends
+    return answers, same, relaid, ends, changed
 
 
 @pytest.mark.spec("SM-3", "SM-4")
@@ -1088,12 +1104,14 @@ def test_persistent_allocation_boundaries_and_its_three_refusals(backend):
     backend.require(CONCEPT, "empty_strided_p2p")
     results = run(backend, _persistent_boundaries, 2, 0xC0FFEE)
     five_as_int32 = struct.unpack("<i", struct.pack("<f", 5.0))[0]
-    for answers, same, relaid, ends in results:
+    for answers, same, relaid, ends, changed in results:
         assert answers == [("RuntimeError", True)] * 4 + [("ValueError", True)] * 3
         assert same == (True, True), "the same memory, contents kept"
         assert relaid == ["torch.int32", (16,), True, five_as_int32,
                           "torch.float32", (16,), 5.0, "device"], "each request's own layout"
         assert ends == [1, 1, "alloc_id", "alloc_id"]
+        assert changed == [("ValueError", True), (4, 4), (1, 4)], \
+            f"requests by lists changed in place after a grant: {changed}"
 
 
 def _handle_lookup_and_segments(spec: str):
