@@ -15,7 +15,7 @@ import os
 from conformance.backends import NotImplementedConcept, get_backend
 from refimpl.multiprocess import RankError, run_on_ranks, shutdown
 
-__all__ = ["run", "backend_in_rank", "NotImplementedConcept"]
+__all__ = ["run", "backend_in_rank", "fresh_ranks", "NotImplementedConcept"]
 
 # run_on_ranks forwards REFIMPL_* variables to every rank with each task. Peers of a
 # case reach each collective within milliseconds; 10 s bounds a wait for one that never
@@ -47,3 +47,9 @@ def run(backend, fn, world_size: int, *args, restart_after: bool = False, **kwar
     finally:
         if restart_after:
             shutdown(world_size)
+
+
+def fresh_ranks(world_size: int) -> None:
+    """Stop the ranks of this world size, so the next `run` starts new processes: for a
+    case whose setting (a REFIMPL_* variable) is read once, when a module is imported."""
+    shutdown(world_size)

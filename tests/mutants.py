@@ -1077,6 +1077,12 @@ SM = [
            "the Python two-shot kernel (a call the C++ kernel hands over: the first on an "
            "allocation) drops the kernel's status: a mismatch between ranks returns "
            "whatever the buffer holds"),
+    Mutant("python_kernels_switch_ignored", "SM-18", "refimpl/symmetric_memory.py",
+           '''    if os.environ.get("REFIMPL_SYMM_MEM_NATIVE_OPS", "1") == "0":
+        return None
+''', "",
+           "REFIMPL_SYMM_MEM_NATIVE_OPS=0 not read: the Python kernels, which serve CPU "
+           "wherever the C++ ones cannot be built, never run a whole call in any check"),
     Mutant("grant_keyed_by_the_callers_lists", "SM-4", "refimpl/symmetric_memory.py",
            "    size, stride = tuple(size), tuple(stride)\n", "",
            "the sizes kept as the caller gave them: the last grant remembers the caller's "
@@ -1726,6 +1732,7 @@ CATCHING_CASE: dict[str, str] = {
         "test_bad_input_is_refused[all_to_all_of_0d_equal_splits]",
     "python_two_shot_status_ignored":
         "test_a_call_that_differs_between_ranks_fails_on_every_rank_naming_the_rank",
+    "python_kernels_switch_ignored": "test_the_python_kernels_serve_cpu_with_the_same_results",
     "grant_keyed_by_the_callers_lists":
         "test_persistent_allocation_boundaries_and_its_three_refusals",
     "last_request_recorded_under_rank_0": "test_disagreeing_rank_lists_end_in_an_error",

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conformance.harness import backend_in_rank, run
+from conformance.harness import backend_in_rank, fresh_ranks, run
 
 CONCEPT = "symmetric_memory"
 # Waits without a timeout argument (the ops) end after this where the backend lets a
@@ -252,8 +252,13 @@ def test_one_shot_and_two_shot_sum_are_bitwise_the_rank_order_reference(backend,
     backend.require(CONCEPT, "empty", "ops")
     numel = 4099  # not a multiple of the group size, nor of any vector width
     results = run(backend, _all_reduces, world, dtype_name, numel)
-    dtype = getattr(torch, dtype_name)
-    want = _reference_sum([_rank_input(r, dtype, numel) for r in range(world)])
+    check_all_reduces(results, getattr(torch, dtype_name), numel)
+
+
+def check_all_reduces(results, dtype, numel: int) -> None:
+    """Every rank's one-shot, out= and two-shot sums of `_all_reduces` are the rank-order
+    reference, bit for bit, and one-shot left its input as it was."""
+    want = _reference_sum([_rank_input(r, dtype, numel) for r in range(len(results))])
     for rank, (one, out, two, unchanged) in enumerate(results):
         assert torch.equal(one, want), f"one-shot on rank {rank}"
         assert torch.equal(out, want), f"one-shot out= on rank {rank}"
@@ -725,13 +730,46 @@ def _mismatched_calls(spec: str):
 @pytest.mark.spec("SM-14", "SM-20")
 def test_a_call_that_differs_between_ranks_fails_on_every_rank_naming_the_rank(backend):
     backend.require(CONCEPT, "empty", "ops")
-    world = 3
-    for rank, (messages, after) in enumerate(run(backend, _mismatched_calls, world)):
+    check_mismatches(run(backend, _mismatched_calls, 3))
+
+
+def check_mismatches(results) -> None:
+    """Every call of `_mismatched_calls` failed on every rank, naming the rank that
+    differs, and the ranks stayed in step."""
+    for rank, (messages, after) in enumerate(results):
         named = [m and m.split(";")[1].split()[1] for m in messages]
         assert named == ["2", "1", "1", "2", "1", "1", "2", "2"], (rank, messages)
         assert all(m.startswith("input:") and "[SM-20]" in m for m in messages), messages
         assert "8 elements" in messages[0] and "9 elements" in messages[0]
         assert after == [6.0] * 4, "the ranks stay in step after a refused call"
+
+
+def _ops_in_use(spec: str):
+    sm = backend_in_rank(spec).require(CONCEPT)
+    info = getattr(sm, "kernel_build_info", None)
+    return info()["ops"] if info is not None else None
+
+
+@pytest.mark.spec("SM-18", "SM-14", "SM-15", "SM-20")
+def test_the_python_kernels_serve_cpu_with_the_same_results(backend, monkeypatch):
+    """`REFIMPL_SYMM_MEM_NATIVE_OPS=0` keeps the Python kernels on CPU, as on a machine
+    that cannot build the C++ ones; it is read when a rank defines the ops, so the case
+    starts fresh ranks, and ends them after. Those kernels give the native cases' results:
+    the sums bit for bit, every mismatch refused on every rank naming the rank. (Other
+    backends ignore the variable: the case checks their ops once more.)"""
+    backend.require(CONCEPT, "empty", "ops")
+    monkeypatch.setenv("REFIMPL_SYMM_MEM_NATIVE_OPS", "0")
+    world, numel = 3, 4099
+    fresh_ranks(world)
+    try:
+        in_use = run(backend, _ops_in_use, world)
+        values = run(backend, _all_reduces, world, "float32", numel)
+        mismatches = run(backend, _mismatched_calls, world)
+    finally:
+        fresh_ranks(world)  # the next case's ranks define the ops afresh
+    assert set(in_use) <= {"python", None}, f"kernels in use: {in_use}"
+    check_all_reduces(values, torch.float32, numel)
+    check_mismatches(mismatches)
 
 
 def _bounds(spec: str):
