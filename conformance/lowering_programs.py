@@ -269,6 +269,15 @@ def ar_pointwise_source_written_through_a_view(fc, x):
     return fc.all_reduce(y, "sum", WORLD) + x
 
 
+def ar_pointwise_source_written_by_a_foreach(fc, x):
+    """`x * 2` reads x before `_foreach_add_` writes a list that holds x and another
+    tensor: no prologue."""
+    z = x - 1
+    y = x * 2
+    torch._foreach_add_([z, x], 1.0)
+    return fc.all_reduce(y, "sum", WORLD) + x + z
+
+
 def ar_pointwise_other_buffer_written(fc, x):
     """An in-place op and a multi-output op (an FX `getitem`, no ATen op) between the
     prologue and the all_reduce write other buffers: the prologue is fused all the same."""
@@ -298,7 +307,8 @@ PROGRAMS = {f.__name__: f for f in [
     ar_pointwise_chains, ar_pointwise_shared_step, ar_pointwise_result_read_twice,
     ar_pointwise_epilogue_step_read_twice, ar_pointwise_alpha, ar_pointwise_bool,
     ar_pointwise_inexact_int, ar_pointwise_other_dtype, ar_pointwise_source_written,
-    ar_pointwise_source_written_through_a_view, ar_pointwise_other_buffer_written,
+    ar_pointwise_source_written_through_a_view, ar_pointwise_source_written_by_a_foreach,
+    ar_pointwise_other_buffer_written,
     ar_pointwise_int32,
 ]}
 

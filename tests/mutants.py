@@ -352,6 +352,17 @@ FC = [
 # --------------------------------------------------------------------------------------
 _CL = "refimpl/comm_lowering.py"
 CL = [
+    Mutant("prologue_source_written_by_every_listed_tensor_only", "CL-17", _CL,
+           "and any(_base(n) is base for n in _fx.node_args(bound[a.name]))",
+           "and all(_base(n) is base for n in _fx.node_args(bound[a.name]))",
+           "any written as all: an op that writes a list (a _foreach_ op) holding the "
+           "prologue's source and another tensor is not seen to write the source, and the "
+           "prologue moves past it"),
+    Mutant("lowering_marks_no_fuse_by_default", "CL-2", _CL,
+           "reorder_for_compute_comm_overlap: bool = False",
+           "reorder_for_compute_comm_overlap: bool = True",
+           "the config's default switched on: every clone of a plain lowering is marked "
+           "not to fuse, as if a reorder pass followed"),
     Mutant("group_of_no_group_not_checked", "CL-16", _CL,
            '        group_ranks(args["group_name"])\n', "        pass\n",
            "lower does not look up each collective's group: a name of no group is refused "
@@ -1736,6 +1747,10 @@ CATCHING_CASE: dict[str, str] = {
     "grant_keyed_by_the_callers_lists":
         "test_persistent_allocation_boundaries_and_its_three_refusals",
     "last_request_recorded_under_rank_0": "test_disagreeing_rank_lists_end_in_an_error",
+    "lowering_marks_no_fuse_by_default":
+        "test_clone_is_marked_no_fuse_only_under_overlap_reordering[default]",
+    "prologue_source_written_by_every_listed_tensor_only":
+        "test_pointwise_chains_run_in_the_one_shot_kernel[ar_pointwise_source_written_by_a_foreach]",
     "checks_switch_ignored":
         "test_set_collective_checks_false_switches_the_check_off_whatever_the_environment",
     "in_place_coalesced_all_reduce_unchecked":

@@ -741,14 +741,17 @@ def test_the_lowered_program_is_called_as_any_module(backend, fake_world):
 
 
 @pytest.mark.spec("CL-2")
-@pytest.mark.parametrize("reorder", [False, True], ids=["plain", "reorder_for_overlap"])
+@pytest.mark.parametrize("reorder", [None, False, True],
+                         ids=["default", "plain", "reorder_for_overlap"])
 def test_clone_is_marked_no_fuse_only_under_overlap_reordering(backend, fake_world, reorder):
+    """None: the config's default, which CL-1 says is off."""
     ns = backend.require("lowering", "lowered_graph")
     fc = backend.require("functional_collectives")
+    options = {} if reorder is None else {"reorder_for_compute_comm_overlap": reorder}
     gm = ns.lowered_graph(functools.partial(PROGRAMS["ar_graph_input"], fc),
-                          inputs_for(0, [(4,)]), {"reorder_for_compute_comm_overlap": reorder})
+                          inputs_for(0, [(4,)]), options)
     (clone,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.clone.default]
-    assert clone.meta.get("no_fuse", False) is reorder
+    assert clone.meta.get("no_fuse", False) is bool(reorder)
 
 
 # ---- What lower MUST refuse --------------------------------------------------------------
@@ -923,6 +926,16 @@ return %6"""),  # noqa: E501
 %5 = symm_mem.one_shot_all_reduce(%2, 'sum', ranks[0,1]) : f32[4]
 %6 = aten.add.Tensor(%5, %0) : f32[4]
 return %6"""),  # noqa: E501
+    "ar_pointwise_source_written_by_a_foreach": ("_foreach_add_ writes a list holding x between x * 2 and the all_reduce", """\
+%0 = input : f32[4]
+%1 = aten.sub.Tensor(%0, 1) : f32[4]
+%2 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 845566470382631769) : f32[4]
+%3 = aten.mul.out(%0, 2, out=%2) : f32[4]
+%4 = aten._foreach_add_.Scalar([%1, %0], 1.0) : none
+%5 = symm_mem.one_shot_all_reduce(%3, 'sum', ranks[0,1]) : f32[4]
+%6 = aten.add.Tensor(%5, %0) : f32[4]
+%7 = aten.add.Tensor(%6, %1) : f32[4]
+return %7"""),  # noqa: E501
     "ar_pointwise_other_buffer_written": ("an in-place op and a getitem on other buffers do not stop the prologue", """\
 %0 = input : f32[4]
 %1 = aten.sub.Tensor(%0, 1) : f32[4]
