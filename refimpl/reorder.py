@@ -512,9 +512,13 @@ class _Scheduler:
                 self._ready(block)
         while self.done < len(self.blocks):
             self._refresh_stalls()
+            placed_before = len(self.order)
             if not (self._raise_collective() or self._fill() or self._follow_original()
                     or self._last_resort()):
                 self._stuck()
+            if len(self.order) == placed_before:  # every step that succeeds places a node
+                raise AssertionError("reorder: a step claimed progress but placed nothing "
+                                     "(a bug: the loop would never end)")
         return self.order
 
     def _raise_collective(self) -> bool:

@@ -669,6 +669,11 @@ BK = [
 # --------------------------------------------------------------------------------------
 _RO = "refimpl/reorder.py"
 RO = [
+    Mutant("raise_step_starts_as_placed", "RO-10", "refimpl/reorder.py",
+           'queue, kept, placed = self.queues["collective"], [], False',
+           'queue, kept, placed = self.queues["collective"], [], True',
+           "the raise step's flag starts true: it claims a placement it never made, and "
+           "the scheduler's loop would spin for ever (the loop's progress check ends it)"),
     Mutant("last_resort_takes_a_block_of_another_queue", "RO-8", "refimpl/reorder.py",
            "if not block.placed and block.queued == name and \\\n",
            "if not block.placed and block.queued != name and \\\n",
@@ -1751,6 +1756,8 @@ CATCHING_CASE: dict[str, str] = {
         "test_clone_is_marked_no_fuse_only_under_overlap_reordering[default]",
     "prologue_source_written_by_every_listed_tensor_only":
         "test_pointwise_chains_run_in_the_one_shot_kernel[ar_pointwise_source_written_by_a_foreach]",
+    "raise_step_starts_as_placed":
+        "test_every_order_keeps_the_rules[fsdp_forward-budget=inf-all_gather=1]",
     "checks_switch_ignored":
         "test_set_collective_checks_false_switches_the_check_off_whatever_the_environment",
     "in_place_coalesced_all_reduce_unchecked":
