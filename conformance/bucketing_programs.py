@@ -472,6 +472,30 @@ def bad_graph(spec: str, name: str) -> tuple[str, str, str]:
     return "no error", "", bad.name
 
 
+def symbolic_candidates(spec: str, shape: tuple) -> tuple[str, str, str]:
+    """On a rank: bucket two all_gathers of a graph traced with symbolic sizes (dims of
+    size 1 stay static, so `(4, 1)` gives a shape of one symbol and one int); (exception
+    type, message, the first candidate's name), or ("no error", "", ...) (BK-1)."""
+    from conformance.harness import backend_in_rank
+
+    backend = backend_in_rank(spec)
+    fc = backend.require("functional_collectives")
+    bucketing = backend.require("bucketing", "bucket_all_gather")
+    name, size = fc.resolve_group_name(dist.group.WORLD), dist.get_world_size()
+
+    def two_gathers(a, b):
+        return [fc.ops.wait_tensor(fc.ops.all_gather_into_tensor(t, size, name))
+                for t in (a, b)]
+
+    gm = make_fx(two_gathers, tracing_mode="symbolic")(torch.ones(shape), torch.ones(shape))
+    first = next(n for n in gm.graph.nodes if "all_gather" in str(n.target))
+    try:
+        bucketing.bucket_all_gather(gm, cap_fn(25))
+    except Exception as exc:  # the case judges the type and the message
+        return type(exc).__name__, str(exc), first.name
+    return "no error", "", first.name
+
+
 BAD_ARGUMENTS = {
     # name: (pass, the error, the argument it must name)
     "not_a_graph_module": ("bucket_all_gather", "TypeError", "gm"),

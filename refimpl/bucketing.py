@@ -140,6 +140,7 @@ def _check_call(node: torch.fx.Node, kind: Kind, groups: _Groups) -> _Call:
     if not isinstance(inp, torch.fx.Node):
         raise ValueError(f"gm: node {node.name!r}: input is {type(inp).__name__}, not a node "
                          f"of the graph [BK-16]")
+    _val(node)  # the candidate's own value first, so a refusal names the candidate
     _val(inp)
     return _Call(inp, args["group_name"], size, ranks, reduce_op)
 

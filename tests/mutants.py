@@ -550,6 +550,11 @@ CL = [
 # --------------------------------------------------------------------------------------
 _BK = "refimpl/bucketing.py"
 BK = [
+    Mutant("static_size_checked_on_any_dim", "BK-1", "refimpl/bucketing.py",
+           "if not all(isinstance(s, int) for s in val.shape):",
+           "if not any(isinstance(s, int) for s in val.shape):",
+           "any for all: a candidate with one symbolic dim beside a static one passes as "
+           "static, and its byte size is a symbol"),
     Mutant("second_pass_reuses_the_largest_index", "BK-17", _BK,
            "    return max(used) + 1 if used else 0\n", "    return max(used) if used else 0\n",
            "a later pass numbers its buckets from the largest index there, not after it"),
@@ -1758,6 +1763,8 @@ CATCHING_CASE: dict[str, str] = {
         "test_pointwise_chains_run_in_the_one_shot_kernel[ar_pointwise_source_written_by_a_foreach]",
     "raise_step_starts_as_placed":
         "test_every_order_keeps_the_rules[fsdp_forward-budget=inf-all_gather=1]",
+    "static_size_checked_on_any_dim":
+        "test_a_candidate_of_symbolic_size_is_refused_naming_it[one_dim_symbolic]",
     "checks_switch_ignored":
         "test_set_collective_checks_false_switches_the_check_off_whatever_the_environment",
     "in_place_coalesced_all_reduce_unchecked":

@@ -26,6 +26,7 @@ from conformance.bucketing_programs import (
     conformance_case,
     log_records,
     padded_reduce_scatter,
+    symbolic_candidates,
 )
 
 AG, RS, AR = "bucket_all_gather", "bucket_reduce_scatter", "bucket_all_reduce"
@@ -547,6 +548,20 @@ def test_bad_candidates_are_refused_naming_the_node(backend, name):
     for rank, (exc_type, message, node) in enumerate(_bad_graph_outcome(backend.spec, name)):
         assert exc_type == "ValueError", f"rank {rank}: {exc_type} {message}"
         for word in ("gm", node, argument):
+            assert word in message, f"rank {rank}: {message!r} does not name {word!r}"
+
+
+@pytest.mark.spec("BK-1")
+@pytest.mark.parametrize("shape", [(4,), (4, 1)], ids=["every_dim_symbolic", "one_dim_symbolic"])
+def test_a_candidate_of_symbolic_size_is_refused_naming_it(backend, shape):
+    """A graph traced with symbolic sizes: every dim a symbol, or one symbol beside a
+    static dim (the pass must look at every dim, not at any)."""
+    backend.require("functional_collectives")
+    backend.require("bucketing", "bucket_all_gather")
+    for rank, (exc_type, message, node) in enumerate(
+            harness.run(backend, symbolic_candidates, 2, shape)):
+        assert exc_type == "ValueError", f"rank {rank}: {exc_type} {message}"
+        for word in ("gm", node, "BK-1"):
             assert word in message, f"rank {rank}: {message!r} does not name {word!r}"
 
 
