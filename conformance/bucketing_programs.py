@@ -260,10 +260,30 @@ def waited_through_a_view(fc, dtype, group=WORLD):
     return step, xs
 
 
+def ops_on_transposed_views(fc, dtype, group=WORLD):
+    """The ops themselves (the API copies its input first, the ops do not) on transposed
+    views: dim 0 of each input is a column of the tensor in memory."""
+    pg = group_of(group)
+    n = pg.size()
+    me = dist.get_rank()
+    name = fc.resolve_group_name(pg)
+    xs = [rank_input(me, (2, 2 * n), dtype, 60 + i) for i in range(2)] + \
+        [rank_input(me, (3, 2), dtype, 62 + i) for i in range(2)]
+
+    def step(a, b, c, d):
+        scattered = [fc.ops.wait_tensor(fc.ops.reduce_scatter_tensor(t.t(), "sum", n, name))
+                     for t in (a, b)]
+        gathered = [fc.ops.wait_tensor(fc.ops.all_gather_into_tensor(t.t(), n, name))
+                    for t in (c, d)]
+        return [t + 1 for t in scattered + gathered]
+
+    return step, xs
+
+
 PROGRAMS = {f.__name__: f for f in (fsdp_all_gather, fsdp_reduce_scatter, interleaved, chain,
                                     mixed_dtypes, other_dims, all_reduces, keyed,
                                     cross_key_cycle, three_key_chain, with_out_variant,
-                                    waited_through_a_view)}
+                                    waited_through_a_view, ops_on_transposed_views)}
 
 
 # --------------------------------------------------------------------------------------
@@ -425,7 +445,9 @@ def padded_reduce_scatter(spec: str, shapes) -> dict:
     gm = _graph_of_calls(fc, calls, FakeTensorMode())
     bucketing.bucket_reduce_scatter(gm, cap_fn(25))
     inputs = [rank_input(me, s, torch.float32, salt=80 + i) for i, s in enumerate(shapes)]
-    return {"got": [t.clone() for t in gm(*inputs)], "collectives": collective_count(gm)}
+    checker = MetaChecker(gm)
+    got = [t.clone() for t in checker.run(*inputs)]
+    return {"got": got, "collectives": collective_count(gm), "untrue_meta": checker.report()}
 
 
 W = "WORLD"  # stands for the default group's name, known only on the rank

@@ -550,6 +550,17 @@ CL = [
 # --------------------------------------------------------------------------------------
 _BK = "refimpl/bucketing.py"
 BK = [
+    Mutant("padding_meta_keeps_the_first_dim", "BK-7", "refimpl/bucketing.py",
+           "                         val=b.fake([rows, *val.shape[1:]], val.dtype))",
+           "                         val=b.fake([rows, *val.shape[:]], val.dtype))",
+           "[:] for [1:]: the padded input's meta val has the padded rows and then every "
+           "dim of the input again"),
+    Mutant("reduce_scatter_member_strides_ignored", "BK-10", "refimpl/bucketing.py",
+           '        if not inp.meta["val"].is_contiguous():\n'
+           "            inp = b.call(aten.clone.default",
+           "        if False:\n            inp = b.call(aten.clone.default",
+           "a member's input laid out as [group size, -1] by a view whatever its strides: "
+           "a transposed input fails, where the op would have read it in logical order"),
     Mutant("static_size_checked_on_any_dim", "BK-1", "refimpl/bucketing.py",
            "if not all(isinstance(s, int) for s in val.shape):",
            "if not any(isinstance(s, int) for s in val.shape):",
@@ -1765,6 +1776,9 @@ CATCHING_CASE: dict[str, str] = {
         "test_every_order_keeps_the_rules[fsdp_forward-budget=inf-all_gather=1]",
     "static_size_checked_on_any_dim":
         "test_a_candidate_of_symbolic_size_is_refused_naming_it[one_dim_symbolic]",
+    "padding_meta_keeps_the_first_dim": "test_padded_reduce_scatter_gives_each_rank_its_chunk[2]",
+    "reduce_scatter_member_strides_ignored":
+        "test_ops_on_transposed_views_are_bucketed_in_their_logical_order[bucket_reduce_scatter]",
     "checks_switch_ignored":
         "test_set_collective_checks_false_switches_the_check_off_whatever_the_environment",
     "in_place_coalesced_all_reduce_unchecked":
