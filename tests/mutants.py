@@ -1115,6 +1115,29 @@ SM = [
 ''', "",
            "REFIMPL_SYMM_MEM_NATIVE_OPS=0 not read: the Python kernels, which serve CPU "
            "wherever the C++ ones cannot be built, never run a whole call in any check"),
+    Mutant("view_sizes_checked_on_all_dims_at_once", "SM-8", "refimpl/symmetric_memory.py",
+           "if any(not isinstance(s, int) or s < 0 for s in sizes):",
+           "if all(not isinstance(s, int) or s < 0 for s in sizes):",
+           "all for any: a view's sizes are refused only when every one is bad"),
+    Mutant("strides_checked_on_all_dims_at_once", "SM-3", "refimpl/symmetric_memory.py",
+           "if len(stride) != len(size) or any(not isinstance(s, int) or s < 0 for s in stride):",
+           "if len(stride) != len(size) or all(not isinstance(s, int) or s < 0 for s in stride):",
+           "all for any: one negative stride beside a good one passes"),
+    Mutant("empty_only_when_every_dim_is_0", "SM-3", "refimpl/symmetric_memory.py",
+           "    if any(s == 0 for s in size):\n        return 0\n",
+           "    if all(s == 0 for s in size):\n        return 0\n",
+           "all for any: a (4, 0) tensor spans its other dims' elements of storage"),
+    Mutant("rendezvous_names_the_highest_missing_rank", "SM-11", "refimpl/symmetric_memory.py",
+           "missing[0] if missing else -1) from None",
+           "missing[-1] if missing else -1) from None",
+           "[-1] for [0]: of two ranks that never came, the timeout's peer is the higher"),
+    Mutant("persistent_owner_made_in_the_callers_mode", "SM-4", "refimpl/symmetric_memory.py",
+           "        with torch.inference_mode(False):  # it outlives the call: autograd may "
+           "see it later",
+           "        if True:  # it outlives the call: autograd may see it later",
+           "the tensor over a persistent allocation made in whatever mode the first caller "
+           "ran: made under inference mode, it is an inference tensor for every later "
+           "request, which autograd refuses to save"),
     Mutant("grant_keyed_by_the_callers_lists", "SM-4", "refimpl/symmetric_memory.py",
            "    size, stride = tuple(size), tuple(stride)\n", "",
            "the sizes kept as the caller gave them: the last grant remembers the caller's "
@@ -1476,7 +1499,7 @@ CATCHING_CASE: dict[str, str] = {
     "dropped_allocation_keeps_its_file": "test_a_dropped_allocation_closes_its_file",
     "reissue_ignores_a_direct_grant": "test_functions_and_ops_use_the_allocator_registered_now",
     "rendezvous_timeout_names_the_ranks_that_came":
-        "test_a_rendezvous_times_out_naming_the_rank_that_never_came",
+        "test_a_rendezvous_times_out_naming_the_rank_that_never_came[one_never_comes]",
     "repeated_request_on_another_device":
         "test_persistent_allocation_boundaries_and_its_three_refusals",
     "is_symm_mem_tensor_without_an_allocator":
@@ -1765,6 +1788,14 @@ CATCHING_CASE: dict[str, str] = {
     "python_two_shot_status_ignored":
         "test_a_call_that_differs_between_ranks_fails_on_every_rank_naming_the_rank",
     "python_kernels_switch_ignored": "test_the_python_kernels_serve_cpu_with_the_same_results",
+    "view_sizes_checked_on_all_dims_at_once":
+        "test_buffer_and_signal_pad_views_end_exactly_at_their_bounds",
+    "strides_checked_on_all_dims_at_once": "test_allocation_arguments_are_refused_naming_them",
+    "empty_only_when_every_dim_is_0": "test_allocation_arguments_are_refused_naming_them",
+    "rendezvous_names_the_highest_missing_rank":
+        "test_a_rendezvous_times_out_naming_the_rank_that_never_came[two_never_come]",
+    "persistent_owner_made_in_the_callers_mode":
+        "test_a_persistent_allocation_first_made_in_inference_mode_serves_autograd_later",
     "grant_keyed_by_the_callers_lists":
         "test_persistent_allocation_boundaries_and_its_three_refusals",
     "last_request_recorded_under_rank_0": "test_disagreeing_rank_lists_end_in_an_error",

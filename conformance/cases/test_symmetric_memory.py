@@ -230,6 +230,32 @@ def test_persistent_allocation_returns_the_same_memory_once_free(backend):
     assert run(backend, _persistent, 2, 0x5EED) == [(True, True)] * 2
 
 
+def _persistent_made_under_inference_mode(spec: str, alloc_id: int):
+    sm, group, device = _setup(spec, "empty_strided_p2p")
+    with torch.inference_mode():  # a compiled program run for inference asks first
+        first = sm.empty_strided_p2p((4,), (1,), torch.float32, device, group,
+                                     alloc_id=alloc_id)
+        first.fill_(2.0)
+    del first
+    again = sm.empty_strided_p2p((4,), (1,), torch.float32, device, group, alloc_id=alloc_id)
+    weight = torch.ones(4, requires_grad=True)
+    try:
+        (again * weight).sum().backward()  # autograd saves `again` for the gradient
+    except RuntimeError as exc:
+        return again.is_inference(), str(exc)
+    return again.is_inference(), weight.grad.tolist()
+
+
+@pytest.mark.spec("SM-4")
+def test_a_persistent_allocation_first_made_in_inference_mode_serves_autograd_later(backend):
+    """The memory outlives the call that first asked for it: asked again outside
+    inference mode, it is an ordinary tensor that autograd may save."""
+    backend.require(CONCEPT, "empty_strided_p2p")
+    for rank, result in enumerate(run(backend, _persistent_made_under_inference_mode, 2,
+                                      0x1F3)):
+        assert result == (False, [2.0] * 4), f"rank {rank}: {result}"
+
+
 def _all_reduces(spec: str, dtype_name: str, numel: int):
     sm, group, device = _setup(spec, "empty", "ops")
     rank = dist.get_rank()
@@ -306,7 +332,7 @@ def test_a_wait_times_out_naming_the_peer(backend):
     assert results[1] is None
 
 
-def _rendezvous_no_show(spec: str):
+def _rendezvous_no_show(spec: str, absent: tuple[int, ...]):
     sm, _, device = _setup(spec, "empty", "rendezvous", "SymmMemTimeout", "leaked_segments")
     # A group of its own: the failed rendezvous leaves this group's ranks out of step
     # (one rank rendezvoused once less), and no later case uses it.
@@ -315,8 +341,8 @@ def _rendezvous_no_show(spec: str):
     sm.enable_symm_mem_for_group(other)
     t = sm.empty(4, dtype=torch.float32, device=device)
     found = None
-    dist.barrier()  # ranks 0 and 2 start their waits together
-    if dist.get_rank() != 1:  # rank 1 never comes
+    dist.barrier()  # the ranks that come start their waits together
+    if dist.get_rank() not in absent:
         try:
             sm.rendezvous(t, other, timeout_ms=3_000)
         except sm.SymmMemTimeout as exc:
@@ -328,14 +354,21 @@ def _rendezvous_no_show(spec: str):
 
 
 @pytest.mark.spec("SM-11", "SM-12")
-def test_a_rendezvous_times_out_naming_the_rank_that_never_came(backend):
+@pytest.mark.parametrize("world, absent", [(3, (1,)), (4, (1, 2))],
+                         ids=["one_never_comes", "two_never_come"])
+def test_a_rendezvous_times_out_naming_the_rank_that_never_came(backend, world, absent):
+    """Every absent rank is named in the message, the lowest as `peer`."""
     backend.require(CONCEPT, "empty", "rendezvous", "SymmMemTimeout", "leaked_segments")
-    results = run(backend, _rendezvous_no_show, 3)
-    for rank in (0, 2):
+    results = run(backend, _rendezvous_no_show, world, absent)
+    for rank in range(world):
+        if rank in absent:
+            assert results[rank] == (None, []), (rank, results[rank])
+            continue
         (peer, message), mine = results[rank]
-        assert peer == 1 and re.search(r"\b1\b", message), (rank, message)
+        assert peer == min(absent), (rank, peer, message)
+        for missing in absent:
+            assert re.search(rf"\b{missing}\b", message), (rank, missing, message)
         assert mine == [], f"rank {rank} left its segment {mine} [SM-12]"
-    assert results[1] == (None, [])
 
 # --------------------------------------------------------------------------------------
 # The rank-order oracle of SM-15 for every dtype and reduce op (independent of any backend)
@@ -798,6 +831,7 @@ def _bounds(spec: str):
         _refusal(h.get_signal_pad, peer, storage_offset=h.signal_pad_size // 4 + 1),
         _refusal(h.get_buffer, world, (1,), torch.int16),
         _refusal(h.get_buffer, -1, (1,), torch.int16),
+        _refusal(h.get_buffer, peer, (2, -1), torch.int16),  # one size negative of two
     ]
     # writes through a peer's view land in that peer's buffer
     h.barrier()
@@ -813,7 +847,8 @@ def test_buffer_and_signal_pad_views_end_exactly_at_their_bounds(backend):
     for rank, (fits, over, written, pad) in enumerate(run(backend, _bounds, world)):
         assert fits == [(6,), (3,), (2,), (0,), (pad // 8,), (pad // 4,), (pad // 4 - 10,),
                         (0,)]
-        assert over == ["sizes/storage_offset"] * 5 + ["storage_offset", "rank", "rank"]
+        assert over == ["sizes/storage_offset"] * 5 + ["storage_offset", "rank", "rank",
+                                                       "sizes"]
         assert written == 100 + (rank - 1) % world
 
 
@@ -1382,12 +1417,19 @@ def test_allocation_arguments_are_refused_naming_them(backend):
     b = sm.empty_strided_p2p((2, 3), (0, 1), torch.float32, device)
     assert b.stride() == (0, 1) and b.untyped_storage().nbytes() == 12
     assert sm.empty(0, 4, device=device).numel() == 0
+    # No element, whichever dim is 0: at most one element of storage (a minimum an
+    # implementation may keep), not the span of the other dims.
+    for size in ((0, 4), (4, 0), (3, 0, 5)):
+        nbytes = sm.empty(*size, device=device).untyped_storage().nbytes()
+        assert nbytes <= 4, f"an empty {size} float32 tensor holds {nbytes} bytes"
     assert tuple(sm.empty((2, 3), device=device).shape) == (2, 3)  # a size sequence, as
     assert tuple(sm.empty([4], device=device).shape) == (4,)  # torch.empty takes one
     for call, arg in ((lambda: sm.empty(-1, 2, device=device), "size"),
                       (lambda: sm.empty(3, -2, device=device), "size"),
                       (lambda: sm.empty_strided_p2p((2,), (1, 1), torch.float32, device),
                        "stride"),
+                      (lambda: sm.empty_strided_p2p((2, 2), (2, -1), torch.float32, device),
+                       "stride"),  # one stride negative of two
                       (lambda: sm.empty(2**62, dtype=torch.float32, device=device), "size")):
         with pytest.raises(ValueError, match=rf"^{arg}: .*\[SM-3\]"):
             call()
