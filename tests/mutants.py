@@ -334,6 +334,11 @@ FC = [
            'store.set("refimpl-fc/group-last/0", wanted)',
            "every member records the list it asked for under rank 0's key: the timeout "
            "names the members missing but not the list each of them asked for"),
+    Mutant("rank_rows_told_by_any_row", "FC-15", "refimpl/functional_collectives.py",
+           "if group and all(isinstance(row, (list, tuple)) for row in group):",
+           "if group and any(isinstance(row, (list, tuple)) for row in group):",
+           "any for all: a list of a row and a rank is read as rows, and the rank's len() "
+           "fails with a TypeError naming no argument"),
     Mutant("checks_switch_ignored", "FC-28", "refimpl/functional_collectives.py",
            '    _checks["enabled"] = enabled\n', "",
            "set_collective_checks(False) leaves the environment in charge: a late peer still "
@@ -1810,6 +1815,7 @@ CATCHING_CASE: dict[str, str] = {
     "padding_meta_keeps_the_first_dim": "test_padded_reduce_scatter_gives_each_rank_its_chunk[2]",
     "reduce_scatter_member_strides_ignored":
         "test_ops_on_transposed_views_are_bucketed_in_their_logical_order[bucket_reduce_scatter]",
+    "rank_rows_told_by_any_row": "test_bad_input_is_refused[rows_mixed_with_ranks]",
     "checks_switch_ignored":
         "test_set_collective_checks_false_switches_the_check_off_whatever_the_environment",
     "in_place_coalesced_all_reduce_unchecked":

@@ -525,7 +525,7 @@ def test_work_registry(backend):
 
 
 # ---- FC-13..FC-22, FC-24, FC-27, FC-30: bad input is refused in eager -------------------
-V, VTR = (ValueError,), (ValueError, TypeError, RuntimeError)
+V, VT, VTR = (ValueError,), (ValueError, TypeError), (ValueError, TypeError, RuntimeError)
 BAD_INPUTS = {
     # name: (SPEC rule, exception types accepted, words the message must contain)
     "unknown_reduce_op": ("FC-17", V, ["reduce_op"]),
@@ -551,6 +551,7 @@ BAD_INPUTS = {
     "all_to_all_of_0d_equal_splits": ("FC-21", V, ["input", "dim"]),
     "unequal_rank_rows": ("FC-15", V, ["group", "size"]),
     "duplicate_ranks": ("FC-15", V, ["group", "duplicate"]),
+    "rows_mixed_with_ranks": ("FC-15", VT, ["group", "FC-15"]),
     "rank_repeated_across_rows": ("FC-15", V, ["group", "duplicate"]),
     "rank_is_world_size": ("FC-15", V, ["group", "outside"]),
     "negative_rank": ("FC-15", V, ["group", "-1"]),
@@ -634,6 +635,7 @@ def _bad_call(fc, name):
                                                                       None, world),
         "unequal_rank_rows": lambda: fc.all_reduce(x, "sum", [[0, 1], [2]]),
         "duplicate_ranks": lambda: fc.all_reduce(x, "sum", [0, 0, 1]),
+        "rows_mixed_with_ranks": lambda: fc.all_reduce(x, "sum", [[0, 1], 2]),
         "rank_repeated_across_rows": lambda: fc.all_reduce(x, "sum", [[0, 1], [1, 0]]),
         "rank_is_world_size": lambda: fc.all_reduce(x, "sum", [*range(n - 1), n]),
         "negative_rank": lambda: fc.all_reduce(x, "sum", [-1, *range(n)]),
