@@ -46,7 +46,7 @@ def run(backend, fn, world_size: int, *args, restart_after: bool = False, **kwar
         raise
     finally:
         if restart_after:
-            shutdown(world_size)
+            fresh_ranks(world_size)
 
 
 def fresh_ranks(world_size: int) -> None:

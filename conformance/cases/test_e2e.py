@@ -16,8 +16,10 @@ texts and from the backend's own record.
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import xml.etree.ElementTree as ET
 
 import pytest
 import torch
@@ -197,9 +199,6 @@ def check_program_files(folder, program: str, where: str) -> None:
     after every node (its output included), in the plan and as the trace's memory counter
     alike; one complete event per collective on a stream of its own; an SVG with a
     rectangle per event."""
-    import json
-    import xml.etree.ElementTree as ET
-
     nodes = len(program.splitlines())  # one line per node, `return` the last
     collectives = sum(families_in_text(program).values())
     plan = json.loads((folder / "memory_plan.json").read_text())
