@@ -49,13 +49,14 @@ def group_of(spec):
 # Programs. Each returns (function to trace, inputs for this rank).
 # --------------------------------------------------------------------------------------
 def fsdp_all_gather(fc, dtype, rows=(3, 5, 1, 4, 2, 6), cast=False, group=WORLD,
-                    cast_read_again=False, independent=False, source=torch.float32):
+                    cast_read_again=False, independent=False, source=torch.float32,
+                    read_again=0):
     """Params of uneven dim 0 gathered one by one, each used by compute after its wait.
 
     `cast`: each shard, of dtype `source`, is cast to `dtype` first (FSDP's mixed
-    precision); with `cast_read_again` the first cast is also returned, so it has a
-    second reader; with `independent`, compute that reads no gathered value follows each
-    gather.
+    precision); with `cast_read_again` the cast of shard `read_again` (the first) is
+    also returned, so it has a second reader; with `independent`, compute that reads no
+    gathered value follows each gather.
     """
     pg = group_of(group)
     me = dist.get_rank()
@@ -68,7 +69,7 @@ def fsdp_all_gather(fc, dtype, rows=(3, 5, 1, 4, 2, 6), cast=False, group=WORLD,
             x = shard.to(dtype) if cast else shard
             full = fc.all_gather_tensor(x, 0, pg)
             outs.append(full * 2 + 1)
-            if cast_read_again and i == 0:
+            if cast_read_again and i == read_again:
                 outs.append(x)
             if independent:
                 outs.append(shard * 5)
@@ -216,13 +217,14 @@ def three_key_chain(fc, dtype):
     """
     x_group, y_group, z_group = dist.group.WORLD, group_of(((0, 1),)), group_of(((1, 0),))
     me = dist.get_rank()
-    xs = [rank_input(me, (2,), dtype, salt=120 + i) for i in range(3)]
+    # Each key's members have their own size (X 2, Y 3, Z 4): the trace shows which merged.
+    xs = [rank_input(me, (n,), dtype, salt=120 + i) for i, n in enumerate((2, 3, 4))]
 
     def step(a, b, c):
         x1 = fc.all_gather_tensor(a, 0, x_group)
         y1 = fc.all_gather_tensor(b, 0, y_group)
-        y2 = fc.all_gather_tensor(x1[:2] + 1, 0, y_group)
-        z1 = fc.all_gather_tensor(y1[:2] * 2, 0, z_group)
+        y2 = fc.all_gather_tensor(x1[:3] + 1, 0, y_group)
+        z1 = fc.all_gather_tensor(y1[:4] * 2, 0, z_group)
         z2 = fc.all_gather_tensor(c, 0, z_group)
         x3 = fc.all_gather_tensor(z2[:2] - 1, 0, x_group)
         return x1, y2, z1, x3

@@ -293,6 +293,12 @@ def ar_pointwise_int32(fc, x):
     return fc.all_reduce(x.to(torch.int32) * 2, "sum", WORLD) + 1
 
 
+def ar_small_sum_of(fc, x):
+    """The one-shot candidate made by `aten.sum.default`: its out= overload is `sum.out`
+    (self, dtype), not the first one with an `out` (`sum.IntList_out`, which takes dims)."""
+    return fc.all_reduce(x.sum(), "sum", WORLD) + 1
+
+
 PROGRAMS = {f.__name__: f for f in [
     ar_graph_input, ar_intermediate, ar_intermediate_shared, ar_inplace, ar_coalesced,
     ar_coalesced_inplace,
@@ -309,7 +315,7 @@ PROGRAMS = {f.__name__: f for f in [
     ar_pointwise_inexact_int, ar_pointwise_other_dtype, ar_pointwise_source_written,
     ar_pointwise_source_written_through_a_view, ar_pointwise_source_written_by_a_foreach,
     ar_pointwise_other_buffer_written,
-    ar_pointwise_int32,
+    ar_pointwise_int32, ar_small_sum_of,
 ]}
 
 

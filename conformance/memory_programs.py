@@ -407,6 +407,19 @@ def measure_programs(spec: str, names: list[str]) -> list[str]:
     return mismatches
 
 
+def measure_lowered_waits(spec: str) -> list[str]:
+    """On a rank: the lowered program of `lowered_waits` run for real against the
+    backend's plan of it: its waits complete in place, so they allocate nothing (FC-35)."""
+    from conformance.harness import backend_in_rank
+
+    memory = backend_in_rank(spec).require("memory", "plan_memory")
+    rank = dist.get_rank()
+    gm = lowered_waits(rank)
+    inputs = [rank_input(rank, s, torch.float32, salt=i)
+              for i, s in enumerate(BUILT_INPUT_SHAPES["lowered_waits"])]
+    return measure_run(gm, inputs, memory.plan_memory(gm))
+
+
 # --------------------------------------------------------------------------------------
 # Simulator programs: a world of 4 ("0") and a subgroup of 2 whose name is passed in
 # --------------------------------------------------------------------------------------

@@ -339,6 +339,16 @@ FC = [
            "if group and any(isinstance(row, (list, tuple)) for row in group):",
            "any for all: a list of a row and a rank is read as rows, and the rank's len() "
            "fails with a TypeError naming no argument"),
+    Mutant("wait_inplace_copies", "FC-35", F,
+           "def _wait_tensor_inplace(tensor):\n    return _wait_tensor(tensor)",
+           "def _wait_tensor_inplace(tensor):\n    return _wait_tensor(tensor).clone()",
+           "the in-place wait copies like the traced one: every wait of a lowered program "
+           "allocates (its plan came from the schema, and no case ran one and measured)"),
+    Mutant("view_of_completed_passes_itself", "FC-10", F,
+           "            return func(source.elem, *args[1:], **kwargs)",
+           "            return func(source.elem, *args[:], **kwargs)",
+           "[:] for [1:]: a view of a waited result passes the result itself as the view's "
+           "first argument (only views of pending results were ever taken)"),
     Mutant("checks_switch_ignored", "FC-28", "refimpl/functional_collectives.py",
            '    _checks["enabled"] = enabled\n', "",
            "set_collective_checks(False) leaves the environment in charge: a late peer still "
@@ -357,6 +367,20 @@ FC = [
 # --------------------------------------------------------------------------------------
 _CL = "refimpl/comm_lowering.py"
 CL = [
+    Mutant("out_overload_of_other_arguments", "CL-11", "refimpl/comm_lowering.py",
+           '        if len(outs) == 1 and outs[0].name == "out" and rest == args:',
+           '        if len(outs) == 1 and outs[0].name == "out":',
+           "the first overload with an `out` is taken whatever its other arguments: "
+           "x.sum() becomes sum.IntList_out, which reads its dtype as dims"),
+    Mutant("default_threshold_in_kilobytes", "CL-10", "refimpl/comm_lowering.py",
+           "    one_shot_all_reduce_threshold_bytes: int = 128 * 1024",
+           "    one_shot_all_reduce_threshold_bytes: int = 128 * 1000",
+           "128 KB for 128 KiB: an input of exactly 128 KiB no longer goes one-shot under "
+           "the default config (every case set the threshold itself)"),
+    Mutant("default_threshold_doubled", "CL-10", "refimpl/comm_lowering.py",
+           "    one_shot_all_reduce_threshold_bytes: int = 128 * 1024",
+           "    one_shot_all_reduce_threshold_bytes: int = 256 * 1024",
+           "another default threshold: an input just over 128 KiB goes one-shot"),
     Mutant("prologue_source_written_by_every_listed_tensor_only", "CL-17", _CL,
            "and any(_base(n) is base for n in _fx.node_args(bound[a.name]))",
            "and all(_base(n) is base for n in _fx.node_args(bound[a.name]))",
@@ -555,6 +579,25 @@ CL = [
 # --------------------------------------------------------------------------------------
 _BK = "refimpl/bucketing.py"
 BK = [
+    Mutant("promotion_skips_the_first_member", "BK-9", "refimpl/bucketing.py",
+           '    dtype = nodes[0].meta["val"].dtype\n    for n in nodes[1:]:',
+           '    dtype = nodes[1].meta["val"].dtype\n    for n in nodes[1:]:',
+           "the concatenation's dtype promoted from the second member on: an absorbed f32 "
+           "cast source first and a kept bf16 cast after it give a bf16 meta to an f32 "
+           "concatenation (no case put the wider source first)"),
+    Mutant("bucket_reaches_bucket_0_from_the_start", "BK-4", "refimpl/bucketing.py",
+           "    reaches: int = 0", "    reaches: int = 1",
+           "the reach bitset starts at 1 for 0: every bucket seems to reach bucket 0, so a "
+           "candidate depending on bucket 0 of another key is left alone, and the count "
+           "of collectives came out the same in the three-key case"),
+    Mutant("log_candidates_without_left_alone", "BK-15", "refimpl/bucketing.py",
+           "    candidates = sum(len(b.members) for b in planner.buckets) + planner.skipped",
+           "    candidates = sum(len(b.members) for b in planner.buckets)",
+           "the INFO line's candidates leave out those left alone (no case read its numbers)"),
+    Mutant("mib_of_1025_kib", "BK-3", "refimpl/bucketing.py",
+           "MiB = 1024 * 1024", "MiB = 1025 * 1024",
+           "a MiB a KiB too large: caps given in exact bytes truncate back to the same "
+           "count, so only a cap in a fraction of a MiB shows it"),
     Mutant("padding_meta_keeps_the_first_dim", "BK-7", "refimpl/bucketing.py",
            "                         val=b.fake([rows, *val.shape[1:]], val.dtype))",
            "                         val=b.fake([rows, *val.shape[:]], val.dtype))",
@@ -690,6 +733,15 @@ BK = [
 # --------------------------------------------------------------------------------------
 _RO = "refimpl/reorder.py"
 RO = [
+    Mutant("original_order_from_meta_unchecked", "RO-2", "refimpl/reorder.py",
+           "    return order if _valid_original(order) else nodes",
+           "    return order",
+           "the meta's order taken once it names every node, without checking that it "
+           "respects every data edge"),
+    Mutant("original_order_length_unchecked", "RO-2", "refimpl/reorder.py",
+           "    if names is None or len(names) != len(nodes):",
+           "    if names is None:",
+           "the meta compared with gm's nodes as a set only: a name given twice passes"),
     Mutant("raise_step_starts_as_placed", "RO-10", "refimpl/reorder.py",
            'queue, kept, placed = self.queues["collective"], [], False',
            'queue, kept, placed = self.queues["collective"], [], True',
@@ -1816,6 +1868,21 @@ CATCHING_CASE: dict[str, str] = {
     "reduce_scatter_member_strides_ignored":
         "test_ops_on_transposed_views_are_bucketed_in_their_logical_order[bucket_reduce_scatter]",
     "rank_rows_told_by_any_row": "test_bad_input_is_refused[rows_mixed_with_ranks]",
+    "default_threshold_in_kilobytes": "test_default_threshold_is_128_kib[at_128_kib]",
+    "default_threshold_doubled": "test_default_threshold_is_128_kib[one_element_over]",
+    "mib_of_1025_kib": "test_a_cap_in_mib_counts_2_to_the_20_bytes[one_row_over]",
+    "log_candidates_without_left_alone": "test_passes_log_under_refimpl_bucketing_only",
+    "bucket_reaches_bucket_0_from_the_start":
+        "test_a_cycle_through_two_other_buckets_is_not_closed",
+    "promotion_skips_the_first_member": "test_a_kept_cast_after_an_absorbed_one[out_of_place]",
+    "wait_inplace_copies": "test_lowered_waits_allocate_nothing_when_run",
+    "out_overload_of_other_arguments":
+        "test_a_comm_buffer_producer_gets_the_out_overload_of_its_own_arguments",
+    "original_order_from_meta_unchecked":
+        "test_a_meta_that_is_no_valid_order_is_ignored[reversed]",
+    "original_order_length_unchecked":
+        "test_a_meta_that_is_no_valid_order_is_ignored[a_name_twice]",
+    "view_of_completed_passes_itself": "test_view_ops_do_not_wait[view]",
     "checks_switch_ignored":
         "test_set_collective_checks_false_switches_the_check_off_whatever_the_environment",
     "in_place_coalesced_all_reduce_unchecked":

@@ -225,6 +225,19 @@ wait b5""")  # noqa: E501
 
 
 @pytest.mark.spec("BK-3")
+@pytest.mark.parametrize("rows, buckets", [((16384, 16384, 1), 2), ((16384, 16383, 1), 1)],
+                         ids=["one_row_over", "exactly_full"])
+def test_a_cap_in_mib_counts_2_to_the_20_bytes(backend, rows, buckets):
+    # Cap 0.75 MiB = 786432 bytes; a row gathers to 24 bytes: 16384 + 16384 rows fill it
+    # exactly and one row more opens bucket 1; one row fewer leaves room for it. (Caps in
+    # exact bytes would hide a MiB of 1000 * 1024 or 1025 * 1024 bytes: a fraction of it
+    # truncates back to the same count.)
+    result = run_case(backend, 2, "fsdp_all_gather", AG, cap_mb=0.75,
+                      program_args={"rows": rows})
+    assert result["collectives"] == (3, buckets)
+
+
+@pytest.mark.spec("BK-3")
 def test_one_byte_over_the_cap_opens_the_next_bucket(backend):
     # Cap 191: 72 + 120 is one byte over, so 72 sits alone, 120 opens bucket 1 (with 24:
     # 144), 96 bucket 2 (with 48: 144), 144 bucket 3.
@@ -372,6 +385,17 @@ def test_a_cycle_through_two_other_buckets_is_not_closed(backend):
     # through Y's merge), so 6 collectives become 4.
     result = run_case(backend, 2, "three_key_chain", AG)
     assert result["collectives"] == (6, 4)
+    # Which four: x1 alone, {y1, y2}, {z1, z2}, x3 alone (not y1 and y2 alone with {x1,
+    # x3}, which also makes four); members of X have 2 elements, of Y 3, of Z 4.
+    assert_expected_inline(result["comm_trace"], """\
+all_gather_into_tensor out-of-place ranks[0,1] in=b0:f32[2]=input out=b1:f32[4]
+wait b1
+all_gather_into_tensor_out out-of-place ranks[0,1] in=b2:f32[6]=view(b3=computed) out=b3:f32[12]
+wait b3
+all_gather_into_tensor_out out-of-place ranks[0,1] in=b4:f32[8]=view(b5=computed) out=b5:f32[16]
+wait b5
+all_gather_into_tensor out-of-place ranks[0,1] in=b6:f32[2]=computed out=b7:f32[4]
+wait b7""")  # noqa: E501
 
 
 @pytest.mark.spec("BK-1")
@@ -422,6 +446,19 @@ def test_a_cast_from_an_integer_dtype_is_kept(backend):
 def test_a_cast_with_another_reader_is_kept(backend):
     result = run_case(backend, 2, "fsdp_all_gather", AG, dtype=BF16,
                       program_args={"rows": (3, 1), "cast": True, "cast_read_again": True})
+    assert result["collectives"] == (2, 1)
+
+
+@pytest.mark.spec("BK-9", "BK-7")
+@pytest.mark.parametrize("out_variant", [True, False], ids=["out_variant", "out_of_place"])
+def test_a_kept_cast_after_an_absorbed_one(backend, out_variant):
+    # The first member's cast is absorbed (its f32 source is concatenated), the last
+    # one's is kept (bf16): the concatenation is f32, the promotion of every member, and
+    # is converted to bf16 once, by the copy or before the out-of-place gather.
+    result = run_case(backend, 2, "fsdp_all_gather", AG, dtype=BF16,
+                      options={"use_out_variant": out_variant},
+                      program_args={"rows": (3, 1), "cast": True, "cast_read_again": True,
+                                    "read_again": 1})
     assert result["collectives"] == (2, 1)
 
 
@@ -604,8 +641,12 @@ def test_passes_log_under_refimpl_bucketing_only(backend):
     records = harness.run(backend, log_records, 2)[0]
     assert records, "the passes logged nothing at DEBUG"
     assert {name for name, _, _ in records} == {"refimpl.bucketing"}
-    assert any(level == "INFO" and "merged into" in msg for _, level, msg in records)
     assert any(level == "DEBUG" and "left alone" in msg for _, level, msg in records)
+    # One INFO line per pass, its numbers in the order of BK-15: "chain" has 5 candidates,
+    # 2 of them depending on the open bucket (BK-4); "fsdp_reduce_scatter" merges its 4.
+    infos = [msg for _, level, msg in records if level == "INFO"]
+    assert [[int(n) for n in re.findall(r"\d+", msg)] for msg in infos] == \
+        [[5, 3, 1, 2], [4, 4, 1, 0]], f"INFO lines: {infos}"
 
 
 @pytest.mark.spec("BK-17")

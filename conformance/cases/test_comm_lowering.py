@@ -375,6 +375,27 @@ one_shot_all_reduce out-of-place ranks[0,1] sum in=b0:f32[4]=computed out=b1:f32
     check_numerics(backend, "ar_small_intermediate", [(4,)], options)
 
 
+@pytest.mark.spec("CL-1", "CL-10")
+@pytest.mark.parametrize("elements, one_shot", [(32768, True), (32769, False)],
+                         ids=["at_128_kib", "one_element_over"])
+def test_default_threshold_is_128_kib(backend, fake_world, elements, one_shot):
+    # The config's default threshold (CL-1): a float32 input of exactly 128 KiB goes
+    # one-shot, one element more does not.
+    trace = comm_trace(backend, "ar_small_intermediate", [(elements,)], ONE_SHOT)
+    assert ("one_shot" in trace) == one_shot, \
+        f"{elements * 4} bytes under the default threshold of 128 KiB:\n{trace}"
+
+
+@pytest.mark.spec("CL-11", "CL-15")
+def test_a_comm_buffer_producer_gets_the_out_overload_of_its_own_arguments(backend,
+                                                                           fake_world):
+    # x.sum() is realized through sum.out (self, dtype), not through the first out=
+    # overload of aten.sum (IntList_out takes dims): the value is the sum all-reduced.
+    trace = comm_trace(backend, "ar_small_sum_of", [(4,)], ONE_SHOT)
+    assert "one_shot" in trace, trace
+    check_numerics(backend, "ar_small_sum_of", [(4,)], ONE_SHOT)
+
+
 # Each condition of CL-10 failing alone: (program, options, the reduced buffer's origin:
 # in place on the intermediate by CL-3, or a copy by CL-2).
 NOT_ONE_SHOT = {

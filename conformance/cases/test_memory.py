@@ -263,6 +263,14 @@ def test_lowered_wait_costs_no_memory(backend, fake_world):
 high-water 240 at %7""")
 
 
+# The same program run for real on 2 gloo ranks: each wait_tensor_ returns its argument
+# itself, so the run allocates what the plan says and nothing more (FC-35).
+@pytest.mark.spec("FC-35", "MEM-12")
+def test_lowered_waits_allocate_nothing_when_run(backend):
+    for rank, mismatches in enumerate(harness.run(backend, mp.measure_lowered_waits, 2)):
+        assert not mismatches, f"rank {rank}:\n" + "\n".join(mismatches)
+
+
 # Upstream's wait returns its input (MEM-4): a rename, unlike refimpl's traced wait.
 @pytest.mark.spec("MEM-4")
 def test_upstream_wait_is_a_rename(backend, fake_world):

@@ -101,6 +101,30 @@ def test_the_result_names_its_original_order(backend, world4):
     assert new.meta.get("refimpl_reorder_original") == names
 
 
+# A meta that does not name exactly gm's nodes in an order every data edge respects is
+# not the original order: gm's own order is (RO-2).
+BAD_ORIGINALS = {
+    "reversed": lambda names: names[::-1],  # every data edge backwards
+    "a_name_twice": lambda names: names[:1] + names,  # every node named, one of them twice
+    "a_name_missing": lambda names: names[:-2] + names[-1:],
+    "an_unknown_name": lambda names: names[:-1] + ("no_such_node",),
+}
+
+
+@pytest.mark.spec("RO-2")
+@pytest.mark.parametrize("bad", list(BAD_ORIGINALS))
+def test_a_meta_that_is_no_valid_order_is_ignored(backend, world4, bad):
+    ns = concept(backend)
+    case = rp.Case("memory_bound", 0.065)
+    gm = program(backend, case.program)
+    want = ns.reorder(gm, rp.config_for(ns, gm, case))
+    names = tuple(n.name for n in gm.graph.nodes)
+    gm.meta["refimpl_reorder_original"] = BAD_ORIGINALS[bad](names)
+    got = ns.reorder(gm, rp.config_for(ns, gm, case))
+    assert [n.name for n in got.graph.nodes] == [n.name for n in want.graph.nodes]
+    assert got.meta.get("refimpl_reorder_original") == names
+
+
 @pytest.mark.spec("RO-1")
 def test_the_reordered_program_takes_and_returns_what_the_traced_one_does(backend, world4):
     """make_fx of a function of a dict gives a program that takes the dict and returns one
