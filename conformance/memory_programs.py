@@ -414,10 +414,8 @@ def measure_lowered_waits(spec: str) -> list[str]:
 
     memory = backend_in_rank(spec).require("memory", "plan_memory")
     rank = dist.get_rank()
-    gm = lowered_waits(rank)
-    inputs = [rank_input(rank, s, torch.float32, salt=i)
-              for i, s in enumerate(BUILT_INPUT_SHAPES["lowered_waits"])]
-    return measure_run(gm, inputs, memory.plan_memory(gm))
+    gm = program_graph("lowered_waits", rank)
+    return measure_run(gm, program_inputs("lowered_waits", rank), memory.plan_memory(gm))
 
 
 # --------------------------------------------------------------------------------------
