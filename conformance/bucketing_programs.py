@@ -53,14 +53,16 @@ def fsdp_all_gather(fc, dtype, rows=(3, 5, 1, 4, 2, 6), cast=False, group=WORLD,
                     read_again=0):
     """Params of uneven dim 0 gathered one by one, each used by compute after its wait.
 
-    `cast`: each shard, of dtype `source`, is cast to `dtype` first (FSDP's mixed
-    precision); with `cast_read_again` the cast of shard `read_again` (the first) is
+    `cast`: each shard, of dtype `source` (a tuple: shard i of source[i]), is cast to
+    `dtype` first (FSDP's mixed precision); with `cast_read_again` the cast of shard
+    `read_again` (the first) is
     also returned, so it has a second reader; with `independent`, compute that reads no
     gathered value follows each gather.
     """
     pg = group_of(group)
     me = dist.get_rank()
-    shards = [rank_input(me, (r, 3), source if cast else dtype, salt=i)
+    sources = source if isinstance(source, tuple) else (source,) * len(rows)
+    shards = [rank_input(me, (r, 3), sources[i] if cast else dtype, salt=i)
               for i, r in enumerate(rows)]
 
     def step(*shards):
@@ -188,6 +190,26 @@ def keyed(fc, dtype, kind="all_gather", members=((WORLD, torch.float32, "sum"),)
     return step, xs
 
 
+def upstream_namespace(fc, dtype, kind="all_gather"):
+    """Three collectives of upstream's `_c10d_functional` on the world, called directly
+    (not through `fc`), each waited by upstream's wait (BK-1: candidates of any backend)."""
+    ops = torch.ops._c10d_functional
+    me, n = dist.get_rank(), dist.get_world_size()
+    name = dist.group.WORLD.group_name
+    xs = [rank_input(me, (2 * n, 2), dtype, salt=130 + i) for i in range(3)]
+
+    def step(*xs):
+        if kind == "all_gather":
+            outs = [ops.all_gather_into_tensor(x, n, name) for x in xs]
+        elif kind == "reduce_scatter":
+            outs = [ops.reduce_scatter_tensor(x, "sum", n, name) for x in xs]
+        else:
+            outs = [ops.all_reduce(x, "sum", name) for x in xs]
+        return [ops.wait_tensor(out) for out in outs]
+
+    return step, xs
+
+
 def cross_key_cycle(fc, dtype, other=((0, 1),)):
     """Two keys whose members feed each other: merging both would make a cycle (BK-4).
 
@@ -262,6 +284,22 @@ def waited_through_a_view(fc, dtype, group=WORLD):
     return step, xs
 
 
+def waited_twice(fc, dtype, group=WORLD):
+    """Two all_gathers around one waited twice: its first user is a wait, but not its only
+    one, so it is no candidate (BK-1)."""
+    pg = group_of(group)
+    me, n = dist.get_rank(), pg.size()
+    xs = [rank_input(me, (2, 2), dtype, salt=140 + i) for i in range(3)]
+
+    def step(a, b, c):
+        first = fc.all_gather_tensor(a, 0, pg)
+        twice = fc.ops.all_gather_into_tensor(b, n, pg.group_name)
+        return (first, fc.ops.wait_tensor(twice) * 1, fc.ops.wait_tensor(twice) * 2,
+                fc.all_gather_tensor(c, 0, pg))
+
+    return step, xs
+
+
 def ops_on_transposed_views(fc, dtype, group=WORLD):
     """The ops themselves (the API copies its input first, the ops do not) on transposed
     views: dim 0 of each input is a column of the tensor in memory."""
@@ -285,7 +323,8 @@ def ops_on_transposed_views(fc, dtype, group=WORLD):
 PROGRAMS = {f.__name__: f for f in (fsdp_all_gather, fsdp_reduce_scatter, interleaved, chain,
                                     mixed_dtypes, other_dims, all_reduces, keyed,
                                     cross_key_cycle, three_key_chain, with_out_variant,
-                                    waited_through_a_view, ops_on_transposed_views)}
+                                    waited_through_a_view, ops_on_transposed_views,
+                                    upstream_namespace, waited_twice)}
 
 
 # --------------------------------------------------------------------------------------

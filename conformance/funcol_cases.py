@@ -209,8 +209,11 @@ def cases_for(dtype) -> list[str]:
     cases += ["all_to_all:equal", "all_to_all:uneven", "all_to_all:empty"]
     # src at both ends: group rank 0 and group rank n - 1 (FC-22).
     cases += ["broadcast:0", "broadcast:1", "broadcast:-1", "broadcast_:1", "broadcast_:-1"]
-    cases += ["all_reduce_coalesced:sum", "all_reduce_coalesced_:max",
-              "all_gather_coalesced", f"reduce_scatter_coalesced:{reductions[0]}"]
+    # The coalesced forms with a second reduction too (avg divides on this path as well).
+    cases += ["all_reduce_coalesced:sum", f"all_reduce_coalesced:{reductions[1]}",
+              "all_reduce_coalesced_:max", "all_gather_coalesced",
+              f"reduce_scatter_coalesced:{reductions[0]}",
+              f"reduce_scatter_coalesced:{reductions[1]}"]
     # The *_autograd forms give the values of the plain ones (FC-32).
     cases += ["all_gather_autograd:1", f"reduce_scatter_autograd:{reductions[0]}:1",
               "all_to_all_autograd:uneven"]

@@ -51,6 +51,14 @@ def ar_coalesced(fc, x, y):
     return a, b
 
 
+def ar_coalesced_same_tensor_twice(fc, x):
+    """all_reduce_coalesced naming one fresh intermediate twice: each place in the list
+    reads it, so neither may reduce it in place (CL-3, CL-5)."""
+    y = x * 1
+    a, b = fc.all_reduce_coalesced([y, y], "sum", WORLD)
+    return a, b
+
+
 def ar_coalesced_inplace(fc, x, y):
     """all_reduce_coalesced_ on two contiguous buffers the program owns (CL-5: in place)."""
     a, b = x * 2, y + 1
@@ -301,7 +309,7 @@ def ar_small_sum_of(fc, x):
 
 PROGRAMS = {f.__name__: f for f in [
     ar_graph_input, ar_intermediate, ar_intermediate_shared, ar_inplace, ar_coalesced,
-    ar_coalesced_inplace,
+    ar_coalesced_inplace, ar_coalesced_same_tensor_twice,
     all_gather, reduce_scatter, all_to_all, all_gather_coalesced, reduce_scatter_coalesced,
     all_gather_op_non_contiguous, reduce_scatter_op_non_contiguous,
     all_gather_out, broadcast, broadcast_inplace, ar_small_intermediate, ar_small_avg,

@@ -117,6 +117,14 @@ def coalesced_members(ops, a, b):
     return first, _wait(ops, gb) + 1
 
 
+def reduce_scatter_coalesced_members(ops, a, b):
+    """reduce_scatter_coalesced: each member's input (gloo copies it) is held until that
+    member's wait all the same (MEM-5, FC-36)."""
+    ra, rb = ops.reduce_scatter_tensor_coalesced([a * 1, b * 1], "sum", 2, G)
+    first = _wait(ops, ra) + 1
+    return first, _wait(ops, rb) + 1
+
+
 def all_to_all_and_broadcast(ops, x):
     """all_to_all holds input and output in flight; broadcast copies its input at issue."""
     swapped = _wait(ops, ops.all_to_all_single(x * 1, [2, 2], [2, 2], G))
@@ -156,6 +164,7 @@ PROGRAMS = {
     "output_aliases_input": (output_aliases_input, [(4,)]),
     "two_layers": (two_layers, [(8,), (8,), (2, 4)]),
     "coalesced_members": (coalesced_members, [(2,), (3,)]),
+    "reduce_scatter_coalesced_members": (reduce_scatter_coalesced_members, [(4,), (6,)]),
     "all_to_all_and_broadcast": (all_to_all_and_broadcast, [(4,)]),
     "dead_value": (dead_value, [(4,)]),
     "symbolic_halves": (symbolic_halves, [(6,)]),

@@ -20,6 +20,7 @@ the sum of its argument to a log of the process and is a barrier (RO-6).
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -173,6 +174,47 @@ def two_barriers(ops, ctx, x, s1, s2, s3):
     return g1 + 1, g2 + 1, g3 + 1, a + 1
 
 
+def side_effectful_aten(ops, ctx, x, s1, s2):
+    """An ATen op registered as side-effectful (an assertion) between two gathers: a
+    barrier though it is ATen and returns nothing a later node reads (RO-6)."""
+    a = x * 2
+    g1 = _gather(ops, ctx, s1)
+    torch.ops.aten._assert_async.msg(a.sum() > -1e30, "a sum of -1e30 or less")
+    g2 = _gather(ops, ctx, s2)
+    return g1 + 1, g2 + 1, a + 1
+
+
+def shared_prologue(ops, ctx, x, y):
+    """One clone read by the all_reduces of two groups: a block of its own, in neither's
+    prologue (RO-7); once it ran, the sub group's all_reduce, first in the program, is
+    issued first."""
+    a = x * 2
+    c = y.clone()
+    r1 = _wait(ops, ops.all_reduce(c, "sum", ctx.sub))
+    b = a * 3
+    r2 = _wait(ops, ops.all_reduce(c, "sum", ctx.world))
+    return r1 + b, r2 + 1
+
+
+def limit_per_group(ops, ctx, x, s1, s2, t1, t2):
+    """Two gathers on each of two groups, with one all_gather in flight allowed: the limit
+    counts per group (RO-8), so a world gather and a sub gather may be in flight at once."""
+    h = x
+    for s, t in ((s1, t1), (s2, t2)):
+        gw = _gather(ops, ctx, s)
+        gs = _gather(ops, ctx, t, ctx.sub, ctx.sub_n)
+        h = h * 2 + gw.sum() + gs.sum()
+    return h
+
+
+def blocking_then_gather(ops, ctx, x, s):
+    """A small all_reduce, lowered one-shot (a blocking kernel), then a gather of the same
+    group whose input is ready at the start: it may not pass the kernel (RO-5)."""
+    r = _wait(ops, ops.all_reduce(x * 2, "sum", ctx.world))
+    g = _gather(ops, ctx, s)
+    return r + 1, g * 2
+
+
 def gathers_first(ops, ctx, x, s1, s2, s3):
     """Every gather issued before any wait: the original order itself has three
     all_gathers in flight (RO-9's exception when a limit is set)."""
@@ -310,6 +352,11 @@ def _shapes(name: str, ctx: Ctx) -> list[tuple]:
         "coalesced_waits": [(4,), (r,), (r,), (r,)],
         "cast_and_view": [(4,), (r,), (r,)],
         "random_draws": [(4,), (4,)],
+        "side_effectful_aten": [(4,), (r,), (r,)],
+        "setitem_barrier": [(4,), (r,), (r,)],
+        "shared_prologue": [(4,), (4,)],
+        "limit_per_group": [(4,), (r,), (r,), (8 // ctx.sub_n,), (8 // ctx.sub_n,)],
+        "blocking_then_gather": [(4,), (r,)],
     }[name]
 
 
@@ -321,7 +368,9 @@ FUNCTIONS = {
     "memory_bound": memory_bound, "stall_tie": stall_tie,
     "bound_at_the_raise": bound_at_the_raise, "two_waits": two_waits,
     "coalesced_waits": coalesced_waits, "cast_and_view": cast_and_view,
-    "random_draws": random_draws,
+    "random_draws": random_draws, "side_effectful_aten": side_effectful_aten,
+    "setitem_barrier": opaque_op, "shared_prologue": shared_prologue,
+    "limit_per_group": limit_per_group, "blocking_then_gather": blocking_then_gather,
 }
 PROGRAMS = list(FUNCTIONS)
 
@@ -357,6 +406,19 @@ def program_graph(name: str, ops=None, rank: int = 0) -> torch.fx.GraphModule:
         from refimpl.comm_lowering import lower
 
         gm = lower(gm)
+    elif name == "blocking_then_gather":
+        from refimpl.comm_lowering import CommLoweringConfig, lower
+        from refimpl.symmetric_memory import enable_symm_mem_for_group
+
+        enable_symm_mem_for_group(context().world)
+        gm = lower(gm, CommLoweringConfig(auto_select=True))
+    elif name == "setitem_barrier":
+        # opaque_op with its barrier made `operator.setitem(a, 0, 1.0)`: a Python function
+        # the pass understands but for this one, which writes its argument (RO-6)
+        record = next(n for n in gm.graph.nodes
+                      if n.target is torch.ops.refimpl_conformance.record_.default)
+        record.target, record.args = operator.setitem, (record.args[0], 0, 1.0)
+        gm.recompile()
     return gm
 
 
@@ -423,6 +485,11 @@ CASES = [
     Case("coalesced_waits", math.inf, ONE_ALL_GATHER),
     Case("cast_and_view", math.inf, ONE_ALL_GATHER),
     Case("random_draws", math.inf),
+    Case("side_effectful_aten", math.inf),
+    Case("setitem_barrier", math.inf),
+    Case("shared_prologue", math.inf),
+    Case("limit_per_group", math.inf, ONE_ALL_GATHER),
+    Case("blocking_then_gather", math.inf),
 ]
 
 

@@ -154,6 +154,15 @@ class _FakeKernelBuilder:
                          before=before)
 
 
+def _read_count(node: torch.fx.Node) -> int:
+    """How many arguments of the graph read `node`: a user that names it twice (the list
+    of a coalesced collective) reads it twice (CL-3, CL-5)."""
+    reads = []
+    for user in node.users:
+        torch.fx.node.map_arg((user.args, user.kwargs), lambda arg: reads.append(arg is node))
+    return sum(reads)
+
+
 def _waits_of(node: torch.fx.Node) -> list[torch.fx.Node]:
     return [u for u in node.users if _fx.is_wait(u)]
 
@@ -480,7 +489,7 @@ class _Lowering:
     # ---- rules ----------------------------------------------------------------------
     def in_place_input(self, inp, anchor):
         """The buffer an in-place collective may write: `inp` itself or a clone (CL-2, CL-3)."""
-        if _is_fresh_intermediate(inp) and len(inp.users) == 1 and _is_contiguous(inp):
+        if _is_fresh_intermediate(inp) and _read_count(inp) == 1 and _is_contiguous(inp):
             return inp  # nothing else reads it: reduce it in place, as re-inplacing does
         clone = self.build.contiguous_clone(inp, before=anchor)
         if self.config.reorder_for_compute_comm_overlap:

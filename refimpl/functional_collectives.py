@@ -255,7 +255,7 @@ def _agree_on_group(ranks: tuple[int, ...]) -> int:
     store.set(f"refimpl-fc/group-last/{me}", wanted)
     keys = {r: f"refimpl-fc/group/{wanted}/{count}/{r}" for r in ranks}
     store.set(keys[me], "1")
-    timeout_s = _peer_timeout_s()
+    timeout_s = _peer_timeout_s(c10d._get_default_group())  # its store carries the requests
     missing = _missing_peers(store, keys, timeout_s)
     if missing:
         said = "; ".join(f"rank {r} last asked for {_asked(store, r)}" for r in missing)
@@ -486,10 +486,26 @@ def collective_checks_enabled() -> bool:
     return os.environ.get(CHECK_ENV, "0") == "1"
 
 
-def _peer_timeout_s() -> float:
+def _peer_timeout_s(pg: dist.ProcessGroup | None = None) -> float:
+    """How long a rank waits for its peers: the check's timeout, or the group's own when
+    that is shorter (a group made to fail in 15 s is not waited for 30 s) (FC-28)."""
     if _checks["timeout_s"] is not None:
-        return _checks["timeout_s"]
-    return float(os.environ.get(CHECK_TIMEOUT_ENV, DEFAULT_CHECK_TIMEOUT_S))
+        check_s = _checks["timeout_s"]
+    else:
+        check_s = float(os.environ.get(CHECK_TIMEOUT_ENV, DEFAULT_CHECK_TIMEOUT_S))
+    group_s = _group_timeout_s(pg) if pg is not None else None
+    return check_s if group_s is None else min(check_s, group_s)
+
+
+def _group_timeout_s(pg: dist.ProcessGroup) -> float | None:
+    """The timeout `pg` was made with, where its backend tells (gloo and nccl do; a
+    process group written in Python may not)."""
+    for device in getattr(pg, "_device_types", None) or [torch.device("cpu")]:
+        try:
+            return pg._get_backend(device).options._timeout.total_seconds()
+        except (AttributeError, RuntimeError):
+            continue
+    return None
 
 
 def _ranks_text(ranks: list[int]) -> str:
@@ -508,7 +524,7 @@ def _agree(op: str, pg: dist.ProcessGroup, group_name: str, **call) -> None:
     keys = {r: f"refimpl-fc/check/{group_name}/{seq}/{r}" for r in range(size)}
     ranks = dist.get_process_group_ranks(pg)
     store.set(keys[me], json.dumps({"op": op, "group": ranks, **call}))
-    timeout_s = _peer_timeout_s()
+    timeout_s = _peer_timeout_s(pg)
     missing = _missing_peers(store, keys, timeout_s)
     if missing:
         raise PeerTimeout(

@@ -140,7 +140,9 @@ def _tensor_bytes(value) -> int:
 
 
 def _val(arg):
-    return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
+    """The value of an argument: a node's meta value, a list's values (the inputs of a
+    coalesced collective) in their places, anything else as it is."""
+    return torch.fx.node.map_arg(arg, lambda node: node.meta.get("val"))
 
 
 def _first_tensor(value):

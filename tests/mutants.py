@@ -83,6 +83,50 @@ def copy_checkout(dest: Path) -> Path:
 # --------------------------------------------------------------------------------------
 F = "refimpl/functional_collectives.py"
 FC = [
+    Mutant("grad_check_case_sensitive", "FC-17", F,
+           "    if op not in DIFFERENTIABLE_REDUCE_OPS:",
+           "    if reduce_op not in DIFFERENTIABLE_REDUCE_OPS:",
+           "The differentiability check (grad path only) compares the raw reduce_op string "
+           "instead of its lowered form, so case-insensitivity holds on the no-grad path but not "
+           "when the input requires grad. (red team)"),
+    Mutant("bxor_missing_from_bitwise", "FC-18", F,
+           "_BITWISE = (\"band\", \"bor\", \"bxor\")",
+           "_BITWISE = (\"band\", \"bor\")",
+           "The list of bitwise reductions forgets bxor, so bxor on a floating dtype is not "
+           "refused by the shared check function. (red team)"),
+    Mutant("all_gather_out_dtype_by_itemsize", "FC-20", F,
+           "        if list(out.shape) != shape or out.dtype != tensor.dtype:",
+           "        if list(out.shape) != shape or out.dtype.itemsize != tensor.dtype.itemsize:",
+           "The out check compares the element size instead of the dtype, so an out of another "
+           "dtype with the same width passes. (red team)"),
+    Mutant("mismatch_names_group_rank", "FC-28", F,
+           "                return (f\"ranks disagree on {field}: global rank {ranks[r]} passed \"",
+           "                return (f\"ranks disagree on {field}: global rank {r} passed \"",
+           "The mismatch report names the group rank index as if it were the global rank. (red "
+           "team)"),
+    Mutant("coalesced_reduce_scatter_avg_as_sum", "FC-17", F,
+           "    return [_start_reduce_scatter(\"reduce_scatter_tensor_coalesced\", t, op, shape, "
+           "pg,",
+           "    return [_start_reduce_scatter(\"reduce_scatter_tensor_coalesced\", t, "
+           "op.replace(\"avg\", \"sum\"), shape, pg,",
+           "the coalesced reduce_scatter reduces avg as gloo's SUM and forgets the divide "
+           "(no case reduced a coalesced collective by avg)"),
+    Mutant("dropped_result_requiring_grad_not_finalized", "FC-8", F,
+           "        wrapper = AsyncCollectiveTensor(tensor)\n    _finalize_wrapper(wrapper, "
+           "tensor)",
+           "        wrapper = AsyncCollectiveTensor(tensor)\n        _finalize_wrapper(wrapper, "
+           "tensor)",
+           "only results without grad get the finalizer: a result that requires grad, dropped "
+           "unwaited, leaves its entry in the registry"),
+    Mutant("row_of_ranks_taken_unsorted", "FC-15", F,
+           "        return _group_of_ranks(tuple(sorted(mine[0])))",
+           "        return _group_of_ranks(tuple(mine[0]))",
+           "the caller's row is looked up in the order given: [2, 0] finds no group of "
+           "[0, 2] and makes another"),
+    Mutant("check_ignores_the_group_timeout", "FC-28", F,
+           "    timeout_s = _peer_timeout_s(pg)\n", "    timeout_s = _peer_timeout_s()\n",
+           "the check waits its own 30 s for a late peer of a group made with a 1.5 s "
+           "timeout (the issue's find: a group made to fail in 15 s waited for 30 s)"),
     Mutant("mesh_dim_type_check_and", "FC-16", F,
            "    if isinstance(dim, bool) or not isinstance(dim, (int, str)):",
            "    if isinstance(dim, bool) and not isinstance(dim, (int, str)):",
@@ -367,6 +411,22 @@ FC = [
 # --------------------------------------------------------------------------------------
 _CL = "refimpl/comm_lowering.py"
 CL = [
+    Mutant("coalesced_kernel_from_refimpl_namespace", "CL-1", _CL,
+           "        kernel = _ops_of(node).all_reduce_coalesced_.default",
+           "        kernel = torch.ops.refimpl_c10d.all_reduce_coalesced_.default",
+           "one path of several takes refimpl's kernel: upstream's coalesced all_reduce becomes "
+           "refimpl_c10d.all_reduce_coalesced_, waited by upstream's wait"),
+    Mutant("force_one_shot_needs_auto_select", "CL-10", _CL,
+           "        if not (self.config.auto_select or self.config.force_one_shot_all_reduce):",
+           "        if not self.config.auto_select:",
+           "Selection is gated on auto_select alone, so force_one_shot_all_reduce has no effect "
+           "unless auto_select is also set; SPEC makes force_one_shot_all_reduce require "
+           "one-shot (or a refusal) on its own. (red team)"),
+    Mutant("coalesced_list_reads_counted_by_users", "CL-5", _CL,
+           "_is_fresh_intermediate(inp) and _read_count(inp) == 1 and",
+           "_is_fresh_intermediate(inp) and len(inp.users) == 1 and",
+           "readers counted as the nodes that use a tensor, not the places that read it: "
+           "all_reduce_coalesced([y, y]) reduces y in place twice (an outside red team's find)"),
     Mutant("out_overload_of_other_arguments", "CL-11", "refimpl/comm_lowering.py",
            '        if len(outs) == 1 and outs[0].name == "out" and rest == args:',
            '        if len(outs) == 1 and outs[0].name == "out":',
@@ -443,12 +503,12 @@ CL = [
            "    return None\n",
            "the last condition (realizable as a comm buffer) left out"),
     Mutant("in_place_on_shared_intermediate", "CL-3", _CL,
-           "len(inp.users) == 1 and _is_contiguous(inp)",
-           "len(inp.users) >= 1 and _is_contiguous(inp)",
+           "_read_count(inp) == 1 and _is_contiguous(inp)",
+           "_read_count(inp) >= 1 and _is_contiguous(inp)",
            "the only-reader condition weakened: a second reader sees the reduced values"),
     Mutant("in_place_on_non_contiguous_intermediate", "CL-3", _CL,
-           "len(inp.users) == 1 and _is_contiguous(inp)",
-           "len(inp.users) == 1",
+           "_read_count(inp) == 1 and _is_contiguous(inp)",
+           "_read_count(inp) == 1",
            "contiguity of the intermediate not checked"),
     Mutant("broadcast_reinplaced", "CL-8", _CL,
            "        clone = self.build.contiguous_clone(inp, before=node)\n"
@@ -579,6 +639,27 @@ CL = [
 # --------------------------------------------------------------------------------------
 _BK = "refimpl/bucketing.py"
 BK = [
+    Mutant("candidate_whose_first_user_is_a_wait", "BK-1", _BK,
+           "    if len(node.users) != 1:\n        return False\n    (user,) = node.users\n",
+           "    if not node.users:\n        return False\n    user = next(iter(node.users))\n",
+           "The 'only user is its wait' test is weakened to 'its first user is a wait', so a "
+           "collective that also has other users (a second wait, a clone, the output) is taken "
+           "as a candidate. (red team)"),
+    Mutant("bucket_key_by_itemsize", "BK-2", _BK,
+           "        key += (_val(node).dtype,)\n",
+           "        key += (_val(node).dtype.itemsize,)\n",
+           "the key holds the element size, not the dtype: float16 and bfloat16 (or float32 "
+           "and int32) members share a bucket"),
+    Mutant("only_refimpl_waits_make_candidates", "BK-1", _BK,
+           "_WAITS = _fx.overloads(\"wait_tensor\")",
+           "_WAITS = frozenset({torch.ops.refimpl_c10d.wait_tensor.default})",
+           "a candidate's wait is looked for in refimpl's namespace only: collectives of "
+           "upstream's _c10d_functional, waited by upstream's wait, are never merged"),
+    Mutant("absorbed_casts_concatenated_as_the_first_source", "BK-9", _BK,
+           "        cat = b.cat(flats, 0, _promoted(flats))\n        # copy_ converts",
+           "        cat = b.cat(flats, 0, flats[0].meta[\"val\"].dtype)\n        # copy_ converts",
+           "the concatenation of absorbed casts' sources takes the first source's dtype: "
+           "sources of f32 and f64 give a concatenation whose meta says f32"),
     Mutant("promotion_skips_the_first_member", "BK-9", "refimpl/bucketing.py",
            '    dtype = nodes[0].meta["val"].dtype\n    for n in nodes[1:]:',
            '    dtype = nodes[1].meta["val"].dtype\n    for n in nodes[1:]:',
@@ -733,6 +814,35 @@ BK = [
 # --------------------------------------------------------------------------------------
 _RO = "refimpl/reorder.py"
 RO = [
+    Mutant("in_flight_limit_across_groups", "RO-8", _RO,
+           "block.flight = (p.group[first], collective_kind(p.body[first]))",
+           "block.flight = (\"every group\", collective_kind(p.body[first]))",
+           "the in-flight limit counted per kind over all groups: a sub group's gather waits for "
+           "the world's"),
+    Mutant("blocking_kernels_keep_no_group_order", "RO-5", _RO,
+           "    return collective_kind(node) is not None or blocking_name(node) is not None",
+           "    return collective_kind(node) is not None",
+           "only collectives keep their group's order: a gather is raised above the one-shot "
+           "kernel of its group before it"),
+    Mutant("aten_ops_understood_before_effects_are_asked", "RO-6", _RO,
+           "    if _has_registered_effect(target):\n        return f\"{target} is registered as "
+           "side-effectful\"\n    if namespace in (\"aten\", \"prims\"):\n        return None\n",
+           "    if namespace in (\"aten\", \"prims\"):\n        return None\n    if "
+           "_has_registered_effect(target):\n        return f\"{target} is registered as "
+           "side-effectful\"\n",
+           "checks in the wrong order: every ATen op is taken as compute before its registered "
+           "effect is asked, so an assertion is moved across"),
+    Mutant("setitem_treated_as_pure_operator", "RO-6", _RO,
+           "        if target is operator.setitem:\n            return \"operator.setitem writes "
+           "its argument\"\n",
+           "",
+           "Treats every function of the operator module as a pure size computation, forgetting "
+           "the SPEC's exception for setitem, which writes its argument. (red team)"),
+    Mutant("prologue_user_check_all_instead_of_any", "RO-7", _RO,
+           "if any(self.pos.get(user) not in block for user in node.users):",
+           "if all(self.pos.get(user) not in block for user in node.users):",
+           "Takes a prologue op into a collective's block when some user is the collective, "
+           "instead of requiring every user to be in the block. (red team)"),
     Mutant("original_order_from_meta_unchecked", "RO-2", "refimpl/reorder.py",
            "    return order if _valid_original(order) else nodes",
            "    return order",
@@ -882,6 +992,36 @@ RO = [
 # 6. Symmetric memory (SM), C kernels included
 # --------------------------------------------------------------------------------------
 SM = [
+    Mutant("f16_overflow_past_the_largest_half", "SM-15", "kernels/cpu/symm_mem.c",
+           "  if (u >= (127u + 16) << 23) { /* overflow, inf or NaN */",
+           "  if (u > 0x477fe000u) { /* past 65504, the largest half: inf or NaN */",
+           "float16 overflow taken to start past the largest half, 65504, not at the "
+           "midpoint 65520: a float32 sum in (65504, 65520) gives inf where torch's "
+           "round-to-nearest gives 65504"),
+    Mutant("sleeper_woken_by_a_private_futex_wake", "SM-11", "kernels/cpu/symm_mem.c",
+           "(uint32_t *)slot, FUTEX_WAKE, INT_MAX",
+           "(uint32_t *)slot, FUTEX_WAKE_PRIVATE, INT_MAX",
+           "the usual process-private futex wake on a slot shared between processes: it "
+           "wakes no sleeper of another rank, which returns only at the end of its 50 ms "
+           "sleep"),
+    Mutant("native_pointwise_numel_not_shape", "SM-24", "kernels/cpu/symm_mem_ops.cpp",
+           "input.sizes() != buffer.sizes()) {",
+           "input.numel() != buffer.numel()) {",
+           "the C++ fast path compares local_input's element count with symm_buffer's, "
+           "not its shape: a (2, 2) local_input for a (4,) buffer runs instead of being "
+           "refused naming local_input"),
+    Mutant("failed_rendezvous_forgets_peer_names", "SM-12", "refimpl/symmetric_memory.py",
+           "            published = [r[\"name\"] for r in records]\n",
+           "",
+           "the names read from the peers' records are never remembered: a failed "
+           "rendezvous unlinks only its own, and a peer stopped or killed after it "
+           "published leaves its segment in /dev/shm"),
+    Mutant("rendezvous_sizes_checked_against_rank0_only", "SM-5", "refimpl/symmetric_memory.py",
+           "            _check_sizes(records, alloc.nbytes, info.rank)",
+           "            _check_sizes(records[:1], alloc.nbytes, info.rank)",
+           "Each rank compares its allocation size with rank 0's only (the 'reference' rank), so "
+           "rank 0 itself never sees a mismatch: the ValueError is raised on the other ranks but "
+           "not on every rank. (red team)"),
     Mutant("default_timeout_not_given_to_the_native_ops", "SM-11",
            "refimpl/symmetric_memory.py",
            "        _native_ops.rsm_ops_set_timeout(timeout_ms * 1_000_000)\n",
@@ -1207,6 +1347,42 @@ SM = [
 # --------------------------------------------------------------------------------------
 MEMORY = "refimpl/memory.py"
 MEM = [
+    Mutant("coalesced_reduce_scatter_holds_results_only", "MEM-5", MEMORY,
+           'IN_FLIGHT_RESULT_ONLY = ("all_reduce", "broadcast", "all_reduce_coalesced")',
+           'IN_FLIGHT_RESULT_ONLY = ("all_reduce", "broadcast", "all_reduce_coalesced", '
+           '"reduce_scatter_tensor_coalesced")',
+           "the coalesced reduce_scatter taken to copy its inputs at issue as the coalesced "
+           "all_reduce does: its members' inputs are freed before their waits"),
+    Mutant("second_collective_on_buffer_forgets_first", "MEM-5", MEMORY,
+           "            self.pending.setdefault(done, []).append(held)",
+           "            self.pending[done] = [held]",
+           "Assumes one in-flight collective per result buffer. A second collective writing into "
+           "the same buffer before the wait overwrites the first one's held set, so the wait "
+           "releases only the second one's holds and the first's inputs are held forever. SPEC: "
+           "a wait completes every collective in flight whose result lives in its argument's "
+           "buffer. (red team)"),
+    Mutant("output_view_base_not_pinned", "MEM-7", MEMORY,
+           "                    if buffer.kind == INTERMEDIATE:",
+           "                    if buffer.kind == INTERMEDIATE and buffer.alloc_node is arg:",
+           "Marks a buffer as output only when the output node itself allocated it. An output "
+           "that is a view, rename or in-place result of an intermediate leaves the base buffer "
+           "INTERMEDIATE, and it is freed at its last reader, the output node. (red team)"),
+    Mutant("inputs_keyed_by_tensor_not_storage", "MEM-2", MEMORY,
+           "            key = tensor.untyped_storage()._cdata\n",
+           "            key = id(tensor)\n",
+           "graph inputs told apart by the tensor object, not its storage: two views of one "
+           "storage are two buffers, its bytes counted twice"),
+    Mutant("get_attr_planned_as_an_intermediate", "MEM-6", MEMORY,
+           "        if node.op in (\"placeholder\", \"get_attr\"):\n            return INPUT",
+           "        if node.op == \"placeholder\":\n            return INPUT",
+           "a get_attr constant is planned as an intermediate: freed at its last reader, "
+           "though the module owns it"),
+    Mutant("value_checked_on_ops_only", "MEM-1", MEMORY,
+           "                if node.users:\n                    raise ValueError(f\"gm: node",
+           "                if node.users and node.op == \"call_function\":\n"
+           "                    raise ValueError(f\"gm: node",
+           "only an op without a value is refused: an input without one is planned as "
+           "nothing, and its readers read no buffer"),
     Mutant("alias_source_any_annotated_argument", "MEM-2", "refimpl/memory.py",
            "if alias_set and a.alias_info is not None and a.alias_info.before_set & alias_set:",
            "if alias_set or a.alias_info is not None and a.alias_info.before_set & alias_set:",
@@ -1311,6 +1487,55 @@ MEM = [
 # --------------------------------------------------------------------------------------
 SIMULATOR = "refimpl/simulator.py"
 SIM = [
+    Mutant("batched_matmul_flops_without_the_batch", "SIM-3", SIMULATOR,
+           "    a, b = _val(node.args[1]), _val(node.args[2])\n    return 2 * a.shape[0] * "
+           "a.shape[1] * a.shape[2] * b.shape[2]",
+           "    a, b = _val(node.args[1]), _val(node.args[2])\n    return 2 * a.shape[1] * "
+           "a.shape[2] * b.shape[2]",
+           "baddbmm's FLOPs copied from addmm's: the batch left out (no case costed a batched "
+           "matmul)"),
+    Mutant("unannotated_views_cost_compute", "SIM-4", SIMULATOR,
+           "UNANNOTATED_RENAMES or (bool(schema.returns)",
+           "() or (bool(schema.returns)",
+           "views told by their schema only: aten._unsafe_view, whose schema says no alias, "
+           "costs a roofline"),
+    Mutant("an_input_read_twice_moves_twice", "SIM-3", SIMULATOR,
+           "sum(_tensor_bytes(_val(a)) for a in node.all_input_nodes)",
+           "sum(_tensor_bytes(_val(a)) for a in node.args if isinstance(a, torch.fx.Node))",
+           "bytes counted per argument, not per distinct input: x * x reads x's bytes twice"),
+    Mutant("no_communication_is_no_overlap", "SIM-8", SIMULATOR,
+           "overlap = (comm - exposed) / comm if comm > 0 else 1.0",
+           "overlap = (comm - exposed) / comm if comm > 0 else 0.0",
+           "a program without communication reports 0 overlap instead of 1.0 (nothing to hide)"),
+    Mutant("broadcast_inplace_costed_as_ring", "SIM-2", SIMULATOR,
+           "    \"broadcast_\": (_input_bytes, _PIPELINE),",
+           "    \"broadcast_\": (_input_bytes, _RING),",
+           "The in-place broadcast_ entry is copied from the ring rows, so only the out-of-place "
+           "broadcast gets the pipelined (n-1) alpha + B / beta; broadcast_ gets (n-1) alpha + "
+           "(n-1)/n B / beta. (red team)"),
+    Mutant("upstream_symm_mem_not_blocking", "SIM-7", SIMULATOR,
+           "SYMM_MEM_NAMESPACES = (\"refimpl_symm_mem\", \"symm_mem\")",
+           "SYMM_MEM_NAMESPACES = (\"refimpl_symm_mem\",)",
+           "Only refimpl's symmetric-memory namespace is recognised as blocking kernels; "
+           "upstream's torch.ops.symm_mem.one_shot_all_reduce falls through to the compute "
+           "roofline on the compute stream. (red team)"),
+    Mutant("wait_duration_hidden_in_waiting", "SIM-7", SIMULATOR,
+           "                compute = max(compute, ready) + d",
+           "                compute = max(compute, ready + d)",
+           "The wait's own duration is added to the collective's end instead of to the later of "
+           "arrival and that end, so a wait reached after its collective finished costs nothing. "
+           "(red team)"),
+    Mutant("step_time_ignores_comm_streams", "SIM-8", SIMULATOR,
+           "        step = max([compute, *stream_free.values()])",
+           "        step = compute",
+           "Step time is taken as the compute stream's end only, forgetting collectives that no "
+           "wait completes and that are still running on a comm stream. (red team)"),
+    Mutant("coalesced_inputs_read_as_no_bytes", "SIM-2", SIMULATOR,
+           "    return torch.fx.node.map_arg(arg, lambda node: node.meta.get(\"val\"))",
+           "    return arg.meta.get(\"val\") if isinstance(arg, torch.fx.Node) else arg",
+           "a list argument's values not looked up: a coalesced reduce_scatter or "
+           "all_reduce moves no bytes and costs its latency alone (an outside red team's "
+           "find)"),
     Mutant("one_shot_reads_every_buffer_over_the_link", "SIM-2", "refimpl/simulator.py",
            "_ONE_SHOT = lambda link, n, b: link.alpha_us + (n - 1) * b / link.beta_bytes_per_us",
            "_ONE_SHOT = lambda link, n, b: link.alpha_us + n * b / link.beta_bytes_per_us",
@@ -1410,6 +1635,41 @@ SIM = [
 # 9. End to end (E2E): refimpl/compile.py
 # --------------------------------------------------------------------------------------
 E2E = [
+    Mutant("one_shot_kernels_not_counted", "E2E-5", "refimpl/compile.py",
+           "_COMM_NAMESPACES = (\"refimpl_c10d\", \"_c10d_functional\", \"refimpl_symm_mem\", "
+           "\"symm_mem\")",
+           "_COMM_NAMESPACES = (\"refimpl_c10d\", \"_c10d_functional\")",
+           "the stage counts look at the functional-collective namespaces only: a one-shot "
+           "kernel on symmetric memory is not recorded"),
+    Mutant("stage_files_numbered_by_the_stages_that_ran", "E2E-5", "refimpl/compile.py",
+           "        path = self.folder / f\"{STAGES.index(stage)}_{stage}.txt\"",
+           "        path = self.folder / f\"{len(list(self.folder.glob('*_*.txt')))}_{stage}.txt\"",
+           "files numbered by how many stages ran: with bucketing off, the lowered text is "
+           "1_lowered.txt"),
+    Mutant("all_reduces_bucketed_too", "E2E-2", "refimpl/compile.py",
+           "    bucket_reduce_scatter(gm, cap, recompile=False)\n",
+           "    bucket_reduce_scatter(gm, cap, recompile=False)\n    "
+           "__import__('refimpl.bucketing').bucketing.bucket_all_reduce(gm, cap, "
+           "recompile=False)\n",
+           "the backend buckets all_reduces as well, which E2E-2 says it does not"),
+    Mutant("stages_out_of_order", "E2E-2", "refimpl/compile.py",
+           "    if config.lowering is not None:\n        stages.append((\"lowered\", lambda gm: "
+           "_lower_stage(gm, config.lowering)))\n    if config.reorder is not None:\n        "
+           "stages.append((\"reordered\", lambda gm: _reorder_stage(gm, config.reorder)))\n",
+           "    if config.reorder is not None:\n        stages.append((\"reordered\", lambda gm: "
+           "_reorder_stage(gm, config.reorder)))\n    if config.lowering is not None:\n        "
+           "stages.append((\"lowered\", lambda gm: _lower_stage(gm, config.lowering)))\n",
+           "reorder before lowering"),
+    Mutant("debug_dir_concrete_path_only", "E2E-1", "refimpl/compile.py",
+           "not isinstance(self.debug_dir, (str, os.PathLike)):",
+           "not isinstance(self.debug_dir, (str, Path)):",
+           "Accepts pathlib.Path instead of the os.PathLike protocol, so any other path-like "
+           "object (anything with __fspath__) is rejected. (red team)"),
+    Mutant("backend_none_takes_default", "E2E-1", "refimpl/compile.py",
+           "    return RefimplBackend(config)",
+           "    return RefimplBackend(config if config is not None else CompileConfig())",
+           "backend() treats an explicit None like an omitted argument and quietly uses the "
+           "default config instead of rejecting it. (red team)"),
     Mutant("e2e_cap_from_the_default_config", "E2E-2", "refimpl/compile.py",
            "lambda gm: _bucket_stage(gm, config.bucket_cap_mb)",
            "lambda gm: _bucket_stage(gm, CompileConfig.bucket_cap_mb)",
@@ -1504,6 +1764,22 @@ def section_lists() -> dict[str, list[Mutant]]:
 MUTANTS: list[Mutant] = [m for section in section_lists().values() for m in section]
 
 
+# --------------------------------------------------------------------------------------
+# Equivalents: slips a red team wrote that no implementation-independent case can fail,
+# each with why, so that the next red team does not write them again. Same fields as a
+# Mutant; never run by tests/test_mutants.py, only checked to still apply.
+# --------------------------------------------------------------------------------------
+EQUIVALENTS: list[Mutant] = [
+    Mutant("side_effect_only_on_overload", "FC-33", F,
+           "    packet = getattr(ops, name)\n    torch.fx.node.has_side_effect(packet)\n",
+           "    packet = getattr(ops, name)\n",
+           "equivalent on torch 2.13: FX's dead-code elimination asks whether a packet has "
+           "side effects through its overloads, so the packet's own mark changes nothing "
+           "(test_dead_code_elimination_keeps_the_ops_packets_too passes with it); "
+           "a torch that stops looking through packets would make it observable"),
+]
+
+
 # The case that failed each mutant when the mutation check last ran it. The test runs it
 # first (`--first CASE --first RULE`): a run then costs one case, not the cases of the
 # rule that come before the one that catches it. Only an order: if the case no longer
@@ -1512,6 +1788,14 @@ MUTANTS: list[Mutant] = [m for section in section_lists().values() for m in sect
 _FUSED = "test_pointwise_chains_run_in_the_one_shot_kernel"
 _CALLED = "test_the_lowered_program_is_called_as_any_module"
 CATCHING_CASE: dict[str, str] = {
+    "f16_overflow_past_the_largest_half":
+        "test_16_bit_sums_at_the_edge_of_the_range_round_as_torch_does",
+    "sleeper_woken_by_a_private_futex_wake":
+        "test_a_sleeping_wait_is_woken_by_the_signal_not_by_its_own_timer",
+    "native_pointwise_numel_not_shape":
+        "test_a_matching_numel_of_another_shape_or_dtype_is_refused_by_every_kernel",
+    "failed_rendezvous_forgets_peer_names":
+        "test_a_failed_rendezvous_unlinks_the_names_of_a_stopped_peer",
     "live_bytes_before_each_node": "test_all_gather_copy_out",
     "verifier_refuses_only_a_larger_peak": "test_lifecycle_verifier",
     "config_keeps_the_callers_mapping": "test_config_is_frozen_and_keeps_its_own_limits",

@@ -111,7 +111,7 @@ def test_every_list_of_mutants_is_gathered():
 
     lists = {name for name, value in vars(mutants).items()
              if isinstance(value, list) and value and all(isinstance(m, Mutant) for m in value)
-             and name != "MUTANTS"}
+             and name not in ("MUTANTS", "EQUIVALENTS")}
     assert lists <= set(section_lists()), sorted(lists - set(section_lists()))
 
 
@@ -132,6 +132,18 @@ def test_each_catching_case_is_a_case_of_its_mutants_section(tmp_path):
         case = CATCHING_CASE.get(m.name)
         assert case is None or m.section in sections.get(case, ()), \
             f"mutant {m.name}: {case!r} is no case of section {m.section}"
+
+
+def test_equivalents_still_apply_and_are_no_mutants():
+    """A slip judged equivalent stays written down only while it still names code."""
+    from mutants import EQUIVALENTS
+
+    names = {m.name for m in MUTANTS}
+    for slip in EQUIVALENTS:
+        assert slip.name not in names, f"{slip.name} is both a mutant and an equivalent"
+        assert slip.why, f"equivalent {slip.name} says not why"
+        count = (ROOT / slip.path).read_text().count(slip.old)
+        assert count == 1, f"equivalent {slip.name}: `old` occurs {count} times in {slip.path}"
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)

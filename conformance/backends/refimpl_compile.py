@@ -30,6 +30,14 @@ def stage_counts(compiled) -> dict:
     return {g.name: g.counts for g in compiled.graphs}
 
 
+def backend_of(config):
+    """`refimpl.compile.backend(config)` for any `config`, to check its refusals."""
+    from refimpl.compile import backend
+
+    return backend(config)
+
+
 def concept():
     return types.SimpleNamespace(make=make, exact=True, stages=("bucketing", "lowering", "reorder"),
-                                 stage_counts=stage_counts, logger="refimpl.compile")
+                                 stage_counts=stage_counts, logger="refimpl.compile",
+                                 backend_of=backend_of)

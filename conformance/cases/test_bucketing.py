@@ -330,6 +330,11 @@ KEYS = {
     "dtype": (AG, [(W, F32, "sum"), (W, BF16, "sum")] * 2, 2),
     "dtype_rs": (RS, [(W, F32, "sum"), (W, BF16, "sum")] * 2, 2),
     "dtype_ar": (AR, [(W, F32, "sum"), (W, F16, "sum")] * 2, 2),
+    # Dtypes of one size are still two keys: float16 and bfloat16, float32 and int32.
+    "same_size_dtype": (AG, [(W, F16, "sum"), (W, BF16, "sum"), (W, F32, "sum"),
+                             (W, torch.int32, "sum")] * 2, 4),
+    "same_size_dtype_rs": (RS, [(W, F16, "sum"), (W, BF16, "sum")] * 2, 2),
+    "same_size_dtype_ar": (AR, [(W, BF16, "sum"), (W, F16, "sum")] * 2, 2),
     # "SUM" and "sum" are one reduce op (FC-17): one key.
     "reduce_op_rs": (RS, [(W, F32, op) for op in ("sum", "avg", "SUM", "max", "avg", "max")], 3),
     "reduce_op_ar": (AR, [(W, F32, op) for op in ("sum", "min", "SUM", "avg", "min", "avg")], 3),
@@ -399,6 +404,29 @@ wait b7""")  # noqa: E501
 
 
 @pytest.mark.spec("BK-1")
+@pytest.mark.parametrize("pass_name", [AG, RS, AR])
+def test_collectives_of_upstreams_namespace_are_candidates(backend, pass_name):
+    """Three collectives of upstream's `_c10d_functional`, called directly and waited by
+    upstream's wait, whatever the backend's own API: one bucket."""
+    kind = {AG: "all_gather", RS: "reduce_scatter", AR: "all_reduce"}[pass_name]
+    result = run_case(backend, 2, "upstream_namespace", pass_name,
+                      program_args={"kind": kind})
+    assert result["collectives"] == (3, 1)
+
+
+@pytest.mark.spec("BK-9", "BK-7")
+def test_casts_from_sources_of_different_dtypes_are_absorbed(backend):
+    """Members cast to bf16 from f32, f16 and f64: every cast absorbed, the concatenation
+    in the promotion of the sources (f64), converted once; the values bit for bit."""
+    result = run_case(backend, 2, "fsdp_all_gather", AG, dtype=BF16,
+                      program_args={"rows": (3, 1, 2), "cast": True,
+                                    "source": (F32, F16, torch.float64)})
+    assert result["collectives"] == (3, 1)
+    assert "_to_copy" not in result["canonical"], result["canonical"]
+    assert "convert_element_type" not in result["canonical"], result["canonical"]
+
+
+@pytest.mark.spec("BK-1")
 def test_out_variant_collectives_are_no_candidates(backend):
     result = run_case(backend, 2, "with_out_variant", AG)
     assert result["collectives"] == (3, 2)
@@ -407,6 +435,12 @@ def test_out_variant_collectives_are_no_candidates(backend):
 @pytest.mark.spec("BK-1")
 def test_a_collective_whose_user_is_not_its_wait_is_no_candidate(backend):
     result = run_case(backend, 2, "waited_through_a_view", AG)
+    assert result["collectives"] == (3, 2)
+
+
+@pytest.mark.spec("BK-1")
+def test_a_collective_waited_twice_is_no_candidate(backend):
+    result = run_case(backend, 2, "waited_twice", AG)
     assert result["collectives"] == (3, 2)
 
 

@@ -171,6 +171,30 @@ return [%7, %8]""")
     check_numerics(backend, "ar_coalesced", [(4,), (2, 3)])
 
 
+@pytest.mark.spec("CL-5", "CL-3", "CL-15")
+def test_all_reduce_coalesced_of_one_tensor_twice_clones_it(backend, fake_world):
+    """`y` is the coalesced all_reduce's only user but appears twice in its list: reduced
+    in place for both members, each rank would get the sum of sums (5.0 for 3.0)."""
+    trace = comm_trace(backend, "ar_coalesced_same_tensor_twice", [(4,)])
+    # One buffer per member, whatever each is a copy of (upstream computes y twice).
+    members = re.findall(r"(?:^|,)(b\d+):", trace.splitlines()[0].split(" in=", 1)[1])
+    assert len(members) == 2 and members[0] != members[1], trace
+    graph = lowered_text(backend, "ar_coalesced_same_tensor_twice", [(4,)])
+    if graph is not None:
+        assert_expected_inline(graph, """\
+%0 = input : f32[4]
+%1 = aten.mul.Tensor(%0, 1) : f32[4]
+%2 = aten.clone(%1, memory_format=torch.contiguous_format) : f32[4]
+%3 = aten.clone(%1, memory_format=torch.contiguous_format) : f32[4]
+%4 = funcol.all_reduce_coalesced_([%2, %3], 'sum', ranks[0,1]) : (f32[4], f32[4])
+%5 = getitem(%4, 0) : f32[4]
+%6 = getitem(%4, 1) : f32[4]
+%7 = funcol.wait_tensor_(%5) : f32[4]
+%8 = funcol.wait_tensor_(%6) : f32[4]
+return [%7, %8]""")
+    check_numerics(backend, "ar_coalesced_same_tensor_twice", [(4,)])
+
+
 @pytest.mark.spec("CL-5", "CL-9", "CL-15")
 def test_all_reduce_coalesced_inplace_stays_in_place(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "ar_coalesced_inplace", [(4,), (2, 3)]), """\
@@ -347,6 +371,15 @@ one_shot_all_reduce out-of-place ranks[0,1] sum in=b0:f32[4]=computed out=b1:f32
 %4 = aten.add.Tensor(%3, 1) : f32[4]
 return %4""")  # noqa: E501
     check_numerics(backend, "ar_small_intermediate", [(4,)], ONE_SHOT)
+
+
+@pytest.mark.spec("CL-10")
+def test_force_one_shot_alone_lowers_one_shot(backend, fake_world):
+    """`force_one_shot_all_reduce` needs no `auto_select`: on its own it lowers every
+    all_reduce one-shot (or refuses, CL-10's other half)."""
+    forced = {"force_one_shot_all_reduce": True, "enable_symm_mem_for": ["0"]}
+    assert_expected_inline(comm_trace(backend, "ar_small_intermediate", [(4,)], forced), """\
+one_shot_all_reduce out-of-place ranks[0,1] sum in=b0:f32[4]=computed out=b1:f32[4]""")
 
 
 @pytest.mark.spec("CL-14", "CL-10", "CL-9", "CL-15")
@@ -780,6 +813,28 @@ def _traced(backend, program, *inputs):
     from torch.fx.experimental.proxy_tensor import make_fx
 
     return make_fx(program, tracing_mode="fake")(*inputs)
+
+
+@pytest.mark.spec("CL-1", "CL-9")
+def test_a_graph_of_upstream_ops_is_lowered_to_upstream_kernels(backend, fake_world):
+    """Upstream's `_c10d_functional` all_reduce, coalesced all_reduce and broadcast lower to
+    upstream's in-place kernels, waited by upstream's wait: no op of another namespace."""
+    ns = backend.require("lowering", "lower", "Config")
+    up = torch.ops._c10d_functional
+
+    def program(x, y):
+        a = up.all_reduce(x * 2, "sum", "0")
+        b, c = up.all_reduce_coalesced([x + 1, y * 3], "sum", "0")
+        d = up.broadcast(y + 1, 0, "0")
+        return [up.wait_tensor(t) for t in (a, b, c, d)]
+
+    gm = ns.lower(_traced(backend, program, torch.ones(4), torch.ones(2, 3)), ns.Config())
+    assert isinstance(gm, torch.fx.GraphModule), f"lower returned {type(gm).__name__}"
+    comm = [n.target for n in gm.graph.nodes if n.op == "call_function"
+            and getattr(n.target, "namespace", "aten") not in ("aten", "prims")]
+    assert comm and all(t.namespace == "_c10d_functional" for t in comm), comm
+    names = sorted({t._schema.name.split("::")[1] for t in comm})
+    assert names == ["all_reduce_", "all_reduce_coalesced_", "broadcast_", "wait_tensor"], names
 
 
 def _refusals(backend):

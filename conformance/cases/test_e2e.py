@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import xml.etree.ElementTree as ET
 
@@ -158,6 +159,12 @@ def test_lowering_config_reaches_the_program(backend):
     check_values(backend, results)
     n = buckets(MLP.layers, MEMBER_BYTES, CAPS["two"])
     check_issued(results, n, n)
+    for rank, result in enumerate(results):  # the record counts the kernel (E2E-5)
+        if result["stage_counts"] is not None:
+            lowered = result["stage_counts"]["graph0_forward"]["lowered"]
+            assert lowered.get("one_shot_all_reduce") == 1, f"rank {rank}: {lowered}"
+            assert "all_reduce" not in lowered and "all_reduce_" not in lowered, \
+                f"rank {rank}: {lowered}"
 
 
 # --------------------------------------------------------------------------------------
@@ -281,6 +288,56 @@ def test_stages_switched_off_write_no_text(backend, tmp_path):
 
 
 @pytest.mark.spec("E2E-5")
+def test_a_stage_switched_off_leaves_the_others_their_numbers(backend, tmp_path):
+    """Bucketing off, lowering and reorder on: the texts are 0_traced, 2_lowered and
+    3_reordered, so that a file's name says its stage whatever else ran."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        pytest.skip("a process group is left in this process by another case")
+    concept = backend.require("compile_backend")
+    if not {"lowering", "reorder"} <= set(concept.stages):
+        pytest.skip("the backend has no separate lowering and reorder stages")
+    compiled = concept.make({"bucket_cap_mb": None, "lowering": {}, "reorder": {},
+                             "debug_dir": str(tmp_path)})
+    torch._dynamo.reset()
+    try:
+        assert torch.compile(lambda x: x * 2 + 1, backend=compiled)(
+            torch.arange(4.0)).tolist() == [1.0, 3.0, 5.0, 7.0]
+    finally:
+        torch._dynamo.reset()
+    texts = sorted(p.name for p in (tmp_path / "rank0" / "graph0_inference").glob("*.txt"))
+    assert texts == ["0_traced.txt", "2_lowered.txt", "3_reordered.txt"], texts
+
+
+@pytest.mark.spec("E2E-2", "E2E-5")
+def test_stages_run_in_order_and_all_reduces_are_not_bucketed(backend):
+    """Two all_reduces under a cap that would hold both: bucketing leaves them as they
+    are (only all_gathers and reduce_scatters are bucketed), and the record names the
+    stages in the order they ran: traced, bucketed, lowered, reordered."""
+    from conformance import memory_programs as mp
+
+    concept = backend.require("compile_backend", "stage_counts")
+    fc = backend.require("functional_collectives")
+
+    def step(x, y):
+        return fc.all_reduce(x, "sum", "0") + fc.all_reduce(y * 2, "sum", "0")
+
+    torch._dynamo.reset()
+    try:
+        with mp.fake_world(2):  # traced and compiled here, never run on peers
+            compiled = concept.make({"bucket_cap_mb": 25.0, "lowering": {}, "reorder": {}})
+            torch.compile(step, backend=compiled, fullgraph=True)(torch.ones(4), torch.ones(4))
+    finally:
+        torch._dynamo.reset()
+    counts = concept.stage_counts(compiled)
+    assert list(counts) == ["graph0_inference"], counts
+    stages = counts["graph0_inference"]
+    assert list(stages) == ["traced", "bucketed", "lowered", "reordered"], stages
+    assert families_in_record(stages["bucketed"]) == {"all_reduce": 2}, stages
+
+
+@pytest.mark.spec("E2E-5")
 def test_debug_dir_without_a_process_group_is_rank0(backend, tmp_path):
     """Compiled in this process, where no process group exists: `rank0`, as for rank 0."""
     import torch.distributed as dist
@@ -354,6 +411,43 @@ def test_bad_config_is_refused(backend, bad):
     concept = backend.require("compile_backend")
     with pytest.raises(error, match=rf"^{argument}: .*\[E2E-1\]"):
         concept.make(options)
+
+
+@pytest.mark.spec("E2E-1")
+@pytest.mark.parametrize("config", [None, {}, "default"], ids=["none", "dict", "str"])
+def test_the_backend_takes_a_compile_config_only(backend, config):
+    """`backend(config)` of anything but a CompileConfig, None included (only an omitted
+    config means the default), is a TypeError naming config."""
+    concept = backend.require("compile_backend", "backend_of")
+    with pytest.raises(TypeError, match=r"^config: .*\[E2E-1\]"):
+        concept.backend_of(config)
+
+
+class _Folder(os.PathLike):
+    """A path-like object that is no pathlib.Path (a user's own path type)."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __fspath__(self):
+        return self.path
+
+
+@pytest.mark.spec("E2E-1", "E2E-5")
+def test_debug_dir_may_be_any_path_like(backend, tmp_path):
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        pytest.skip("a process group is left in this process by another case")
+    compiled = backend.require("compile_backend").make(
+        {**OFF, "debug_dir": _Folder(tmp_path / "debug")})
+    torch._dynamo.reset()
+    try:
+        assert torch.compile(lambda x: x * 2, backend=compiled)(torch.ones(2)).tolist() == \
+            [2.0, 2.0]
+    finally:
+        torch._dynamo.reset()
+    assert (tmp_path / "debug" / "rank0" / "graph0_inference" / "0_traced.txt").is_file()
 
 
 @pytest.mark.spec("E2E-1")

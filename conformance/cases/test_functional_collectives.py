@@ -183,6 +183,8 @@ TRACE_REFUSALS = {
                               lambda o, x, xi, n, g: o.all_reduce(xi, "avg", g)),
     "all_reduce-band_of_float": ("FC-18", "reduce_op",
                                  lambda o, x, xi, n, g: o.all_reduce(x, "band", g)),
+    "all_reduce-bxor_of_float": ("FC-18", "reduce_op",
+                                 lambda o, x, xi, n, g: o.all_reduce(x, "bxor", g)),
     "all_reduce-unknown_group": ("FC-13", "group_name",
                                  lambda o, x, xi, n, g: o.all_reduce(x, "sum", "no-such-group")),
     "all_reduce_-avg_of_int": ("FC-18", "reduce_op",
@@ -204,6 +206,10 @@ TRACE_REFUSALS = {
         x, n, g, out=x.new_empty(4 * n + 1, 4))),
     "all_gather_out-dtype": ("FC-20", "out", lambda o, x, xi, n, g: o.all_gather_into_tensor_out(
         x, n, g, out=xi.new_empty(4 * n, 4))),
+    # int32 has float32's width: the dtype, not its size, must match
+    "all_gather_out-dtype_of_the_same_width": (
+        "FC-20", "out", lambda o, x, xi, n, g: o.all_gather_into_tensor_out(
+            x, n, g, out=torch.empty(4 * n, 4, dtype=torch.int32))),
     "all_gather_out-device": ("FC-30", "out", lambda o, x, xi, n, g: o.all_gather_into_tensor_out(
         x, n, g, out=torch.empty(4 * n, 4, device="meta"))),
     "reduce_scatter-indivisible": (
@@ -497,6 +503,12 @@ def _registry(spec):
         fc.all_reduce(torch.full((8,), float(i)), "sum", world)
     gc.collect()
     seen["dropped"] = count()
+    # Results that require grad, of the plain and the autograd API, dropped alike.
+    for i in range(2):
+        fc.all_reduce(torch.full((8,), float(i), requires_grad=True), "sum", world)
+        fc.all_gather_tensor_autograd(torch.ones(4, requires_grad=True), 0, world)
+    gc.collect()
+    seen["dropped_requiring_grad"] = count()
     # A stale finalizer leaves alone the newer result that reuses its address (FC-8).
     a = fc.all_reduce(torch.ones(4), "sum", world)
     plain = a.wait()
@@ -526,10 +538,45 @@ def test_work_registry(backend):
             "start": s, "issued": s + 1, "after_view": s + 1, "after_use": s,
             "after_wait": s, "raw_issued": s + 1, "after_wait_tensor": s,
             "after_second_wait": s, "after_numpy": s, "empty": s, "one_element": s + 1,
-            "dropped": s, "after_stale_finalizer": s + 1, "stale_value": [4.0] * 4,
+            "dropped": s, "dropped_requiring_grad": s, "after_stale_finalizer": s + 1,
+            "stale_value": [4.0] * 4,
             "coalesced_issued": s + 3, "coalesced_one_waited": s + 2,
             "coalesced_values": [[2.0] * 2, [2.0] * 3, [2.0] * 4], "end": s,
             "next": [2.0, 2.0]}
+
+
+def _rows_out_of_order(spec):
+    """Rows [[2, 0], [3, 1]] of 4: each names the group of its ranks, ascending (FC-14)."""
+    fc = funcol_api(spec)
+    me = dist.get_rank()
+    rows, row = [[2, 0], [3, 1]], [me % 2, me % 2 + 2]
+    names = [fc.resolve_group_name(g) for g in (row, rows, [[0, 2], [1, 3]], rows)]
+    x = oracle.rank_input(me, (2, 3), torch.float32, salt=41)
+    values = {
+        "all_gather": waited(fc.all_gather_tensor(x, 0, rows)),
+        "reduce_scatter": waited(fc.reduce_scatter_tensor(x, "sum", 0, rows)),
+        "all_to_all": waited(fc.all_to_all_single(x, [1, 1], [1, 1], rows)),
+        "broadcast": waited(fc.broadcast(x, 1, rows)),
+    }
+    return names, values
+
+
+@pytest.mark.spec("FC-14", "FC-15")
+def test_rows_out_of_order_name_the_group_of_their_ranks_ascending(backend):
+    """A row [2, 0] names the group a list [0, 2] named first, and within it global rank 0
+    is group rank 0: gathered first, given chunk 0, sending split 0, the src of 0."""
+    backend.require("functional_collectives")
+    for rank, (names, values) in enumerate(run(backend, _rows_out_of_order, 4)):
+        assert len(set(names)) == 1, f"rank {rank}: one group, several names: {names}"
+        members = [rank % 2, rank % 2 + 2]
+        xs = [oracle.rank_input(r, (2, 3), torch.float32, salt=41) for r in members]
+        index = members.index(rank)
+        want = {"all_gather": oracle.all_gather(xs, 0),
+                "reduce_scatter": oracle.reduce_scatter(xs, "sum", index, 0),
+                "all_to_all": oracle.all_to_all_single(xs, index, [[1, 1], [1, 1]]),
+                "broadcast": xs[1]}
+        for name, value in values.items():
+            funcol_cases.assert_same(value, want[name], f"rank {rank} {name} [FC-14]")
 
 
 # ---- FC-13..FC-22, FC-24, FC-27, FC-30: bad input is refused in eager -------------------
@@ -544,6 +591,7 @@ BAD_INPUTS = {
     "avg_of_bool": ("FC-18", VTR, ["avg"]),
     "reduce_scatter_avg_of_integers": ("FC-18", VTR, ["avg"]),
     "band_of_float": ("FC-18", VTR, ["band"]),
+    "bxor_of_float": ("FC-18", VTR, ["bxor"]),
     "bor_of_bfloat16": ("FC-18", VTR, ["bor"]),
     "bxor_of_complex": ("FC-18", VTR, ["bxor"]),
     "indivisible_scatter_dim": ("FC-20", V, ["divisible"]),
@@ -586,6 +634,7 @@ BAD_INPUTS = {
     "raw_src_is_group_size": ("FC-22", V, ["src"]),
     "out_wrong_shape": ("FC-20", V, ["out"]),
     "out_wrong_dtype": ("FC-20", V, ["out"]),
+    "out_dtype_of_the_same_width": ("FC-20", V, ["out"]),
     "out_on_another_device": ("FC-30", V, ["out", "device"]),
     "out_not_contiguous": ("FC-4", V, ["out", "contiguous"]),
     "input_on_meta": ("FC-30", V, ["meta"]),
@@ -625,6 +674,7 @@ def _bad_call(fc, name):
         "avg_of_bool": lambda: fc.all_reduce(x > 0, "avg", world),
         "reduce_scatter_avg_of_integers": lambda: fc.reduce_scatter_tensor(xi, "avg", 0, world),
         "band_of_float": lambda: fc.all_reduce(x, "band", world),
+        "bxor_of_float": lambda: fc.all_reduce(x, "bxor", world),
         "bor_of_bfloat16": lambda: fc.all_reduce(x.bfloat16(), "bor", world),
         "bxor_of_complex": lambda: fc.all_reduce(x.to(torch.complex64), "bxor", world),
         "indivisible_scatter_dim": lambda: fc.reduce_scatter_tensor(x[:3], "sum", 0, world),
@@ -679,6 +729,8 @@ def _bad_call(fc, name):
             x, n, g, out=x.new_empty(4 * n + 1, 4)),
         "out_wrong_dtype": lambda: fc.ops.all_gather_into_tensor_out(
             x, n, g, out=xi.new_empty(4 * n, 4)),
+        "out_dtype_of_the_same_width": lambda: fc.ops.all_gather_into_tensor_out(
+            x, n, g, out=torch.empty(4 * n, 4, dtype=torch.int32)),
         "out_on_another_device": lambda: fc.ops.all_gather_into_tensor_out(
             x, n, g, out=torch.empty(4 * n, 4, device="meta")),
         "out_not_contiguous": lambda: fc.ops.all_gather_into_tensor_out(
@@ -774,8 +826,10 @@ def test_inputs_at_the_edge_of_a_refusal_are_accepted(backend, name):
 
 
 # ---- FC-23, FC-25, FC-32: gradients ----------------------------------------------------
-GRAD_OPS = ["all_gather", "reduce_scatter", "reduce_scatter_avg", "all_reduce",
-            "all_reduce_avg", "all_to_all", "all_to_all_uneven", "broadcast",
+# Reduction names are case-insensitive with grad too (FC-17): "Avg", "SUM".
+GRAD_OPS = ["all_gather", "reduce_scatter", "reduce_scatter_avg", "reduce_scatter_Avg",
+            "all_reduce", "all_reduce_SUM", "all_reduce_avg", "all_to_all", "all_to_all_uneven",
+            "broadcast",
             "all_gather_autograd", "reduce_scatter_autograd", "all_to_all_autograd"]
 
 
@@ -809,7 +863,9 @@ def _gradient(spec, op, salt):
         "reduce_scatter": lambda: fc.reduce_scatter_tensor(x, "sum", 0, world),
         "reduce_scatter_autograd": lambda: fc.reduce_scatter_tensor_autograd(x, "sum", 0, world),
         "reduce_scatter_avg": lambda: fc.reduce_scatter_tensor(x, "avg", 0, world),
+        "reduce_scatter_Avg": lambda: fc.reduce_scatter_tensor(x, "Avg", 0, world),
         "all_reduce": lambda: fc.all_reduce(x, "sum", world),
+        "all_reduce_SUM": lambda: fc.all_reduce(x, "SUM", world),
         "all_reduce_avg": lambda: fc.all_reduce(x, "avg", world),
         "all_to_all": lambda: fc.all_to_all_single(x, None, None, world),
         "all_to_all_uneven": lambda: fc.all_to_all_single(x, outs, ins, world),
@@ -827,10 +883,10 @@ def _expected_grad(op, rank, n, salt):
         return torch.chunk(torch.stack(ws).sum(0), n, dim=1)[rank]
     if op.startswith("reduce_scatter"):
         g = torch.cat(ws, dim=0)
-        return g / n if op.endswith("avg") else g
+        return g / n if op.lower().endswith("avg") else g
     if op.startswith("all_reduce"):
         total = torch.stack(ws).sum(0)
-        return total / n if op.endswith("avg") else total
+        return total / n if op.lower().endswith("avg") else total
     if op == "all_to_all":
         return oracle.all_to_all_single(ws, rank)
     if op in ("all_to_all_uneven", "all_to_all_autograd"):
@@ -1090,6 +1146,30 @@ def test_mismatched_calls_raise_on_every_rank(backend, name):
         assert after == [2.0], f"{where}: the group is out of step after the refusal"
 
 
+def _mismatch_in_a_subgroup(spec):
+    fc = funcol_api(spec)
+    group = dist.new_group([1, 3], timeout=datetime.timedelta(seconds=5))
+    me = dist.get_rank()
+    if me not in (1, 3):
+        return None
+    return _error(lambda: fc.all_reduce(torch.ones(me), "sum", group))
+
+
+@pytest.mark.spec("FC-28")
+def test_a_mismatch_names_the_global_rank_that_differs(backend):
+    """Group [1, 3] of 4: group rank 1 is global rank 3, and the error says so."""
+    backend.require("functional_collectives")
+    # Fresh ranks after: a backend without the check leaves the group's connections out
+    # of step, and a later rank list [1, 3] would find that group again.
+    for rank, outcome in enumerate(run(backend, _mismatch_in_a_subgroup, 4, timeout=60,
+                                       restart_after=True)):
+        if outcome is None:
+            continue
+        exc_type, message, is_value_error = outcome
+        assert is_value_error and "shape" in message and "rank 3" in message, \
+            f"rank {rank}: {exc_type}: {message}"
+
+
 def _late_peer(spec):
     os.environ.update(SHORT_CHECK_TIMEOUT)
     fc = funcol_api(spec)
@@ -1107,6 +1187,28 @@ def test_a_peer_that_never_comes_is_named(backend):
     (exc_type, message, _), seconds = run(backend, _late_peer, 2, timeout=60)[0]
     assert exc_type != "no error" and "rank 1" in message, f"{exc_type}: {message}"
     assert seconds < 10, f"named after {seconds:.1f} s, not within the check's timeout"
+
+
+def _late_peer_of_a_short_group(spec):
+    os.environ["REFIMPL_CHECK_TIMEOUT_S"] = "30"
+    fc = funcol_api(spec)
+    group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=1.5))
+    if dist.get_rank() == 1:
+        return None  # never comes to the collective
+    start = time.monotonic()
+    outcome = _error(lambda: fc.all_reduce(torch.ones(2), "sum", group))
+    return outcome, time.monotonic() - start
+
+
+@pytest.mark.spec("FC-28")
+def test_the_check_gives_up_with_a_shorter_group_timeout(backend):
+    """The check's timeout is 30 s, the group was made to fail in 1.5 s: rank 1 never
+    comes, and rank 0 is told so, naming it, well before 30 s."""
+    backend.require("functional_collectives")
+    (exc_type, message, _), seconds = run(backend, _late_peer_of_a_short_group, 2, timeout=90,
+                                          restart_after=True)[0]
+    assert exc_type != "no error" and "rank 1" in message, f"{exc_type}: {message}"
+    assert seconds < 10, f"named after {seconds:.1f} s, not within the group's 1.5 s"
 
 
 def _timeout_set_in_process(spec):

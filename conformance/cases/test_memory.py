@@ -17,7 +17,9 @@ ones at the same nodes.
 from __future__ import annotations
 
 import pytest
+import torch
 from expecttest import assert_expected_inline
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from conformance import harness
 from conformance import memory_programs as mp
@@ -184,6 +186,24 @@ def test_coalesced_members_are_held_until_their_own_wait(backend, fake_world):
 high-water 96 at %7""")
 
 
+# The coalesced reduce_scatter as the gather: member i's input is held until result i's
+# wait, though gloo copied it at issue (MEM-5, FC-36).
+@pytest.mark.spec("MEM-5", "FC-36")
+def test_coalesced_reduce_scatter_members_are_held_until_their_own_wait(backend, fake_world):
+    gm = mp.traced("reduce_scatter_coalesced_members")
+    assert_expected_inline(plan_text(backend, gm), """\
+%0 input                           +16 %0                       live 16
+%1 input                           +24 %1                       live 40
+%2 aten.mul.Tensor                 +16 %2                       live 56
+%3 aten.mul.Tensor                 +24 %3                       live 80
+%4 funcol.reduce_scatter_tensor_coalesced +8 %4 +12 %4                 live 100
+%7 funcol.wait_tensor              +8 %7 -8 %4 -16 %2           live 84
+%8 aten.add.Tensor                 +8 %8 -8 %7                  live 84
+%9 funcol.wait_tensor              +12 %9 -12 %4 -24 %3         live 60
+%10 aten.add.Tensor                +12 %10 -12 %9               live 60
+high-water 108 at %7""")
+
+
 # all_to_all holds its input until the wait; broadcast (out of place) does not (MEM-5).
 @pytest.mark.spec("MEM-5")
 def test_all_to_all_holds_its_input_broadcast_does_not(backend, fake_world):
@@ -343,6 +363,91 @@ high-water 224 at %10""")
 %6 aten.mm                         +32 %6 -64 %3                live 192
 %10 aten.mm                        +32 %10 -32 %6 -64 %7        live 128
 high-water 256 at %6""")
+
+
+# Two gathers write one `out` before its wait: the wait completes both, so each input
+# (a, b: 16 B) is held until it, then freed (MEM-5). The buffer `out` is an output.
+@pytest.mark.spec("MEM-5")
+def test_a_wait_completes_every_collective_in_flight_on_its_buffer(backend, fake_world):
+    ops = mp.refimpl_ops()
+
+    def program(x):
+        a, b, out = x + 1, x + 2, x.new_empty([8])
+        ops.all_gather_into_tensor_out(a, 2, mp.G, out=out)
+        ops.all_gather_into_tensor_out(b, 2, mp.G, out=out)
+        return ops.wait_tensor_(out)
+
+    gm = make_fx(program, tracing_mode="fake")(torch.ones(4))
+    assert_expected_inline(plan_text(backend, gm), """\
+%0 input                           +16 %0                       live 16
+%1 aten.add.Tensor                 +16 %1                       live 32
+%2 aten.add.Tensor                 +16 %2                       live 48
+%3 aten.new_empty                  +32 %3                       live 80
+%6 funcol.wait_tensor_             -16 %1 -16 %2                live 48
+high-water 80 at %3""")
+
+
+# The output is a view of an intermediate: the intermediate's buffer is the output's, kept
+# to the end (MEM-7), whichever alias the output names.
+@pytest.mark.spec("MEM-7", "MEM-1")
+def test_an_output_that_views_an_intermediate_keeps_its_buffer(backend, fake_world):
+    ns = backend.require("memory", "plan_memory")
+    gm = make_fx(lambda x: ((x + 1).view(-1), x * 2), tracing_mode="fake")(torch.ones(2, 2))
+    assert_expected_inline(plan_text(backend, gm), """\
+%0 input                           +16 %0                       live 16
+%1 aten.add.Tensor                 +16 %1                       live 32
+%3 aten.mul.Tensor                 +16 %3                       live 48
+high-water 48 at %3""")
+    plan = ns.plan_memory(gm)
+    add = next(b for b in plan.buffers if "add" in b.alloc_node.name)
+    assert (add.kind, add.free_node) == ("output", None), (add.kind, add.free_node)
+
+
+class _Scaled(torch.nn.Module):
+    """A buffer of the module: traced, a `get_attr` constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.arange(4.0))
+
+    def forward(self, a, b):
+        return (a + b) * self.scale
+
+
+def _traced_scaled() -> torch.fx.GraphModule:
+    """Inputs `a`, `b`: the two halves of one storage of 8 floats (32 B)."""
+    base = torch.arange(8.0)
+    return make_fx(_Scaled(), tracing_mode="fake", _allow_non_fake_inputs=True)(
+        base[:4], base[4:])
+
+
+# Two inputs that are views of one storage are one buffer of its 32 B; the module's
+# buffer, a get_attr, is an input too: counted before the first node, never freed (MEM-2,
+# MEM-6). Only the sum is an intermediate.
+@pytest.mark.spec("MEM-2", "MEM-6")
+def test_a_constant_and_inputs_sharing_a_storage(backend, fake_world):
+    gm = _traced_scaled()
+    assert_expected_inline(plan_text(backend, gm), """\
+%0 input                           +32 %0                       live 32
+%3 get_attr                        +16 %3                       live 48
+%2 aten.add.Tensor                 +16 %2                       live 64
+%4 aten.mul.Tensor                 +16 %4 -16 %2                live 64
+high-water 80 at %4""")
+
+
+# A node that others read but that carries no value cannot be planned: refused naming gm
+# and the node, whether it is an input or an op (MEM-1).
+@pytest.mark.spec("MEM-1")
+@pytest.mark.parametrize("target", ["placeholder", "call_function"])
+def test_a_read_node_without_a_value_is_refused_naming_it(backend, fake_world, target):
+    ns = backend.require("memory", "plan_memory")
+    gm = _traced_scaled()
+    node = next(n for n in gm.graph.nodes if n.op == target)
+    del node.meta["val"]
+    with pytest.raises(ValueError, match=f"gm.*{node.name}|{node.name}.*gm"):
+        ns.plan_memory(gm)
+    with pytest.raises(TypeError, match="gm"):
+        ns.plan_memory(gm.graph)
 
 
 @pytest.mark.spec("MEM-11")

@@ -678,6 +678,116 @@ def test_opaque_op_is_a_barrier(backend, world4):
 return [%8, %11, %9]""")
 
 
+# An assertion, registered side-effectful though ATen, is a barrier as record_ is: the
+# first wait stays above it, the second gather below it (RO-6).
+@pytest.mark.spec("RO-6")
+def test_a_side_effectful_aten_op_is_a_barrier(backend, world4):
+    assert_expected_inline(golden(backend, rp.Case("side_effectful_aten", math.inf)), """\
+%0 = input : f32[4]
+%1 = input : f32[2]
+%2 = input : f32[2]
+%3 = funcol.all_gather_into_tensor(%1, 4, ranks[0,1,2,3]) : f32[8]
+%4 = aten.mul.Tensor(%0, 2) : f32[4]
+%5 = aten.sum(%4) : f32[]
+%6 = aten.gt.Scalar(%5, -1e+30) : b8[]
+%7 = funcol.wait_tensor(%3) : f32[8]
+%8 = aten._assert_async.msg(%6, 'a sum of -1e30 or less') : none
+%9 = funcol.all_gather_into_tensor(%2, 4, ranks[0,1,2,3]) : f32[8]
+%10 = aten.add.Tensor(%7, 1) : f32[8]
+%11 = aten.add.Tensor(%4, 1) : f32[4]
+%12 = funcol.wait_tensor(%9) : f32[8]
+%13 = aten.add.Tensor(%12, 1) : f32[8]
+return [%10, %13, %11]""")
+
+
+# operator.setitem, a Python function of `operator` that writes its argument, is a
+# barrier where record_ was: the same order (RO-6).
+@pytest.mark.spec("RO-6")
+def test_setitem_is_a_barrier(backend, world4):
+    assert_expected_inline(golden(backend, rp.Case("setitem_barrier", math.inf)), """\
+%0 = input : f32[4]
+%1 = input : f32[2]
+%2 = input : f32[2]
+%3 = funcol.all_gather_into_tensor(%1, 4, ranks[0,1,2,3]) : f32[8]
+%4 = aten.mul.Tensor(%0, 2) : f32[4]
+%5 = funcol.wait_tensor(%3) : f32[8]
+%6 = setitem(%4, 0, 1.0) : none
+%7 = funcol.all_gather_into_tensor(%2, 4, ranks[0,1,2,3]) : f32[8]
+%8 = aten.add.Tensor(%5, 1) : f32[8]
+%9 = aten.add.Tensor(%4, 1) : f32[4]
+%10 = funcol.wait_tensor(%7) : f32[8]
+%11 = aten.add.Tensor(%10, 1) : f32[8]
+return [%8, %11, %9]""")
+
+
+# The clone both all_reduces read is a block of its own (RO-7): it runs first, then the
+# sub group's all_reduce (first in the program) and the world's are issued, each raised.
+@pytest.mark.spec("RO-7", "RO-10")
+def test_a_prologue_shared_by_two_collectives_is_a_block_of_its_own(backend, world4):
+    assert_expected_inline(golden(backend, rp.Case("shared_prologue", math.inf)), """\
+%0 = input : f32[4]
+%1 = input : f32[4]
+%2 = aten.mul.Tensor(%0, 2) : f32[4]
+%3 = aten.clone(%1) : f32[4]
+%4 = funcol.all_reduce(%3, 'sum', ranks[0,1]) : f32[4]
+%5 = funcol.all_reduce(%3, 'sum', ranks[0,1,2,3]) : f32[4]
+%6 = aten.mul.Tensor(%2, 3) : f32[4]
+%7 = funcol.wait_tensor(%4) : f32[4]
+%8 = aten.add.Tensor(%7, %6) : f32[4]
+%9 = funcol.wait_tensor(%5) : f32[4]
+%10 = aten.add.Tensor(%9, 1) : f32[4]
+return [%8, %10]""")
+
+
+# One all_gather in flight per group: the sub group's first gather is in flight beside
+# the world's, and each group's second starts after its own first wait (RO-8).
+@pytest.mark.spec("RO-8")
+def test_the_in_flight_limit_counts_per_group(backend, world4):
+    assert_expected_inline(golden(backend, rp.Case("limit_per_group", math.inf,
+                                                   rp.ONE_ALL_GATHER)), """\
+%0 = input : f32[4]
+%1 = input : f32[2]
+%2 = input : f32[2]
+%3 = input : f32[4]
+%4 = input : f32[4]
+%5 = funcol.all_gather_into_tensor(%1, 4, ranks[0,1,2,3]) : f32[8]
+%6 = funcol.all_gather_into_tensor(%3, 2, ranks[0,1]) : f32[8]
+%7 = aten.mul.Tensor(%0, 2) : f32[4]
+%8 = funcol.wait_tensor(%5) : f32[8]
+%9 = funcol.all_gather_into_tensor(%2, 4, ranks[0,1,2,3]) : f32[8]
+%10 = aten.sum(%8) : f32[]
+%11 = aten.add.Tensor(%7, %10) : f32[4]
+%12 = funcol.wait_tensor(%6) : f32[8]
+%13 = funcol.all_gather_into_tensor(%4, 2, ranks[0,1]) : f32[8]
+%14 = aten.sum(%12) : f32[]
+%15 = aten.add.Tensor(%11, %14) : f32[4]
+%16 = aten.mul.Tensor(%15, 2) : f32[4]
+%17 = funcol.wait_tensor(%9) : f32[8]
+%18 = aten.sum(%17) : f32[]
+%19 = aten.add.Tensor(%16, %18) : f32[4]
+%20 = funcol.wait_tensor(%13) : f32[8]
+%21 = aten.sum(%20) : f32[]
+%22 = aten.add.Tensor(%19, %21) : f32[4]
+return %22""")
+
+
+# The one-shot all-reduce blocks; the gather of the same group, ready at the start, stays
+# after it (RO-5: blocking kernels keep their group's order too).
+@pytest.mark.spec("RO-5")
+def test_a_blocking_kernel_keeps_its_place_in_its_groups_order(backend, world4):
+    assert_expected_inline(golden(backend, rp.Case("blocking_then_gather", math.inf)), """\
+%0 = input : f32[4]
+%1 = input : f32[2]
+%2 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1,2,3], 894502361895871049) : f32[4]
+%3 = aten.mul.out(%0, 2, out=%2) : f32[4]
+%4 = symm_mem.one_shot_all_reduce(%3, 'sum', ranks[0,1,2,3]) : f32[4]
+%5 = funcol.all_gather_into_tensor(%1, 4, ranks[0,1,2,3]) : f32[8]
+%6 = aten.add.Tensor(%4, 1) : f32[4]
+%7 = funcol.wait_tensor_(%5) : f32[8]
+%8 = aten.mul.Tensor(%7, 2) : f32[8]
+return [%6, %8]""")  # noqa: E501
+
+
 # Two barriers (record_ writes its argument, note returns nothing): the first wait stays
 # above the first, the second gather and wait between them, the third gather below the
 # second (RO-6).

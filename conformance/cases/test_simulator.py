@@ -87,6 +87,41 @@ def test_collective_costs(backend, world4):
     assert tl.exposed_comm_us == pytest.approx(sum(want))
 
 
+@pytest.mark.spec("SIM-2")
+def test_coalesced_and_in_place_collective_costs(backend, world4):
+    """The coalesced and in-place forms move the bytes of every member: a coalesced
+    reduce_scatter of 3,200 B on 2 ranks costs 10 + 1,600 / 100 = 26 us, not its latency.
+    The in-place forms cost what their out-of-place ones do."""
+    ns = sim(backend)
+    ops = backend.require("functional_collectives").ops
+
+    def program(x, y):
+        outs = []
+        for group, n in (("0", 4), (world4, 2)):
+            outs += ops.all_gather_into_tensor_coalesced([x, y], n, group)
+            outs += ops.reduce_scatter_tensor_coalesced([x, y], "sum", n, group)
+            outs += ops.all_reduce_coalesced([x, y], "sum", group)
+            outs += ops.all_reduce_coalesced_([x * 1, y * 1], "sum", group)
+            outs.append(ops.all_reduce_(x * 1, "sum", group))
+            outs.append(ops.broadcast_(y * 1, 0, group))
+        return [ops.wait_tensor(t) for t in outs]
+
+    inputs = [torch.randn(8, 16), torch.randn(12, 12)]  # 512 + 576 bytes
+    gm = make_fx(program, tracing_mode="fake")(*inputs)
+    tl = ns.simulate(gm, ns.CostModel(_profile(ns)))
+    durations = [e.end_us - e.start_us for e in tl.events if e.stream != "compute"]
+    x, both = 8 * 16 * 4, (8 * 16 + 12 * 12) * 4
+    want = []
+    for n in (4, 2):
+        want += [ring(n, both * n),           # all_gather: its results
+                 ring(n, both),               # reduce_scatter: its inputs
+                 2 * ring(n, both),           # all_reduce, out of place and in place
+                 2 * ring(n, both),
+                 2 * ring(n, x),
+                 (n - 1) * ALPHA[n] + 576 / BETA[n]]  # broadcast_: pipelined, as broadcast
+    assert durations == pytest.approx(want), (durations, want)
+
+
 @pytest.mark.spec("SIM-3", "SIM-4")
 def test_compute_is_a_roofline(backend, world4):
     ns = sim(backend)
@@ -127,6 +162,98 @@ def test_compute_is_a_roofline(backend, world4):
     addmm_bytes = (8 * 4 + 8 * 16 + 16 * 4 + 8 * 4) * 4
     assert got[aten.addmm.default] == pytest.approx(
         1 + max(2 * 8 * 16 * 4 / FLOPS, addmm_bytes / BANDWIDTH))
+
+
+@pytest.mark.spec("SIM-3", "SIM-4")
+def test_batched_matmuls_views_and_an_input_read_twice(backend, world4):
+    """bmm and baddbmm count 2 M K N FLOPs per batch; views of every kind are free; an
+    input read twice moves its bytes once."""
+    ns = sim(backend)
+
+    def program(a, b, c, x):
+        views = (x.t(), x.expand(2, 8, 4), x[0], x.unsqueeze(0),
+                 torch.ops.aten._unsafe_view(x * 1, [32]))
+        return torch.bmm(a, b), torch.baddbmm(c, a, b), x * x, views
+
+    inputs = [torch.randn(2, 8, 16), torch.randn(2, 16, 4), torch.randn(2, 8, 4),
+              torch.randn(8, 4)]
+    gm = make_fx(program, tracing_mode="fake")(*inputs)
+    tl = ns.simulate(gm, ns.CostModel(_profile(ns)))
+    got = {e.node.name: e.end_us - e.start_us for e in tl.events}
+    aten = torch.ops.aten
+    flops = 2 * 2 * 8 * 16 * 4  # a batch of 2
+    for target, moved in ((aten.bmm.default, 2 * 8 * 16 + 2 * 16 * 4 + 2 * 8 * 4),
+                          (aten.baddbmm.default, 2 * 8 * 4 + 2 * 8 * 16 + 2 * 16 * 4
+                           + 2 * 8 * 4)):
+        node = nodes_of(gm, str(target))[0]
+        assert got[node.name] == pytest.approx(1 + max(flops / FLOPS, moved * 4 / BANDWIDTH))
+    square = [n for n in nodes_of(gm, "aten.mul.Tensor") if n.args[0] is n.args[1]][0]
+    assert got[square.name] == pytest.approx(1 + (32 + 32) * 4 / BANDWIDTH)  # x once, out
+    for fragment in ("aten.t", "aten.expand", "aten.select", "aten.unsqueeze",
+                     "aten._unsafe_view"):
+        node = nodes_of(gm, fragment)[0]
+        assert got[node.name] == 0.0, (fragment, got[node.name])
+
+
+@pytest.mark.spec("SIM-2", "SIM-5", "SIM-7")
+def test_upstreams_blocking_one_shot_is_communication_too(backend, world4):
+    """Upstream's `symm_mem.one_shot_all_reduce`, as refimpl's: a blocking kernel on its
+    group's stream, costed as SIM-2's one-shot, all of it exposed."""
+    ns = sim(backend)
+    import refimpl.symmetric_memory  # noqa: F401  (defines refimpl_symm_mem)
+
+    for namespace in (torch.ops.symm_mem, torch.ops.refimpl_symm_mem):
+        def program(x, symm):
+            return symm.one_shot_all_reduce(x, "sum", "0") + 1
+
+        gm = make_fx(functools.partial(program, symm=namespace),
+                     tracing_mode="fake")(torch.ones(8, 16))
+        tl = ns.simulate(gm, ns.CostModel(_profile(ns)))
+        kernel = [e for e in tl.events if "one_shot" in str(e.node.target)][0]
+        want = ALPHA[4] + 3 * 512 / BETA[4]
+        assert kernel.stream != "compute" and kernel.kind == "blocking", kernel
+        assert kernel.end_us - kernel.start_us == pytest.approx(want)
+        assert tl.comm_time_us == pytest.approx(want)
+        assert tl.exposed_comm_us == pytest.approx(want) and tl.overlap == 0.0
+
+
+@pytest.mark.spec("SIM-7", "SIM-8")
+def test_a_wait_reached_late_still_takes_its_own_time(backend, world4):
+    """The gather (10 us) ends under a matmul (30 us): its wait (2 us) then waits for
+    nothing, but still runs its own 2 us: 30..32."""
+    ns = sim(backend)
+    ops = backend.require("functional_collectives").ops
+
+    def program(x, a, b):
+        full = ops.all_gather_into_tensor(x, 4, "0")
+        m = a @ b
+        return ops.wait_tensor(full), m
+
+    gm = make_fx(program, tracing_mode="fake")(torch.ones(4), torch.ones(4, 4),
+                                                 torch.ones(4, 4))
+    ag, mm, wait = (nodes_of(gm, f)[0] for f in ("all_gather", "aten.mm", "wait_tensor"))
+    tl = ns.simulate(gm, ns.CostModel(pinned={ag.name: 10.0, mm.name: 30.0, wait.name: 2.0}))
+    by = {e.node: (e.start_us, e.end_us) for e in tl.events}
+    assert by[wait] == pytest.approx((30.0, 32.0)), by[wait]
+    assert tl.step_time_us == pytest.approx(32.0) and tl.exposed_comm_us == 0.0
+
+
+@pytest.mark.spec("SIM-8")
+def test_step_time_waits_for_every_stream(backend, world4):
+    """A gather that no wait completes still runs to its end: the step ends with it. A
+    program without communication hides all of it (overlap 1.0)."""
+    ns = sim(backend)
+    ops = backend.require("functional_collectives").ops
+    gm = make_fx(lambda x: (ops.all_gather_into_tensor(x * 2, 4, "0"),),
+                 tracing_mode="fake")(torch.ones(4))
+    ag, mul = nodes_of(gm, "all_gather")[0], nodes_of(gm, "aten.mul")[0]
+    tl = ns.simulate(gm, ns.CostModel(pinned={ag.name: 50.0, mul.name: 5.0}))
+    assert tl.step_time_us == pytest.approx(55.0), tl.step_time_us
+    assert tl.comm_time_us == pytest.approx(50.0) and tl.exposed_comm_us == 0.0
+    compute_only = make_fx(lambda a, b: a @ b, tracing_mode="fake")(torch.ones(4, 4),
+                                                                  torch.ones(4, 4))
+    tl = ns.simulate(compute_only, ns.CostModel(_profile(ns)))
+    assert (tl.comm_time_us, tl.exposed_comm_us, tl.overlap) == (0.0, 0.0, 1.0)
 
 
 @pytest.mark.spec("SIM-2", "SIM-3")

@@ -151,6 +151,25 @@ def test_rendezvous_refuses_a_plain_tensor_without_waiting_on_peers(backend):
     assert None not in run(backend, _plain_tensor_is_refused, 2)
 
 
+def _sizes_that_differ(spec: str):
+    sm, group, device = _setup(spec, "empty", "rendezvous")
+    t = sm.empty(4 + dist.get_rank(), dtype=torch.float32, device=device)  # 16 B, 20 B
+    try:
+        sm.rendezvous(t, group)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.spec("SM-5")
+def test_rendezvous_of_unequal_sizes_fails_on_every_rank_naming_both(backend):
+    backend.require(CONCEPT, "empty", "rendezvous")
+    for rank, message in enumerate(run(backend, _sizes_that_differ, 2, restart_after=True)):
+        assert message is not None, f"rank {rank}: no ValueError"
+        assert "tensor" in message and "16" in message and "20" in message, \
+            f"rank {rank}: {message}"
+
+
 def _wrongly_typed_arguments(spec: str):
     """Each call passes one argument of the wrong type (a float or a bool where an int
     belongs): the argument each refusal names, or None where the call went through."""
@@ -1478,3 +1497,243 @@ def test_the_kernels_in_use_are_built_from_this_source(backend):
     assert info["ops"] in ("native", "python")
     if info["ops"] == "native":
         assert info["native_library"]["source"] in info["native_library"]["path"]
+
+
+# ---- SM-15 at the edge of the 16-bit floats' range ---------------------------------------
+_F16_MAX, _BF16_MAX, _INF = 65504.0, torch.finfo(torch.bfloat16).max, float("inf")
+# Per element: the inputs of ranks 0, 1 and 2, then the sum of a group of two and of three.
+# The float32 sum is rounded once, to nearest with ties to even as torch's conversion: a
+# float16 sum below 65520 (half a step past the largest half, 65504) is 65504, from 65520
+# on it is inf; bfloat16's midpoint lies 2**119 past its largest value.
+RANGE_EDGES = {
+    "float16": [
+        (_F16_MAX, 0.0, 0.0, _F16_MAX, _F16_MAX),
+        (_F16_MAX, 8.0, 0.0, _F16_MAX, _F16_MAX),  # 65512: nearer 65504 than inf
+        (_F16_MAX, 15.75, 0.0, _F16_MAX, _F16_MAX),  # just below the midpoint
+        (_F16_MAX, 16.0, 0.0, _INF, _INF),  # 65520, the midpoint: ties to even, inf
+        (_F16_MAX, 8.0, 8.0, _F16_MAX, _INF),  # the third rank takes it to 65520
+        (_F16_MAX, 32.0, 0.0, _INF, _INF),  # 65536
+        (_F16_MAX, 4096.0, 0.0, _INF, _INF),
+        (_F16_MAX, _F16_MAX, -_F16_MAX, _INF, _F16_MAX),  # back in range: float32 holds it
+        (_F16_MAX, _F16_MAX, _F16_MAX, _INF, _INF),  # past 2**17
+        (-_F16_MAX, -15.75, 0.0, -_F16_MAX, -_F16_MAX),
+        (-_F16_MAX, -16.0, 0.0, -_INF, -_INF),
+        (60000.0, 5512.0, 0.0, _F16_MAX, _F16_MAX),  # 65512 from other addends
+        (32768.0, 32752.0, 0.0, _INF, _INF),  # 65520 from other addends
+    ],
+    "bfloat16": [
+        (_BF16_MAX, 0.0, 0.0, _BF16_MAX, _BF16_MAX),
+        (_BF16_MAX, 2.0**118, 0.0, _BF16_MAX, _BF16_MAX),  # below the midpoint
+        (_BF16_MAX, 2.0**119, 0.0, _INF, _INF),  # the midpoint: ties to even, inf
+        (_BF16_MAX, _BF16_MAX, -_BF16_MAX, _INF, _INF),  # float32 itself overflows
+        (-_BF16_MAX, -(2.0**119), 0.0, -_INF, -_INF),
+    ],
+}
+
+
+def _edge_input(rank: int, dtype_name: str) -> torch.Tensor:
+    rows = RANGE_EDGES[dtype_name]
+    return torch.tensor([row[rank] for row in rows], dtype=getattr(torch, dtype_name))
+
+
+def _range_edges(spec: str):
+    sm, group, device = _setup(spec, "empty", "ops")
+    rank = dist.get_rank()
+    results = {}
+    for dtype_name in RANGE_EDGES:
+        data = _edge_input(rank, dtype_name)
+        x = sm.empty(len(data), dtype=data.dtype, device=device)
+        for op in ("sum", "avg"):
+            x.copy_(data.to(device))
+            one = sm.ops.one_shot_all_reduce(x, op, group).cpu()
+            out = torch.empty_like(x)
+            sm.ops.one_shot_all_reduce_out(x, op, group, out=out)
+            sm.ops.two_shot_all_reduce_(x, op, group)
+            results[dtype_name, op] = (one, out.cpu(), x.cpu().clone())
+    return results
+
+
+@pytest.mark.spec("SM-15", "SM-16")
+@pytest.mark.parametrize("world", [2, 3])
+def test_16_bit_sums_at_the_edge_of_the_range_round_as_torch_does(backend, world):
+    """Sums that land on, just past or far past the largest float16 (and bfloat16) value:
+    below the midpoint to the next power they round to the largest value, from it on to
+    inf, bitwise torch's conversion of the float32 sum; a sum that leaves the range and
+    comes back (accumulated in float32) is finite; avg divides the float32 sum first."""
+    backend.require(CONCEPT, "empty", "ops")
+    results = run(backend, _range_edges, world)
+    for dtype_name, rows in RANGE_EDGES.items():
+        inputs = [_edge_input(r, dtype_name) for r in range(world)]
+        for op in ("sum", "avg"):
+            want = _rank_order(inputs, op)
+            if op == "sum":  # the reference is the rule stated above
+                assert want.tolist() == [row[world + 1] for row in rows], (dtype_name, want)
+            for rank in range(world):
+                for name, got in zip(("one-shot", "one-shot out=", "two-shot"),
+                                     results[rank][dtype_name, op], strict=True):
+                    assert _same_bits(got, want), \
+                        f"{name} {dtype_name} {op} on rank {rank}: {got} != {want}"
+
+
+# ---- SM-11: a wait asleep on a slot is woken when the peer changes it ---------------------
+WAKE_ROUNDS = 9
+HELD_S = 0.005  # far past SM-11's spin and yield phases (2 us, 1 ms): the waiter sleeps
+WOKEN_WITHIN_S = 0.02
+
+
+def _sleepers_woken(spec: str):
+    """Rank 0 waits for a signal that rank 1 puts HELD_S later; then rank 1 waits in a
+    second put until rank 0, HELD_S later, consumes the first. Each round starts at a gloo
+    barrier (not the signal pads, whose own waits a lost wake-up would skew). The times
+    at which each side acted: time.monotonic, one clock for every process of the host."""
+    sm, group, device = _setup(spec, "empty", "rendezvous")
+    rank = dist.get_rank()
+    t = sm.empty(4, dtype=torch.float32, device=device)
+    h = sm.rendezvous(t, group)
+    h.barrier()
+    stamps = []
+    for _ in range(WAKE_ROUNDS):  # the consumer sleeps
+        dist.barrier()
+        if rank == 1:
+            time.sleep(HELD_S)
+            stamps.append(time.monotonic())  # the signal comes
+            h.put_signal(0, channel=1, timeout_ms=10_000)
+        else:
+            h.wait_signal(1, channel=1, timeout_ms=10_000)
+            stamps.append(time.monotonic())  # the wait returned
+    for _ in range(WAKE_ROUNDS):  # the producer sleeps
+        dist.barrier()
+        if rank == 1:
+            h.put_signal(0, channel=2, timeout_ms=10_000)
+            h.put_signal(0, channel=2, timeout_ms=10_000)  # waits for the first's consumer
+            stamps.append(time.monotonic())  # the put returned
+        else:
+            time.sleep(HELD_S)
+            stamps.append(time.monotonic())  # the first signal is consumed
+            h.wait_signal(1, channel=2, timeout_ms=10_000)
+            h.wait_signal(1, channel=2, timeout_ms=10_000)
+    h.barrier()
+    return stamps
+
+
+@pytest.mark.spec("SM-11", "SM-9")
+def test_a_sleeping_wait_is_woken_by_the_signal_not_by_its_own_timer(backend):
+    """A wait that has slept on its slot for milliseconds returns within moments of the
+    peer's change of the slot (SM-11's futex: the side that changes the slot wakes the
+    sleeper), both a wait for a signal and a put that waits for the slot to be consumed.
+    Medians of WAKE_ROUNDS rounds: a sleeper left to wake on its own sleep's end
+    (refimpl's sleeps last up to 50 ms) returns tens of milliseconds late."""
+    backend.require(CONCEPT, "empty", "rendezvous")
+    zero, one = run(backend, _sleepers_woken, 2)
+    consumer = sorted(zero[k] - one[k] for k in range(WAKE_ROUNDS))
+    producer = sorted(one[k] - zero[k] for k in range(WAKE_ROUNDS, 2 * WAKE_ROUNDS))
+    middle = WAKE_ROUNDS // 2
+    assert consumer[middle] < WOKEN_WITHIN_S, \
+        f"wait_signal returned {consumer[middle] * 1e3:.1f} ms after the put (median)"
+    assert producer[middle] < WOKEN_WITHIN_S, \
+        f"put_signal returned {producer[middle] * 1e3:.1f} ms after the wait (median)"
+
+
+# ---- SM-14, SM-24: every kernel refuses a shape, numel or dtype that does not match -------
+def _same_numel_other_shape(spec: str):
+    sm, group, device = _setup(spec, "empty", "ops", "pointwise_steps", "rendezvous")
+    f = sm.empty(8, device=device)
+    b = sm.empty(8, dtype=torch.bfloat16, device=device)
+    for allocation in (f, b):  # no call is a first use: each meets a kernel's fast path
+        sm.rendezvous(allocation, group)
+        allocation.fill_(3.0)
+    call, out_call = sm.ops.one_shot_all_reduce_pointwise, sm.ops.one_shot_all_reduce_out
+
+    def ones(*size, dtype=torch.float32):
+        return torch.ones(*size, dtype=dtype, device=device)
+    answers = [
+        # local_input: as many elements as symm_buffer, another shape or dtype
+        _refusal(call, f[:4], ones(2, 2), "sum", group, "", ""),
+        _refusal(call, f[:4].view(2, 2), ones(4), "sum", group, "", ""),
+        _refusal(call, f[:4], ones(4, 1), "sum", group, "mul 2.0", "add 1.0"),
+        _refusal(call, b[:4], ones(4, dtype=torch.float16), "sum", group, "", ""),
+        _refusal(call, f[:4], ones(4, dtype=torch.int32), "sum", group, "", ""),
+        # out: as many elements as the input, another shape or dtype
+        _refusal(out_call, f[:4], "sum", group, out=ones(2, 2)),
+        _refusal(out_call, f[:4].view(2, 2), "sum", group, out=ones(4)),
+        _refusal(out_call, b[:4], "sum", group, out=ones(4, dtype=torch.float16)),
+        _refusal(out_call, f[:4], "sum", group, out=ones(4, dtype=torch.int32)),
+    ]
+    # Refused before the prologue wrote the buffer and before any wait: still in step.
+    after = sm.ops.one_shot_all_reduce(f[:4], "sum", group).cpu().tolist()
+    return answers, after
+
+
+@pytest.mark.spec("SM-24", "SM-14", "SM-18")
+def test_a_matching_numel_of_another_shape_or_dtype_is_refused_by_every_kernel(backend):
+    """`local_input` of `symm_buffer`'s element count and width but another shape or dtype,
+    and such an `out`, are refused naming the argument on the fast path too (SM-18: a
+    native kernel hands such a call to the Python one rather than run it)."""
+    backend.require(CONCEPT, "empty", "ops", "pointwise_steps", "rendezvous")
+    for rank, (answers, after) in enumerate(run(backend, _same_numel_other_shape, 2)):
+        assert answers == ["local_input"] * 5 + ["out"] * 4, f"rank {rank}: {answers}"
+        assert after == [6.0] * 4, f"rank {rank}: a refused call wrote the buffer: {after}"
+
+
+# ---- SM-12: a failed rendezvous unlinks the names of peers that cannot ----------------------
+def _peer_stopped_after_publishing(spec: str, sizes_differ: bool):
+    """Rank 1 starts a rendezvous and is stopped (SIGSTOP) once its segment is named and
+    published, as a rank that died there; rank 0 then fails its rendezvous (unequal sizes,
+    or rank 1 never reports its mappings) and must have unlinked rank 1's name as well as
+    its own. Rank 1, continued, fails too and cleans up what is left."""
+    import signal
+
+    sm, _, device = _setup(spec, "empty", "rendezvous", "SymmMemTimeout", "leaked_segments")
+    rank = dist.get_rank()
+    pids = [None] * dist.get_world_size()
+    dist.all_gather_object(pids, os.getpid())
+    # A group of its own: its ranks end out of step, and no later case uses it.
+    pg = dist.new_group(list(range(dist.get_world_size())))
+    sm.enable_symm_mem_for_group(pg.group_name)
+    t = sm.empty(4 + (rank if sizes_differ else 0), dtype=torch.float32, device=device)
+
+    def ours():
+        return [n for n in sm.leaked_segments() if any(f"-{pid}-" in n for pid in pids)]
+
+    dist.barrier()
+    outcome, left = None, None
+    if rank == 1:
+        try:
+            sm.rendezvous(t, pg.group_name, timeout_ms=60_000)  # stopped in here
+        except Exception as exc:  # what a rank finds its peer's segments gone is its own
+            outcome = type(exc).__name__
+    else:
+        deadline = time.monotonic() + 30
+        while not any(f"-{pids[1]}-" in n for n in ours()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(1.0)  # the name is published to the store right after it is linked
+        os.kill(pids[1], signal.SIGSTOP)
+        try:
+            try:
+                sm.rendezvous(t, pg.group_name, timeout_ms=2_000)
+            except (ValueError, sm.SymmMemTimeout) as exc:
+                outcome = type(exc).__name__, getattr(exc, "peer", None)
+            left = ours()  # rank 1 cannot unlink its own name meanwhile
+        finally:
+            os.kill(pids[1], signal.SIGCONT)
+    dist.barrier()  # rank 1's rendezvous has ended
+    mine = [n for n in sm.leaked_segments() if f"-{os.getpid()}-" in n]
+    dist.destroy_process_group(pg)
+    return outcome, left, mine
+
+
+@pytest.mark.spec("SM-12", "SM-5", "SM-11")
+@pytest.mark.parametrize("sizes_differ", [True, False], ids=["unequal_sizes", "timeout"])
+def test_a_failed_rendezvous_unlinks_the_names_of_a_stopped_peer(backend, sizes_differ):
+    sm = backend.require(CONCEPT, "empty", "rendezvous", "SymmMemTimeout", "leaked_segments")
+    if torch.device(getattr(sm, "DEVICE", "cpu")).type != "cpu":
+        pytest.skip("segments under /dev/shm are the CPU allocator's (SM-12)")
+    results = run(backend, _peer_stopped_after_publishing, 2, sizes_differ, restart_after=True)
+    (outcome, left, mine), (peer_outcome, _, peer_mine) = results
+    assert outcome == (("ValueError", None) if sizes_differ else ("SymmMemTimeout", 1)), \
+        outcome
+    assert left == [], f"rank 0's failed rendezvous left {left} [SM-12]"
+    assert peer_outcome is not None, "rank 1's rendezvous succeeded without rank 0"
+    if sizes_differ:
+        assert peer_outcome == "ValueError", peer_outcome
+    assert mine == [] and peer_mine == [], (mine, peer_mine)
