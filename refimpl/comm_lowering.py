@@ -157,10 +157,8 @@ class _FakeKernelBuilder:
 def _read_count(node: torch.fx.Node) -> int:
     """How many arguments of the graph read `node`: a user that names it twice (the list
     of a coalesced collective) reads it twice (CL-3, CL-5)."""
-    reads = []
-    for user in node.users:
-        torch.fx.node.map_arg((user.args, user.kwargs), lambda arg: reads.append(arg is node))
-    return sum(reads)
+    return sum(arg is node for user in node.users
+               for arg in _fx.node_args((user.args, user.kwargs)))
 
 
 def _waits_of(node: torch.fx.Node) -> list[torch.fx.Node]:
