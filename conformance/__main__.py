@@ -8,6 +8,8 @@ not-implemented cases as counts per section (every one with its reason under -v)
 on any unexpected result (failed, xpassed, a case module that fails to import), 0
 otherwise. `--json FILE` writes the run's metadata and one record per case. `--list`
 collects without running: the cases per section and the SPEC IDs that no case names.
+`--fuzz N [--seed S]` runs N generated programs (conformance/fuzz.py) through the stages
+of BK, CL, RO and MEM instead of the cases, with the same report.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 import gc
 import json
 import os
+import random
 import sys
 import time
 from collections import Counter, defaultdict
@@ -267,6 +270,15 @@ def _parser() -> argparse.ArgumentParser:
                              "failures, not implemented, skipped), not only counts")
     parser.add_argument("--list", action="store_true",
                         help="collect only: cases per section and the SPEC IDs no case names")
+    parser.add_argument("--fuzz", type=int, metavar="N",
+                        help="run N generated programs instead of the hand-written cases, "
+                             "each through every stage of BK, CL, RO, MEM the backend "
+                             "implements (--section: some of them); a failure is shrunk and "
+                             "printed with its reproducer. See conformance/README.md, "
+                             "'Generated programs'")
+    parser.add_argument("--seed", type=int, metavar="S",
+                        help="with --fuzz: program i is the program of seed S + i, so a run "
+                             "repeats with its seed (default: a random seed, printed)")
     return parser
 
 
@@ -282,7 +294,10 @@ def _load_backend(spec: str) -> tuple[str, str]:
 
 
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.fuzz is not None or args.seed is not None:
+        return fuzz_main(parser, args)
     import pytest
     import torch
 
@@ -318,6 +333,57 @@ def main(argv=None) -> int:
         print("no case ran", file=sys.stderr)
         return 1
     return 1 if unexpected else 0
+
+
+def fuzz_main(parser, args) -> int:
+    """`--fuzz N`: generated programs instead of the cases (conformance/fuzz.py); the same
+    report, one record per (program, stage)."""
+    from conformance import fuzz
+
+    sections = _fuzz_sections(parser, args, fuzz.STAGES)
+    import torch
+
+    start = time.monotonic()
+    name, error = _load_backend(args.backend)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
+    print(f"generated programs: {args.fuzz} from --seed {seed}, sections {' '.join(sections)}, "
+          f"backend {args.backend}", flush=True)
+    timeout = args.case_timeout if args.case_timeout is not None else fuzz.STAGE_TIMEOUT_S
+    if error:  # every record fails with the load error (CF-7)
+        records = [fuzz.load_error_record(stage, seed, i, error)
+                   for i in range(args.fuzz) for stage in sections]
+    else:
+        records = fuzz.run(get_backend(args.backend), args.backend, args.fuzz, seed, sections,
+                           verbose=args.verbose, exitfirst=args.exitfirst,
+                           timeout_s=timeout or 10.0**6)
+    meta = {"backend": name, "backend_spec": args.backend, "torch_version": torch.__version__,
+            "python": sys.version.split()[0],
+            "fuzz": {"programs": args.fuzz, "seed": seed, "sections": sections},
+            "world_sizes": sorted({w for r in records for w in r["world_sizes"]}),
+            "seconds": time.monotonic() - start}
+    if error:
+        meta["backend_error"] = error
+    print_report(meta, records, args.verbose)
+    if args.json:
+        Path(args.json).write_text(json.dumps({**meta, "cases": records}, indent=1))
+    return 1 if any(r["outcome"] in UNEXPECTED for r in records) else 0
+
+
+def _fuzz_sections(parser, args, stages) -> list[str]:
+    """The sections a --fuzz run checks; what --fuzz cannot do is refused (exit 2)."""
+    if args.fuzz is None:
+        parser.error("--seed: only with --fuzz N")
+    if args.fuzz < 1:
+        parser.error(f"--fuzz: N must be a number of programs, 1 or more; got {args.fuzz}")
+    for flag, given in (("-k", args.k), ("--first", args.first), ("--list", args.list)):
+        if given:
+            parser.error(f"--fuzz: {flag} selects hand-written cases; not with --fuzz")
+    sections = list(dict.fromkeys(args.section or stages))
+    for section in sections:
+        if section not in stages:
+            parser.error(f"--fuzz: --section {section}: programs are generated for "
+                         f"{', '.join(stages)} only")
+    return sections
 
 
 def _finish_listing(args, meta, cases, exit_code) -> int:

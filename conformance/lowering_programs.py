@@ -59,6 +59,24 @@ def ar_coalesced_same_tensor_twice(fc, x):
     return a, b
 
 
+def ar_inplace_wait_result_written(fc, x):
+    """all_reduce_ whose wait's result is then written in place, and whose argument is
+    read after that: refimpl's wait returns a copy (FC-5), so the write reaches only it."""
+    t = torch.relu(x)
+    done = fc.ops.wait_tensor(fc.ops.all_reduce_(t, "sum", WORLD))
+    done.add_(1)
+    return torch.relu(t), done * 1
+
+
+def ar_inplace_argument_written_after_wait(fc, x):
+    """all_reduce_ whose argument is written in place after the wait, the wait's result
+    read after that."""
+    t = torch.relu(x)
+    done = fc.ops.wait_tensor(fc.ops.all_reduce_(t, "sum", WORLD))
+    t.mul_(3)
+    return t * 1, done * 1
+
+
 def ar_coalesced_inplace(fc, x, y):
     """all_reduce_coalesced_ on two contiguous buffers the program owns (CL-5: in place)."""
     a, b = x * 2, y + 1
@@ -309,7 +327,8 @@ def ar_small_sum_of(fc, x):
 
 PROGRAMS = {f.__name__: f for f in [
     ar_graph_input, ar_intermediate, ar_intermediate_shared, ar_inplace, ar_coalesced,
-    ar_coalesced_inplace, ar_coalesced_same_tensor_twice,
+    ar_coalesced_inplace, ar_coalesced_same_tensor_twice, ar_inplace_wait_result_written,
+    ar_inplace_argument_written_after_wait,
     all_gather, reduce_scatter, all_to_all, all_gather_coalesced, reduce_scatter_coalesced,
     all_gather_op_non_contiguous, reduce_scatter_op_non_contiguous,
     all_gather_out, broadcast, broadcast_inplace, ar_small_intermediate, ar_small_avg,

@@ -367,17 +367,23 @@ def _base(node: torch.fx.Node) -> torch.fx.Node:
     return node
 
 
+def _written_bases(node: torch.fx.Node, rule: str) -> list[torch.fx.Node]:
+    """The buffers (their base nodes) that `node` writes in place: its arguments that its
+    schema marks written."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or not schema.is_mutable:
+        return []
+    bound = _fx.arguments(node, rule)
+    return [_base(n) for a in schema.arguments if a.alias_info is not None
+            and a.alias_info.is_write for n in _fx.node_args(bound[a.name])]
+
+
 def _written_between(first: torch.fx.Node, last: torch.fx.Node, source: torch.fx.Node) -> bool:
     """Whether a node from `first` up to `last` writes into `source`'s buffer."""
     base, node = _base(source), first
     while node is not last:
-        schema = getattr(node.target, "_schema", None)
-        if schema is not None and schema.is_mutable:
-            bound = _fx.arguments(node, "CL-17")
-            for a in schema.arguments:
-                if (a.alias_info is not None and a.alias_info.is_write
-                        and any(_base(n) is base for n in _fx.node_args(bound[a.name]))):
-                    return True
+        if any(written is base for written in _written_bases(node, "CL-17")):
+            return True
         node = node.next
     return False
 
@@ -592,15 +598,19 @@ class _Lowering:
     def complete_in_place(self):
         """refimpl's waits become `wait_tensor_`, which completes its argument in place
         (FC-35): the lowered program pays no copy per wait (CL-9). Upstream's wait
-        already returns its argument."""
-        for node in self.graph.nodes:
+        already returns its argument. A wait whose result or argument a later node writes
+        in place keeps its copy: in place, that write would reach the other one too."""
+        written_later: set[torch.fx.Node] = set()
+        for node in reversed(self.graph.nodes):  # one pass: what is written after a node
             # By name and namespace, not by identity: `torch.ops.refimpl_c10d.wait_tensor`
             # exists only once refimpl.functional_collectives was imported, which a graph
             # without refimpl's ops does not need.
             if (_fx.collective_name(node) == "wait_tensor"
-                    and node.target.namespace == "refimpl_c10d"):
+                    and node.target.namespace == "refimpl_c10d"
+                    and not {node, _base(node.args[0])} & written_later):
                 node.target = torch.ops.refimpl_c10d.wait_tensor_.default
                 node.meta["val"] = _val(node.args[0])
+            written_later.update(_written_bases(node, "CL-9"))
 
     def run(self):
         for node in list(self.graph.nodes):

@@ -411,6 +411,12 @@ FC = [
 # --------------------------------------------------------------------------------------
 _CL = "refimpl/comm_lowering.py"
 CL = [
+    Mutant("wait_in_place_though_written_later", "CL-9", _CL,
+           "                    and node.target.namespace == \"refimpl_c10d\"\n"
+           "                    and not {node, _base(node.args[0])} & written_later):",
+           "                    and node.target.namespace == \"refimpl_c10d\"):",
+           "every kept wait completes in place, also one whose result or argument a later "
+           "node writes: the write reaches both (found by --fuzz)"),
     Mutant("coalesced_kernel_from_refimpl_namespace", "CL-1", _CL,
            "        kernel = _ops_of(node).all_reduce_coalesced_.default",
            "        kernel = torch.ops.refimpl_c10d.all_reduce_coalesced_.default",

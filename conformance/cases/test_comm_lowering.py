@@ -195,6 +195,16 @@ return [%7, %8]""")
     check_numerics(backend, "ar_coalesced_same_tensor_twice", [(4,)])
 
 
+@pytest.mark.spec("CL-9", "CL-15", "FC-5")
+@pytest.mark.parametrize("program", ["ar_inplace_wait_result_written",
+                                     "ar_inplace_argument_written_after_wait"])
+def test_a_wait_whose_result_or_argument_is_written_later_keeps_its_values(backend,
+                                                                          fake_world, program):
+    """Found by `--fuzz`: lowered to complete in place, such a wait let the write reach
+    both buffers (relu(sum + 1) where the traced program gives relu(sum))."""
+    check_numerics(backend, program, [(4,)])
+
+
 @pytest.mark.spec("CL-5", "CL-9", "CL-15")
 def test_all_reduce_coalesced_inplace_stays_in_place(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "ar_coalesced_inplace", [(4,), (2, 3)]), """\
