@@ -367,22 +367,22 @@ def _base(node: torch.fx.Node) -> torch.fx.Node:
     return node
 
 
-def _written_bases(node: torch.fx.Node, rule: str) -> list[torch.fx.Node]:
-    """The buffers (their base nodes) that `node` writes in place: its arguments that its
-    schema marks written."""
+def _written_arguments(node: torch.fx.Node, rule: str) -> list[list[torch.fx.Node]]:
+    """Per argument that `node` writes in place (its schema marks it written), the buffers
+    (base nodes) of the tensors it holds: one for a tensor, several for a list."""
     schema = getattr(node.target, "_schema", None)
     if schema is None or not schema.is_mutable:
         return []
     bound = _fx.arguments(node, rule)
-    return [_base(n) for a in schema.arguments if a.alias_info is not None
-            and a.alias_info.is_write for n in _fx.node_args(bound[a.name])]
+    return [[_base(n) for n in _fx.node_args(bound[a.name])] for a in schema.arguments
+            if a.alias_info is not None and a.alias_info.is_write]
 
 
 def _written_between(first: torch.fx.Node, last: torch.fx.Node, source: torch.fx.Node) -> bool:
     """Whether a node from `first` up to `last` writes into `source`'s buffer."""
     base, node = _base(source), first
     while node is not last:
-        if any(written is base for written in _written_bases(node, "CL-17")):
+        if any(any(b is base for b in bases) for bases in _written_arguments(node, "CL-17")):
             return True
         node = node.next
     return False
@@ -610,7 +610,7 @@ class _Lowering:
                     and not {node, _base(node.args[0])} & written_later):
                 node.target = torch.ops.refimpl_c10d.wait_tensor_.default
                 node.meta["val"] = _val(node.args[0])
-            written_later.update(_written_bases(node, "CL-9"))
+            written_later.update(b for bases in _written_arguments(node, "CL-9") for b in bases)
 
     def run(self):
         for node in list(self.graph.nodes):

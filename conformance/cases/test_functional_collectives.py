@@ -1170,10 +1170,12 @@ def test_a_mismatch_names_the_global_rank_that_differs(backend):
             f"rank {rank}: {exc_type}: {message}"
 
 
-def _late_peer(spec):
-    os.environ.update(SHORT_CHECK_TIMEOUT)
+def _late_peer(spec, check_timeout_s=SHORT_CHECK_TIMEOUT["REFIMPL_CHECK_TIMEOUT_S"],
+               group_timeout_s=10.0):
+    """Rank 1 never comes to rank 0's all_reduce: (rank 0's outcome, seconds it took)."""
+    os.environ["REFIMPL_CHECK_TIMEOUT_S"] = check_timeout_s
     fc = funcol_api(spec)
-    group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=10))
+    group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=group_timeout_s))
     if dist.get_rank() == 1:
         return None  # never comes to the collective
     start = time.monotonic()
@@ -1189,23 +1191,12 @@ def test_a_peer_that_never_comes_is_named(backend):
     assert seconds < 10, f"named after {seconds:.1f} s, not within the check's timeout"
 
 
-def _late_peer_of_a_short_group(spec):
-    os.environ["REFIMPL_CHECK_TIMEOUT_S"] = "30"
-    fc = funcol_api(spec)
-    group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=1.5))
-    if dist.get_rank() == 1:
-        return None  # never comes to the collective
-    start = time.monotonic()
-    outcome = _error(lambda: fc.all_reduce(torch.ones(2), "sum", group))
-    return outcome, time.monotonic() - start
-
-
 @pytest.mark.spec("FC-28")
 def test_the_check_gives_up_with_a_shorter_group_timeout(backend):
     """The check's timeout is 30 s, the group was made to fail in 1.5 s: rank 1 never
     comes, and rank 0 is told so, naming it, well before 30 s."""
     backend.require("functional_collectives")
-    (exc_type, message, _), seconds = run(backend, _late_peer_of_a_short_group, 2, timeout=90,
+    (exc_type, message, _), seconds = run(backend, _late_peer, 2, "30", 1.5, timeout=90,
                                           restart_after=True)[0]
     assert exc_type != "no error" and "rank 1" in message, f"{exc_type}: {message}"
     assert seconds < 10, f"named after {seconds:.1f} s, not within the group's 1.5 s"
