@@ -23,7 +23,9 @@ interconnect (vLLM's 10-13 us at 512 KiB is across GPUs on NVLink).
     python benchmarks/symm_mem_cuda.py [--worlds 2 4] [--quick] [--out FILE]
                                        [--upstream-timeout SECONDS]
 
-Not yet run on a GPU: there is no benchmarks/results/symm_mem_cuda.md until it is.
+`--worlds 1` runs the kernels with no peer: one process, no time-slicing, the one setup
+where upstream (which refuses ranks that share a GPU) can be compared. Results:
+benchmarks/results/symm_mem_cuda.md.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from symm_mem import _median_us  # noqa: E402  (benchmarks/symm_mem.py, beside this file)
+from percentiles import percentiles_us  # noqa: E402  (benchmarks/percentiles.py, beside this)
 
 import refimpl.symmetric_memory as sm  # noqa: E402
 from refimpl.multiprocess import RankError, RankTimeout, run_on_ranks  # noqa: E402
@@ -49,6 +51,11 @@ from refimpl.multiprocess import RankError, RankTimeout, run_on_ranks  # noqa: E
 LATENCY_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 512 << 10, 1 << 20]
 BANDWIDTH_SIZE = 64 << 20
 COPY_SIZE = 256 << 20
+
+
+def _p50_us(step, n: int) -> float:
+    """The median of `n` timed calls of `step` after a warm-up, in microseconds."""
+    return percentiles_us(step, n)[0]
 
 
 def _device() -> torch.device:
@@ -116,11 +123,11 @@ def _bench_rank(upstream: bool, quick: bool) -> dict:
         buf = _symmetric(api, nbytes // 4, group)
         out = torch.empty_like(buf)
         n = 50 if quick else 300
-        one = _median_us(lambda: api.one_shot(buf, group), n)
-        one_out = _median_us(lambda: api.one_shot_out(buf, group, out), n)
+        one = _p50_us(lambda: api.one_shot(buf, group), n)
+        one_out = _p50_us(lambda: api.one_shot_out(buf, group, out), n)
         rows.append((nbytes, one, one_out))
     big = _symmetric(api, BANDWIDTH_SIZE // 4, group)
-    two = _median_us(lambda: api.two_shot(big, group), 5 if quick else 20)
+    two = _p50_us(lambda: api.two_shot(big, group), 5 if quick else 20)
     copy = 0.0 if upstream else _copy_bandwidth()
     return {"latency": rows, "two_shot_us": two, "copy_bytes_per_s": copy}
 
@@ -197,14 +204,14 @@ def main() -> None:
              f"{'--quick' if args.quick else 'full'} run."]
     print("\n".join(lines), flush=True)
     for world in args.worlds:
-        ours = _run(_bench_rank, world, False, args.quick, timeout_s=300)
+        ours = _run(_bench_rank, world, False, args.quick, timeout_s=240)
         upstream = _run(_bench_rank, world, True, args.quick, timeout_s=args.upstream_timeout)
         section = _report(world, ours, upstream)
         print("\n".join(section), flush=True)
         lines += section
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+        if args.out:  # after every group size: a run stopped later keeps what it measured
+            with open(args.out, "w") as f:
+                f.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

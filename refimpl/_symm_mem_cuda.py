@@ -1,22 +1,27 @@
 """The CUDA backend of symmetric memory: cudaMalloc'd segments shared through CUDA IPC.
 
-An allocation on a CUDA device is one segment on that device, the buffer then the signal
-pad (zeroed), allocated by the nvcc-built library `kernels/cuda/symm_mem.cu` (loaded with
-ctypes; no torch C++ headers, so any CUDA torch 2.11-2.14 will do). At rendezvous each rank
+An allocation on a CUDA device is one segment on that device, the buffer, the signal pad
+and the op descriptor (both zeroed), allocated by the nvcc-built library
+`kernels/cuda/symm_mem.cu` (loaded with ctypes; no torch C++ headers, so any CUDA torch
+2.11-2.14 will do). At rendezvous each rank
 publishes its segment's CUDA IPC handle through the group's store, opens every peer's, and
 reports back; a handle's peer mappings are closed when the handle dies, a segment is freed
 once neither a tensor over it nor its handle is alive (SM-21). Signals, barriers and the
 all-reduce kernels run on the current stream of the tensor's device, and each call returns
 once its kernels finished, raising `SymmMemTimeout` for the peer a kernel waited for in vain
-(SM-22); the reductions give the CPU kernels' bits (SM-23). Ranks may share one GPU: they
+(SM-22); the reductions give the CPU kernels' bits (SM-23). The handle is the base class's
+(every argument check, fail-stop after a timeout, SM-19), and the all-reduce kernels check
+the call against every rank's as the CPU's do (SM-20). Ranks may share one GPU: they
 are processes (a process cannot open its own IPC handle).
 
-STATUS: compiled by nvcc in CI, never run on a GPU yet: tests/gpu/run_on_device.sh is the
-first run, and until it passed nothing here is known to work.
+STATUS: run on an H100 (torch 2.11, 2 and 4 processes time-sliced on the one GPU) by
+tests/gpu/run_on_device.sh: tests/gpu and the SM conformance section on cuda pass,
+compute-sanitizer finds nothing (benchmarks/results/symm_mem_cuda.md). CI compiles it only.
 
 `refimpl.symmetric_memory` imports this module and registers `CudaAllocator` for "cuda" when
 torch sees a CUDA device; importing it needs no GPU, and the library is built and loaded on
-the first allocation. Implements SM-21 .. SM-23 and, on CUDA, SM-3 .. SM-11, SM-15 .. SM-17.
+the first allocation. Implements SM-21 .. SM-23 and, on CUDA, SM-3 .. SM-11, SM-15 .. SM-17,
+SM-19 and SM-20.
 """
 
 from __future__ import annotations
@@ -35,8 +40,9 @@ from refimpl._native import load_cuda_library
 __all__ = ["CudaAllocator", "CudaSymmetricMemory", "library", "STATUS_CUDA_ERROR",
            "STATUS_STUCK", "STATUS_CAPTURING"]
 
-# Statuses past the shared ones (sm.STATUS_*), as kernels/cuda/symm_mem.cu returns them.
-STATUS_CUDA_ERROR, STATUS_STUCK, STATUS_CAPTURING = 4, 5, 6
+# Statuses past the shared ones (sm.STATUS_OK .. sm.STATUS_MISMATCH), as
+# kernels/cuda/symm_mem.cu returns them.
+STATUS_CUDA_ERROR, STATUS_STUCK, STATUS_CAPTURING = 5, 6, 7
 
 _lib: ctypes.CDLL | None = None
 
@@ -74,6 +80,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "rsmc_one_shot_all_reduce": ([ptr, u64, i32, i64, i64, i32, i32, ptr, i64, report], i32),
         "rsmc_two_shot_all_reduce": ([ptr, u64, i32, i64, i64, i32, i32, i64, report], i32),
         "rsmc_reduce_host": ([ptr, ptr, i32, i64, i32, i32], i32),
+        "rsmc_mismatched_calls": ([ptr, ctypes.POINTER(i64)], i32),
     }
     for name, (argtypes, restype) in signatures.items():
         fn = getattr(lib, name)
@@ -98,14 +105,26 @@ def _check_cuda(code: int, what: str) -> None:
 # --------------------------------------------------------------------------------------
 # Device memory: segments, peer mappings, tensors over them (SM-21)
 # --------------------------------------------------------------------------------------
+def _check_device_room(device: torch.device, size: int) -> None:
+    """Refuse a segment larger than the device's memory with SM-3's error, before the size
+    reaches the C ABI's int64 (where a larger one would wrap)."""
+    total = (torch.cuda.get_device_properties(device).total_memory
+             if torch.cuda.is_available() else 2**63 - 1)
+    if size > total:
+        raise ValueError(f"size: the allocation needs {size} bytes (buffer, signal pad and "
+                         f"descriptor); {device} has {total} bytes [SM-3]")
+
+
 class _Segment:
-    """One cudaMalloc'd block: `nbytes` of buffer, then the zeroed signal pad. Freed with
-    the last reference (a tensor over it, its allocation record or its handle)."""
+    """One cudaMalloc'd block: `nbytes` of buffer, then the zeroed signal pad and op
+    descriptor. Freed with the last reference (a tensor over it, its allocation record or
+    its handle)."""
 
     def __init__(self, device: torch.device, nbytes: int):
         self.device = device
         self.pad_offset = sm._pad_offset(nbytes)
-        self.size = self.pad_offset + sm.SIGNAL_PAD_SIZE
+        self.size = self.pad_offset + sm.SIGNAL_PAD_SIZE + sm.DESCRIPTOR_SIZE
+        _check_device_room(device, self.size)
         out = ctypes.c_void_p()
         _check_cuda(library().rsmc_segment_alloc(device.index, self.size, self.pad_offset,
                                                  ctypes.byref(out)),
@@ -301,23 +320,24 @@ class CudaSymmetricMemory(sm.SymmetricMemory):
             raise RuntimeError(self._broken)
         return status, self._report[0]
 
-    def _usable(self):
+    def _live_context(self) -> int:
+        """The C context, unless a call found the kernels stuck (SM-22)."""
         if self._broken is not None:
             raise RuntimeError(f"this handle is unusable since: {self._broken}")
         return self._context
 
     def _put_signal(self, dst_rank, channel, timeout_ms):
-        status = library().rsmc_put_signal(self._usable(), self._stream(), dst_rank, channel,
-                                           timeout_ms * 1_000_000, self._report)
+        status = library().rsmc_put_signal(self._live_context(), self._stream(), dst_rank,
+                                           channel, timeout_ms * 1_000_000, self._report)
         return self._run("put_signal", status)[0]
 
     def _wait_signal(self, src_rank, channel, timeout_ms):
-        status = library().rsmc_wait_signal(self._usable(), self._stream(), src_rank, channel,
-                                            timeout_ms * 1_000_000, self._report)
+        status = library().rsmc_wait_signal(self._live_context(), self._stream(), src_rank,
+                                            channel, timeout_ms * 1_000_000, self._report)
         return self._run("wait_signal", status)[0]
 
     def _barrier(self, channel, timeout_ms):
-        status = library().rsmc_barrier(self._usable(), self._stream(), channel,
+        status = library().rsmc_barrier(self._live_context(), self._stream(), channel,
                                         timeout_ms * 1_000_000, self._report)
         return self._run("barrier", status)
 
@@ -326,18 +346,29 @@ class CudaSymmetricMemory(sm.SymmetricMemory):
             raise ValueError(f"out: must be on the input's device {self.device}, got "
                              f"{out.device} [SM-22]")
         status = library().rsmc_one_shot_all_reduce(
-            self._usable(), self._stream(), sm.OP_CHANNEL, offset, numel, codes[1], codes[0],
-            out.data_ptr(), timeout_ms * 1_000_000, self._report)
+            self._live_context(), self._stream(), sm.OP_CHANNEL, offset, numel, codes[1],
+            codes[0], out.data_ptr(), timeout_ms * 1_000_000, self._report)
         return self._run("one_shot_all_reduce", status)
 
     def _two_shot(self, offset, numel, codes, timeout_ms):
         status = library().rsmc_two_shot_all_reduce(
-            self._usable(), self._stream(), sm.OP_CHANNEL, offset, numel, codes[1], codes[0],
-            timeout_ms * 1_000_000, self._report)
+            self._live_context(), self._stream(), sm.OP_CHANNEL, offset, numel, codes[1],
+            codes[0], timeout_ms * 1_000_000, self._report)
         return self._run("two_shot_all_reduce_", status)
+
+    def _mismatched_calls(self):
+        calls = (ctypes.c_int64 * 6)()
+        library().rsmc_mismatched_calls(self._context, calls)
+        return tuple(calls[:3]), tuple(calls[3:])
 
 
 def register() -> None:
     """Serve symmetric memory on CUDA devices (done on import of refimpl.symmetric_memory
     when torch sees a CUDA device)."""
     sm.register_allocator("cuda", CudaAllocator())
+
+
+# Imported before refimpl.symmetric_memory: that module's import of this one found it half
+# defined and left the registration to this line.
+if torch.cuda.is_available() and not isinstance(sm._allocators.get("cuda"), CudaAllocator):
+    register()

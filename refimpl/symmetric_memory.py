@@ -75,6 +75,8 @@ def set_default_timeout(timeout_ms: int) -> int:
 def device_for_rank(rank: int) -> torch.device:
     """The device a rank allocates on: `DEVICE`, one GPU per rank round robin for cuda."""
     if DEVICE == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("REFIMPL_SYMM_MEM_DEVICE=cuda, but torch sees no CUDA device")
         return torch.device("cuda", rank % torch.cuda.device_count())
     return torch.device(DEVICE)
 
@@ -167,7 +169,7 @@ def register_allocator(device_type: str, allocator) -> None:
 
     SymmetricAllocation (the record; the allocator may subclass it)
       `nbytes`, `group_name` (or None), `alloc_id` (or None), `base` (the address of
-      the buffer in this process: an input's byte offset is `data_ptr() - base`) and
+      the buffer in this process: an input's byte offset counts from it) and
       `handle` (None until rendezvous).
 
     SymmetricMemory (the handle; the allocator subclasses it)
@@ -1048,6 +1050,13 @@ def _check_pointwise(symm_buffer, local_input, reduce_op, prologue, epilogue,
             _parse_steps(epilogue, "epilogue", symm_buffer.dtype))
 
 
+def _byte_offset(tensor: torch.Tensor, base: int) -> int:
+    """Bytes from `base` (the buffer of `tensor`'s allocation) to `tensor`'s first element.
+    From the storage, not `data_ptr()`, which is 0 for a tensor without elements."""
+    storage = tensor.untyped_storage().data_ptr()
+    return storage + tensor.storage_offset() * tensor.element_size() - base
+
+
 def _kernels(device_type: str) -> dict:
     """The op kernels of one dispatch key: they use the allocator of `device_type` (SM-1).
 
@@ -1066,7 +1075,7 @@ def _kernels(device_type: str) -> dict:
         handle = alloc.handle
         if handle._failure is not None:
             handle._usable(where)
-        return handle, input.data_ptr() - alloc.base
+        return handle, _byte_offset(input, alloc.base)
 
     def one_shot_into(input, codes, group_name, out, where):
         handle, offset = symmetric_input(input, group_name, where)
@@ -1231,9 +1240,12 @@ def _register_cuda_backend() -> None:
     """The CUDA allocator (refimpl/_symm_mem_cuda.py) serves "cuda" wherever torch sees a
     GPU; a CPU-only machine imports nothing of it (SM-21)."""
     if torch.cuda.is_available():
-        from refimpl._symm_mem_cuda import register
+        import refimpl._symm_mem_cuda as cuda_backend
 
-        register()
+        # When that module was imported first, it is still running its first line (which
+        # imports this one) and registers itself once it is defined.
+        if hasattr(cuda_backend, "register"):
+            cuda_backend.register()
 
 
 _register_cuda_backend()

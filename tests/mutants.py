@@ -1348,6 +1348,17 @@ SM = [
            "the sizes kept as the caller gave them: the last grant remembers the caller's "
            "list, which the caller changes in place, and the next request by it is waved "
            "through with the old layout"),
+    Mutant("native_offset_from_data_ptr", "SM-20", "kernels/cpu/symm_mem_ops.cpp",
+           "  call.offset = input.storage_offset() * static_cast<int64_t>(input.element_size());",
+           "  call.offset = static_cast<int64_t>(reinterpret_cast<uintptr_t>(input.data_ptr()) - "
+           "storage);",
+           "the byte offset from data_ptr(), which is null for a tensor without elements: "
+           "empty calls at different offsets look alike (found by the first GPU run)"),
+    Mutant("python_offset_from_data_ptr", "SM-20", "refimpl/symmetric_memory.py",
+           "        return handle, _byte_offset(input, alloc.base)",
+           "        return handle, input.data_ptr() - alloc.base",
+           "the Python kernels' byte offset from data_ptr(), 0 for a tensor without elements "
+           "(the CUDA kernels then refused every empty call; found by the first GPU run)"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -1773,6 +1784,59 @@ MUTANTS: list[Mutant] = [m for section in section_lists().values() for m in sect
 
 
 # --------------------------------------------------------------------------------------
+# CUDA mutants: slips in kernels/cuda/symm_mem.cu that only a GPU can show. Not in MUTANTS
+# (CI has no GPU): tests/gpu/test_cuda_mutants.py runs each against the SM section with
+# REFIMPL_SYMM_MEM_DEVICE=cuda, its catching case first (CUDA_CATCHING_CASE).
+# --------------------------------------------------------------------------------------
+_CU = "kernels/cuda/symm_mem.cu"
+CUDA_MUTANTS: list[Mutant] = [
+    Mutant("cuda_one_shot_last_barrier_left_out", "SM-15", _CU,
+           "    launch_reduce(ctx, s, dtype, op, srcs, static_cast<char *>(out), numel);\n"
+           "    launch_barrier(ctx, s, channel, t, BARRIER_NEXT);\n",
+           "    launch_reduce(ctx, s, dtype, op, srcs, static_cast<char *>(out), numel);\n",
+           "one-shot returns after its own reduction: a peer may still read the input, and "
+           "the next call's descriptor may overwrite this one's before a peer checked it"),
+    Mutant("cuda_16_bit_accumulation", "SM-23", _CU,
+           "    for (int k = 0; k < N; k++) acc[k] = combine<OP>(acc[k], D::load(x.lane[k]));",
+           "    for (int k = 0; k < N; k++) "
+           "acc[k] = D::load(D::store(combine<OP>(acc[k], D::load(x.lane[k]))));",
+           "the vector path rounds to the 16-bit dtype after every rank instead of "
+           "accumulating in float32 and rounding once"),
+    Mutant("cuda_signal_slot_not_cleared", "SM-9", _CU,
+           "  store_relaxed_sys(slot, EMPTY);",
+           "  store_relaxed_sys(slot, FULL);",
+           "a wait stores back what it read (the put's line copied): the slot is never "
+           "cleared, so the next put waits for ever"),
+    Mutant("cuda_kernels_on_the_default_stream", "SM-22", "refimpl/_symm_mem_cuda.py",
+           "        return torch.cuda.current_stream(self.device).cuda_stream",
+           "        return torch.cuda.default_stream(self.device).cuda_stream",
+           "the kernels go to the device's default stream, not the caller's current stream: "
+           "they do not wait for the work queued there"),
+    Mutant("cuda_two_shot_runs_its_last_barrier_when_calls_differ", "SM-20", _CU,
+           "    launch_barrier(ctx, s, channel, t, BARRIER_IF_CALLS_AGREE);",
+           "    launch_barrier(ctx, s, channel, t, BARRIER_NEXT);",
+           "a refused two-shot runs one barrier more than a refused one-shot: ranks that "
+           "called different algorithms fall out of step (found by the first GPU run)"),
+    Mutant("cuda_call_check_ignores_the_offset", "SM-20", _CU,
+           "    if (call[0] == first[0] && call[1] == first[1] && call[2] == first[2]) continue;",
+           "    if (call[0] == first[0] && call[2] == first[2]) continue;",
+           "the cross-rank check compares numel and kind but not the byte offset"),
+]
+CUDA_CATCHING_CASE: dict[str, str] = {
+    "cuda_one_shot_last_barrier_left_out":
+        "test_one_shot_returns_only_after_every_peer_read_its_input",
+    "cuda_16_bit_accumulation": "test_cuda_all_reduces_are_bitwise_the_rank_order_fold[3]",
+    "cuda_signal_slot_not_cleared": "test_signals_carry_writes_per_channel_and_leave_pads_zero",
+    "cuda_kernels_on_the_default_stream":
+        "test_cuda_ops_run_after_the_current_streams_work_and_finish_before_returning",
+    "cuda_call_check_ignores_the_offset":
+        "test_a_call_that_differs_between_ranks_fails_on_every_rank_naming_the_rank",
+    "cuda_two_shot_runs_its_last_barrier_when_calls_differ":
+        "test_a_call_that_differs_between_ranks_fails_on_every_rank_naming_the_rank",
+}
+
+
+# --------------------------------------------------------------------------------------
 # Equivalents: slips a red team wrote that no implementation-independent case can fail,
 # each with why, so that the next red team does not write them again. Same fields as a
 # Mutant; never run by tests/test_mutants.py, only checked to still apply.
@@ -2124,6 +2188,9 @@ CATCHING_CASE: dict[str, str] = {
     "mem_duplicate_in_order": "test_an_invalid_order_is_refused",
     "mem_verifier_size": "test_lifecycle_verifier",
     "mem_verifier_unpredicted_free": "test_lifecycle_verifier",
+    "native_offset_from_data_ptr":
+        "test_a_call_that_differs_between_ranks_fails_on_every_rank_naming_the_rank",
+    "python_offset_from_data_ptr": "test_the_python_kernels_serve_cpu_with_the_same_results",
     "one_shot_second_barrier_left_out":
         "test_one_shot_and_two_shot_sum_are_bitwise_the_rank_order_reference[float32-2]",
     "barrier_puts_into_the_peers_own_slot":

@@ -17,7 +17,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from mutants import KERNEL_BUILDS, MUTANTS, ROOT, Mutant, copy_checkout, section_lists
+from mutants import (
+    CUDA_MUTANTS,
+    KERNEL_BUILDS,
+    MUTANTS,
+    ROOT,
+    Mutant,
+    copy_checkout,
+    section_lists,
+)
 
 from conformance.spec import rule_ids
 
@@ -111,7 +119,7 @@ def test_every_list_of_mutants_is_gathered():
 
     lists = {name for name, value in vars(mutants).items()
              if isinstance(value, list) and value and all(isinstance(m, Mutant) for m in value)
-             and name not in ("MUTANTS", "EQUIVALENTS")}
+             and name not in ("MUTANTS", "EQUIVALENTS", "CUDA_MUTANTS")}
     assert lists <= set(section_lists()), sorted(lists - set(section_lists()))
 
 
@@ -146,7 +154,18 @@ def test_equivalents_still_apply_and_are_no_mutants():
         assert count == 1, f"equivalent {slip.name}: `old` occurs {count} times in {slip.path}"
 
 
-@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
+def test_cuda_mutants_are_named_once_each_with_its_catching_case():
+    """The GPU's mutants (tests/gpu/test_cuda_mutants.py runs them) are checked here too."""
+    from mutants import CUDA_CATCHING_CASE, CUDA_MUTANTS
+
+    names = [m.name for m in CUDA_MUTANTS]
+    assert len(set(names)) == len(names) and not set(names) & {m.name for m in MUTANTS}
+    assert set(CUDA_CATCHING_CASE) == set(names)
+    assert all(m.rule.startswith("SM-") and m.why for m in CUDA_MUTANTS)
+
+
+@pytest.mark.parametrize("mutant", MUTANTS + CUDA_MUTANTS,
+                         ids=lambda m: m.name)
 def test_the_mutant_still_applies(mutant):
     """Fast: `old` still occurs exactly once in this checkout (code moves on)."""
     count = (ROOT / mutant.path).read_text().count(mutant.old)

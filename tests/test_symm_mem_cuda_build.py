@@ -12,6 +12,9 @@ checked of them without a GPU is checked (SM-21, SM-23):
   a CUDA error becomes a `CudaError` naming what failed, and the kernels' element code, built
   for the host, gives bitwise the CPU kernels' results for every 16-bit pattern (a NaN that
   sum or avg computed may be another NaN, `same_bits`);
+- the CUDA handle keeps the base class's protocol: its primitives have the base's
+  signatures, its statuses are the shared ones plus its own, and, over a stand-in for the
+  library, a timeout makes it fail-stop (SM-19) and differing calls raise SM-20's error;
 - importing refimpl.symmetric_memory on a machine without CUDA imports nothing of it.
 
 The kernels themselves run in tests/gpu/ (skipped without a GPU). Skipped without nvcc.
@@ -92,7 +95,7 @@ def test_library_loads_without_a_gpu_and_turns_cuda_errors_into_messages_SM_19()
     assert err != 0 and count.value == 0
     assert lib.rsmc_error_string(err).decode()
     with pytest.raises(_symm_mem_cuda.CudaError,
-                       match=r"^allocating 4160 bytes on cuda:0: CUDA error \d+ \(.+\) "
+                       match=r"^allocating 4224 bytes on cuda:0: CUDA error \d+ \(.+\) "
                              r"\[SM-21\]$"):
         _symm_mem_cuda._Segment(torch.device("cuda", 0), 60)
 
@@ -149,3 +152,117 @@ def test_symmetric_memory_imports_no_cuda_backend_without_cuda_SM_1():
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                          text=True, cwd=_native.REPO_ROOT).stdout.split()
     assert out == ["False", "['cpu']"]
+
+
+# ---- the handle's Python layer over a stand-in library (no GPU, no nvcc needed) ----------
+class _StandInLibrary:
+    """The C ABI's calls the handle makes, answering with the statuses a test sets."""
+
+    def __init__(self):
+        self.calls = []
+        self.answer = {}  # function name -> (status, peer)
+
+    def rsmc_context_create(self, device, rank, world, channels, bufs, pads, out):
+        out._obj.value = 1234
+        return 0
+
+    def rsmc_context_destroy(self, context):
+        return 0
+
+    def rsmc_mismatched_calls(self, context, calls):
+        calls[:] = [64, 0, 1 << 16 | 0 << 8 | 0, 32, 0, 1 << 16 | 0 << 8 | 0]
+        return 0
+
+    def __getattr__(self, name):
+        def call(context, stream, *args):
+            self.calls.append(name)
+            status, peer = self.answer.get(name, (0, -1))
+            args[-1][0] = peer
+            return status
+        return call
+
+
+@pytest.fixture
+def stand_in_handle(monkeypatch):
+    from refimpl import _symm_mem_cuda
+
+    lib = _StandInLibrary()
+    monkeypatch.setattr(_symm_mem_cuda, "_lib", lib)
+    monkeypatch.setattr(_symm_mem_cuda.CudaSymmetricMemory, "_stream", lambda self: 0)
+
+    class Segment:
+        device = torch.device("cuda", 0)
+        pad_offset = 256
+
+    handle = _symm_mem_cuda.CudaSymmetricMemory("g", 0, 2, 256, [4096, 8192], Segment(), [])
+    return handle, lib
+
+
+def test_cuda_handle_has_the_base_classs_primitives_and_statuses_SM_19_SM_20():
+    import inspect
+
+    from refimpl import _symm_mem_cuda
+
+    cuda = _symm_mem_cuda.CudaSymmetricMemory
+    for name, member in vars(sm.SymmetricMemory).items():
+        own = vars(cuda).get(name)
+        if callable(member) and own is not None and not name.startswith("__"):
+            assert (list(inspect.signature(own).parameters)
+                    == list(inspect.signature(member).parameters)), name
+    for name in ("_put_signal", "_wait_signal", "_barrier", "_one_shot", "_two_shot",
+                 "_mismatched_calls", "_tensor_at"):
+        assert name in vars(cuda), f"the CUDA handle does not implement {name}"
+    shared = {sm.STATUS_OK, sm.STATUS_PUT_TIMEOUT, sm.STATUS_WAIT_TIMEOUT,
+              sm.STATUS_BAD_ARGUMENT, sm.STATUS_MISMATCH}
+    own = {_symm_mem_cuda.STATUS_CUDA_ERROR, _symm_mem_cuda.STATUS_STUCK,
+           _symm_mem_cuda.STATUS_CAPTURING}
+    assert len(own) == 3 and not shared & own
+    text = SOURCE.read_text()
+    for status, value in [("RSM_MISMATCH", sm.STATUS_MISMATCH),
+                          ("RSM_CUDA_ERROR", _symm_mem_cuda.STATUS_CUDA_ERROR),
+                          ("RSM_STUCK", _symm_mem_cuda.STATUS_STUCK),
+                          ("RSM_CAPTURING", _symm_mem_cuda.STATUS_CAPTURING)]:
+        assert f"{status} = {value}," in text, status
+
+
+def test_cuda_handle_fails_stop_after_a_barrier_timeout_SM_19(stand_in_handle):
+    handle, lib = stand_in_handle
+    handle.put_signal(1, channel=1, timeout_ms=10)
+    lib.answer["rsmc_wait_signal"] = (sm.STATUS_WAIT_TIMEOUT, 1)
+    with pytest.raises(sm.SymmMemTimeout, match=r"wait_signal: rank 1 of group 'g' did not"):
+        handle.wait_signal(1, channel=1, timeout_ms=10)
+    handle.put_signal(1, channel=1, timeout_ms=10)  # a timed-out wait left the handle usable
+    lib.answer["rsmc_barrier"] = (sm.STATUS_WAIT_TIMEOUT, 1)
+    with pytest.raises(sm.SymmMemTimeout, match=r"barrier: rank 1 of group 'g' did not") as e:
+        handle.barrier(channel=2, timeout_ms=10)
+    assert e.value.peer == 1
+    called = len(lib.calls)
+    for call in (lambda: handle.barrier(), lambda: handle.put_signal(1),
+                 lambda: handle.wait_signal(1)):
+        with pytest.raises(sm.SymmMemTimeout, match=r"unusable since an earlier timeout"):
+            call()
+    assert len(lib.calls) == called, "a fail-stopped handle touched a signal pad"
+
+
+def test_cuda_handle_names_the_differing_call_SM_20(stand_in_handle):
+    handle, lib = stand_in_handle
+    lib.answer["rsmc_two_shot_all_reduce"] = (sm.STATUS_MISMATCH, 1)
+    status, peer = handle._two_shot(0, 64, (0, 0), 1000)
+    assert (status, peer) == (sm.STATUS_MISMATCH, 1)
+    message = handle._mismatch(peer, "two_shot_all_reduce_")
+    assert message.startswith("input: two_shot_all_reduce_ needs the same call")
+    assert ("rank 1 called one_shot of 32 elements of torch.float32 at byte offset 0 with "
+            "'sum', rank 0 called one_shot of 64 elements") in message
+
+
+@pytest.mark.parametrize("first", ["refimpl._symm_mem_cuda", "refimpl.symmetric_memory"])
+def test_either_module_imported_first_registers_one_cuda_allocator_SM_21(first):
+    """Where torch sees a GPU (here pretended: nothing touches the GPU before an allocation)
+    the CUDA allocator is registered once, whichever module a program imports first."""
+    code = ("import torch, sys; torch.cuda.is_available = lambda: True; "
+            f"import {first}; import refimpl.symmetric_memory as sm, refimpl._symm_mem_cuda as c; "
+            "print(type(sm.get_allocator('cuda')).__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=_native.REPO_ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["CudaAllocator"]

@@ -257,7 +257,7 @@ def _persistent_made_under_inference_mode(spec: str, alloc_id: int):
         first.fill_(2.0)
     del first
     again = sm.empty_strided_p2p((4,), (1,), torch.float32, device, group, alloc_id=alloc_id)
-    weight = torch.ones(4, requires_grad=True)
+    weight = torch.ones(4, device=device, requires_grad=True)
     try:
         (again * weight).sum().backward()  # autograd saves `again` for the gradient
     except RuntimeError as exc:
@@ -612,12 +612,14 @@ def _pointwise_input(rank: int, dtype_name: str) -> torch.Tensor:
     return x.to(getattr(torch, dtype_name)).view(2, 3)
 
 
-def _aten_steps(x: torch.Tensor, chain: str) -> torch.Tensor:
-    """The reference: each step as the ATen op with a Python number."""
+def _aten_steps(x: torch.Tensor, chain: str, device: torch.device) -> torch.Tensor:
+    """The reference: each step as the ATen op with a Python number, on `device` (ATen's
+    CPU and CUDA kernels read an add's number differently for 16-bit dtypes), on the CPU."""
+    x = x.to(device)
     for step in filter(None, (s.strip() for s in chain.split(";"))):
         op, number = step.split(" ")
         x = getattr(torch, op)(x, float(number))
-    return x
+    return x.cpu()
 
 
 def _pointwise(spec: str):
@@ -646,15 +648,17 @@ def _pointwise(spec: str):
 def test_pointwise_steps_are_bitwise_the_aten_ops_on_every_rank(backend):
     """World 3: the prologue written into the buffer, the one-shot in rank order, the
     epilogue, each step rounded to the dtype, on every rank."""
-    backend.require(CONCEPT, "empty", "ops", "pointwise_steps", "rendezvous")
+    sm = backend.require(CONCEPT, "empty", "ops", "pointwise_steps", "rendezvous")
     world = 3
+    device = (sm.device_for_rank(0) if hasattr(sm, "device_for_rank")
+              else torch.device(getattr(sm, "DEVICE", "cpu")))
     results = run(backend, _pointwise, world)
     for dtype_name in POINTWISE_DTYPES:
         inputs = [_pointwise_input(r, dtype_name) for r in range(world)]
         for i, (op, prologue, epilogue, _) in enumerate(POINTWISE_CALLS):
-            written = [_aten_steps(x, prologue) for x in inputs]
+            written = [_aten_steps(x, prologue, device) for x in inputs]
             want = _aten_steps(_rank_order([w.flatten() for w in written], op).view(2, 3),
-                               epilogue)
+                               epilogue, device)
             for rank in range(world):
                 out, buf, unchanged = results[rank][dtype_name, i]
                 where = f"{dtype_name} {op} {prologue!r} {epilogue!r} on rank {rank}"
@@ -769,6 +773,8 @@ def _mismatched_calls(spec: str):
         lambda: sm.ops.one_shot_all_reduce_pointwise(buf[(rank == 2):][:8],
                                                      torch.ones(8, device=device), "sum",
                                                      group, "mul 2.0", ""),
+        # no element, at another offset on rank 1 (data_ptr() is 0 for every such tensor)
+        lambda: sm.ops.one_shot_all_reduce(buf[3:3] if rank == 1 else buf[2:2], "sum", group),
         # two-shot as the first call on an allocation (its rendezvous inside the call):
         # rank 2 asks for another reduce op
         lambda: sm.ops.two_shot_all_reduce_(fresh[:8], "min" if rank == 2 else "max", group),
@@ -790,7 +796,7 @@ def check_mismatches(results) -> None:
     differs, and the ranks stayed in step."""
     for rank, (messages, after) in enumerate(results):
         named = [m and m.split(";")[1].split()[1] for m in messages]
-        assert named == ["2", "1", "1", "2", "1", "1", "2", "2"], (rank, messages)
+        assert named == ["2", "1", "1", "2", "1", "1", "2", "1", "2"], (rank, messages)
         assert all(m.startswith("input:") and "[SM-20]" in m for m in messages), messages
         assert "8 elements" in messages[0] and "9 elements" in messages[0]
         assert after == [6.0] * 4, "the ranks stay in step after a refused call"
@@ -816,11 +822,13 @@ def test_the_python_kernels_serve_cpu_with_the_same_results(backend, monkeypatch
     try:
         in_use = run(backend, _ops_in_use, world)
         values = run(backend, _all_reduces, world, "float32", numel)
+        empty = run(backend, _all_reduces, world, "float32", 0)  # data_ptr() is 0 there
         mismatches = run(backend, _mismatched_calls, world)
     finally:
         fresh_ranks(world)  # the next case's ranks define the ops afresh
     assert set(in_use) <= {"python", None}, f"kernels in use: {in_use}"
     check_all_reduces(values, torch.float32, numel)
+    check_all_reduces(empty, torch.float32, 0)
     check_mismatches(mismatches)
 
 

@@ -96,7 +96,9 @@ bool plain_call(const at::Tensor &input, c10::string_view reduce_op,
   if (it == table.end() || it->second.group_name != group_name) return false;
   call.group = it->second.group;
   call.peer = it->second.peer;
-  call.offset = static_cast<int64_t>(reinterpret_cast<uintptr_t>(input.data_ptr()) - storage);
+  // From the storage offset: data_ptr() is null for a tensor without elements (SM-20
+  // compares offsets, those of empty tensors too).
+  call.offset = input.storage_offset() * static_cast<int64_t>(input.element_size());
   return true;
 }
 

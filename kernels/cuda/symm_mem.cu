@@ -1,17 +1,18 @@
 /*
  * CUDA kernels of refimpl's symmetric memory (SPEC.md section 6: SM-9..SM-11, SM-15..SM-17
- * on CUDA devices, and the CUDA backend's own rules SM-23..SM-23).
+ * and SM-19, SM-20 on CUDA devices, and the CUDA backend's own rules SM-21..SM-23).
  *
  * STATUS: compiled by nvcc for sm_90 (+ compute_90 PTX) with warnings as errors, here and in
- * CI (tests/test_symm_mem_cuda_build.py), and the element arithmetic runs on the host in CI
- * against the CPU kernels; THE KERNELS HAVE NOT YET RUN ON A GPU. tests/gpu/run_on_device.sh
- * is the first run.
+ * CI (tests/test_symm_mem_cuda_build.py), where the element arithmetic runs on the host
+ * against the CPU kernels. Run on an H100 by tests/gpu/run_on_device.sh (2026-11-26):
+ * tests/gpu and the SM conformance section on cuda pass, compute-sanitizer memcheck finds
+ * nothing (benchmarks/results/symm_mem_cuda.md).
  *
  * CUDA C++ with the runtime API only, no torch headers: a C ABI loaded from Python with
  * ctypes (refimpl/_symm_mem_cuda.py), like kernels/cpu/symm_mem.c, whose protocol this is:
  *
- *   - memory (SM-23): a segment is one cudaMalloc'd block on a device, the buffer then the
- *     signal pad; peers map it through CUDA IPC (rsmc_ipc_get / rsmc_ipc_open, closed by
+ *   - memory (SM-21): a segment is one cudaMalloc'd block on a device, the buffer, the
+ *     signal pad, then the op descriptor (64 bytes); peers map it through CUDA IPC (rsmc_ipc_get / rsmc_ipc_open, closed by
  *     rsmc_ipc_close). The pads are only ever written by these kernels.
  *   - signals (SM-9): a slot is a uint32 on the receiver's pad, EMPTY (0) or FULL (1): a put
  *     waits for EMPTY, then stores FULL with st.release.sys; a wait waits for FULL with
@@ -30,9 +31,19 @@
  *     on both; rsmc_reduce_host runs this same element code on the host for the test).
  *     16-byte vector loads where every pointer allows, scalar otherwise: same bits.
  *
+ *   - op descriptors (SM-20): before its first barrier an all-reduce writes its call (numel,
+ *     byte offset, kind = algorithm << 16 | op << 8 | dtype, as the CPU's) into its own
+ *     descriptor; after that barrier every rank compares every rank's with rank 0's. On a
+ *     difference no kernel reads a peer's data, and the op runs exactly one more barrier,
+ *     whichever its algorithm (two-shot skips its last), as the CPU's does: ranks that
+ *     called different algorithms stay in step, and no rank writes its next call's
+ *     descriptor before every rank has read this one's. The host then reports
+ *     RSM_MISMATCH, naming the lowest differing rank, and both calls.
+ *
  * An op is a sequence of kernels on the caller's stream (the current torch stream of the
- * tensor's device), so it is ordered after the work queued there: one-shot is barrier,
- * reduce, barrier; two-shot is barrier, reduce-scatter, barrier, all-gather, barrier.
+ * tensor's device), so it is ordered after the work queued there: one-shot is describe,
+ * barrier, check, reduce, barrier; two-shot is describe, barrier, check, reduce-scatter,
+ * barrier, all-gather, barrier.
  * Kernel boundaries on one stream order the reduce after the barrier's acquire and the
  * barrier's release after the writes of the kernels before it.
  *
@@ -60,16 +71,18 @@
 
 namespace {
 
-// Statuses (0..3 are kernels/cpu/symm_mem.c's; refimpl/symmetric_memory.py reads them).
+// Statuses (0..4 are kernels/cpu/symm_mem.c's; refimpl/symmetric_memory.py reads them).
 enum Status {
   RSM_OK = 0,
   RSM_PUT_TIMEOUT = 1,
   RSM_WAIT_TIMEOUT = 2,
   RSM_BAD_ARGUMENT = 3,
-  RSM_CUDA_ERROR = 4,  // a CUDA call failed; its cudaError_t is reported
-  RSM_STUCK = 5,       // the kernels did not finish by the host's deadline
-  RSM_CAPTURING = 6,   // the stream is being captured into a CUDA graph
+  RSM_MISMATCH = 4,    // ranks called an all-reduce differently (SM-20)
+  RSM_CUDA_ERROR = 5,  // a CUDA call failed; its cudaError_t is reported
+  RSM_STUCK = 6,       // the kernels did not finish by the host's deadline
+  RSM_CAPTURING = 7,   // the stream is being captured into a CUDA graph
 };
+enum { ALGO_ONE_SHOT = 1, ALGO_TWO_SHOT = 2 };
 enum { DT_FLOAT32 = 0, DT_BFLOAT16 = 1, DT_FLOAT16 = 2, DT_INT32 = 3, DT_INT64 = 4 };
 enum { OP_SUM = 0, OP_AVG = 1, OP_MAX = 2, OP_MIN = 3 };
 
@@ -79,23 +92,32 @@ constexpr int BARRIER_THREADS = MAX_WORLD;  // thread i handles the peer visited
 constexpr int THREADS = 256;                // reduce and copy kernels
 constexpr int BLOCKS_PER_SM = 8;
 constexpr int NONE = INT_MAX;
+// Which barrier of an op a barrier kernel is: the first (starts the op's clock), a later
+// one, or a later one that runs only while the ranks' calls agree (SM-20).
+enum { BARRIER_NEXT = 0, BARRIER_FIRST = 1, BARRIER_IF_CALLS_AGREE = 2 };
+constexpr int64_t SIGNAL_PAD_SIZE = 4096;  // a pad's bytes; the descriptor follows (SM-20)
 
 // One pointer per rank, passed by value as a kernel parameter.
 struct Pointers {
   char *p[MAX_WORLD];
 };
 
-// Device side of an op in flight: its deadline and its first failure.
+// Device side of an op in flight: its deadline, its first failure, and the lowest rank whose
+// call differs from rank 0's (-1: none), which skips the kernels that read peers' data.
 struct OpState {
   unsigned long long deadline_ns;
   int status;
   int peer;
+  int differing;
 };
 
-// Host side (mapped pinned memory): what the host reads once the op finished.
+// Host side (mapped pinned memory): what the host reads once the op finished; `calls`:
+// (numel, byte offset, kind) of rank 0's call, then of the differing rank's.
 struct Report {
   int status;
   int peer;
+  int differing;
+  long long calls[6];
 };
 
 // -------------------------------------------------------------------------------------
@@ -177,6 +199,7 @@ __device__ unsigned long long op_deadline(OpState *state, int begin, long long t
     state->deadline_ns = globaltimer_ns() + static_cast<unsigned long long>(timeout_ns);
     state->status = RSM_OK;
     state->peer = -1;
+    state->differing = -1;
     return state->deadline_ns;
   }
   return state->status == RSM_OK ? state->deadline_ns : 0;
@@ -203,19 +226,20 @@ __global__ void __launch_bounds__(1) wait_signal_kernel(char *my_pad, int src, i
 
 // One block of BARRIER_THREADS threads. Thread t visits peer (rank + t + 1) % world, so that
 // ranks do not all start with rank 0 (the CPU's order). A failure is reported for the first
-// late peer in that order; a failed put skips the waits, as on the CPU.
+// late peer in that order; a failed put skips the waits, as on the CPU. `which`: BARRIER_*.
 __global__ void __launch_bounds__(BARRIER_THREADS) barrier_kernel(
     Pointers pads, int rank, int world, int channel, OpState *state, Report *report,
-    long long timeout_ns, int begin) {
+    long long timeout_ns, int which) {
   __shared__ unsigned long long deadline;
   __shared__ int first_late_put, first_late_wait;
   if (threadIdx.x == 0) {
-    deadline = op_deadline(state, begin, timeout_ns);
+    deadline = op_deadline(state, which == BARRIER_FIRST, timeout_ns);
+    if (which == BARRIER_IF_CALLS_AGREE && state->differing >= 0) deadline = 0;
     first_late_put = NONE;
     first_late_wait = NONE;
   }
   __syncthreads();
-  if (deadline == 0) return;  // an earlier kernel of this op failed (uniform: no divergence)
+  if (deadline == 0) return;  // failed earlier, or skipped (uniform: no divergence)
   const int visit = static_cast<int>(threadIdx.x) + 1;
   const bool mine = visit < world;
   const int peer = (rank + visit) % world;
@@ -230,6 +254,60 @@ __global__ void __launch_bounds__(BARRIER_THREADS) barrier_kernel(
     record_failure(state, report, RSM_PUT_TIMEOUT, (rank + first_late_put) % world);
   else if (threadIdx.x == 0 && first_late_wait != NONE)
     record_failure(state, report, RSM_WAIT_TIMEOUT, (rank + first_late_wait) % world);
+}
+
+// -------------------------------------------------------------------------------------
+// Op descriptors: the cross-rank check of an all-reduce's call (SM-20)
+// -------------------------------------------------------------------------------------
+__device__ __forceinline__ long long *descriptor_of(char *pad) {
+  return reinterpret_cast<long long *>(pad + SIGNAL_PAD_SIZE);
+}
+
+__device__ __forceinline__ long long load_relaxed_sys64(const long long *p) {
+  long long v;
+  asm volatile("ld.relaxed.sys.global.s64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Before the op's first barrier: this rank's call into its descriptor. The barrier's
+// release (a later kernel on this stream) publishes it to the peers.
+__global__ void __launch_bounds__(1) describe_kernel(char *my_pad, long long numel,
+                                                     long long offset, long long kind) {
+  volatile long long *d = descriptor_of(my_pad);
+  d[0] = numel;
+  d[1] = offset;
+  d[2] = kind;
+  __threadfence_system();
+}
+
+// After the op's first barrier (its acquire saw every peer's descriptor): the lowest rank
+// whose call differs from rank 0's. Every rank reads the same descriptors, so every rank
+// names the same one; no peer writes its next call's before this op's last barrier.
+__global__ void __launch_bounds__(1) check_kernel(Pointers pads, int world, OpState *state,
+                                                  Report *report) {
+  if (state->status != RSM_OK) return;
+  const long long *d0 = descriptor_of(pads.p[0]);
+  long long first[3];
+  for (int i = 0; i < 3; i++) first[i] = load_relaxed_sys64(d0 + i);
+  for (int r = 1; r < world; r++) {
+    const long long *d = descriptor_of(pads.p[r]);
+    long long call[3];
+    for (int i = 0; i < 3; i++) call[i] = load_relaxed_sys64(d + i);
+    if (call[0] == first[0] && call[1] == first[1] && call[2] == first[2]) continue;
+    for (int i = 0; i < 3; i++) {
+      report->calls[i] = first[i];
+      report->calls[3 + i] = call[i];
+    }
+    state->differing = r;
+    report->differing = r;
+    __threadfence_system();
+    return;
+  }
+}
+
+// The kernels that read peers' data run only while the op is in step and its calls agree.
+__device__ __forceinline__ bool op_goes_on(const OpState *state) {
+  return state->status == RSM_OK && state->differing < 0;
 }
 
 // -------------------------------------------------------------------------------------
@@ -427,7 +505,7 @@ template <class D, int OP>
 __global__ void __launch_bounds__(THREADS) reduce_kernel(Pointers srcs, int nsrc, char *out,
                                                          int64_t numel, int vectorized,
                                                          const OpState *state) {
-  if (state->status != RSM_OK) return;  // an earlier kernel of this op failed
+  if (!op_goes_on(state)) return;  // an earlier kernel failed, or the calls differ
   constexpr int N = 16 / sizeof(typename D::S);
   const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -448,7 +526,7 @@ struct Ranges {
 __global__ void __launch_bounds__(THREADS) gather_kernel(Pointers bufs, Ranges ranges, int rank,
                                                          const OpState *state) {
   const int p = static_cast<int>(blockIdx.y);
-  if (state->status != RSM_OK || p == rank) return;
+  if (!op_goes_on(state) || p == rank) return;
   const char *src = bufs.p[p] + ranges.begin[p];
   char *dst = bufs.p[rank] + ranges.begin[p];
   const int64_t n = ranges.end[p] - ranges.begin[p];
@@ -548,6 +626,10 @@ int finish_op(Context *ctx, cudaStream_t stream, long long timeout_ns, int32_t *
     return RSM_CUDA_ERROR;
   }
   const volatile Report *report = ctx->report;  // written by the kernels, through PCIe
+  if (report->status == RSM_OK && report->differing >= 0) {
+    report_out[0] = report->differing;
+    return RSM_MISMATCH;
+  }
   report_out[0] = report->peer;
   return report->status;
 }
@@ -570,6 +652,7 @@ int start_op(Context *ctx, cudaStream_t stream, const DeviceGuard &guard, int32_
   if (err == cudaSuccess && capture != cudaStreamCaptureStatusNone) return RSM_CAPTURING;
   ctx->report->status = RSM_OK;
   ctx->report->peer = -1;
+  ctx->report->differing = -1;
   if (err == cudaSuccess) err = cudaEventRecord(ctx->before, stream);
   if (err != cudaSuccess) {
     report_out[1] = static_cast<int32_t>(err);
@@ -608,10 +691,20 @@ int blocks_for(const Context *ctx, int64_t units) {
 }
 
 void launch_barrier(Context *ctx, cudaStream_t stream, int channel, long long timeout_ns,
-                    int begin) {
+                    int which) {
   barrier_kernel<<<1, BARRIER_THREADS, 0, stream>>>(ctx->pads, ctx->rank, ctx->world, channel,
                                                     ctx->state, ctx->report_device, timeout_ns,
-                                                    begin);
+                                                    which);
+}
+
+// An all-reduce's start: its call into this rank's descriptor, the first barrier, and the
+// cross-rank check of the calls (SM-20).
+void launch_entry(Context *ctx, cudaStream_t stream, int channel, long long timeout_ns,
+                  int64_t numel, int64_t offset, int algorithm, int op, int dtype) {
+  const long long kind = static_cast<long long>(algorithm) << 16 | op << 8 | dtype;
+  describe_kernel<<<1, 1, 0, stream>>>(ctx->pads.p[ctx->rank], numel, offset, kind);
+  launch_barrier(ctx, stream, channel, timeout_ns, BARRIER_FIRST);
+  check_kernel<<<1, 1, 0, stream>>>(ctx->pads, ctx->world, ctx->state, ctx->report_device);
 }
 
 // Call f(D{}, std::integral_constant<int, OP>{}) for the dtype and reduce op codes; avg only
@@ -693,7 +786,7 @@ int rsmc_device_count(int *count) {
 int rsmc_live_segments(void) { return live_segments; }
 int rsmc_live_mappings(void) { return live_mappings; }
 
-// ---- memory (SM-23) -----------------------------------------------------------------
+// ---- memory (SM-21) -----------------------------------------------------------------
 
 // A segment of `nbytes` on `device` whose signal pad ([pad_offset, nbytes)) is zero once
 // this returns (the device is synchronised: no peer may see a pad before it is zero).
@@ -801,6 +894,7 @@ int rsmc_context_create(int device, int rank, int world, int channels, void *con
   }
   ctx->report->status = RSM_OK;
   ctx->report->peer = -1;
+  ctx->report->differing = -1;
   *ctx_out = ctx;
   return cudaSuccess;
 }
@@ -846,7 +940,9 @@ int rsmc_barrier(void *opaque, uint64_t stream, int channel, long long timeout_n
                  int32_t *report_out) {
   Context *ctx = static_cast<Context *>(opaque);
   return run_call(ctx, stream, valid_channel(ctx, channel), timeout_ns, report_out,
-                  [&](cudaStream_t s, long long t) { launch_barrier(ctx, s, channel, t, 1); });
+                  [&](cudaStream_t s, long long t) {
+                    launch_barrier(ctx, s, channel, t, BARRIER_FIRST);
+                  });
 }
 
 // ---- all-reduce (SM-15, SM-16) ----------------------------------------------------------
@@ -862,9 +958,9 @@ int rsmc_one_shot_all_reduce(void *opaque, uint64_t stream, int channel, int64_t
   return run_call(ctx, stream, valid, timeout_ns, report_out, [&](cudaStream_t s, long long t) {
     Pointers srcs = {};
     for (int r = 0; r < ctx->world; r++) srcs.p[r] = ctx->bufs.p[r] + offset;
-    launch_barrier(ctx, s, channel, t, 1);
+    launch_entry(ctx, s, channel, t, numel, offset, ALGO_ONE_SHOT, op, dtype);
     launch_reduce(ctx, s, dtype, op, srcs, static_cast<char *>(out), numel);
-    launch_barrier(ctx, s, channel, t, 0);
+    launch_barrier(ctx, s, channel, t, BARRIER_NEXT);
   });
 }
 
@@ -892,15 +988,24 @@ int rsmc_two_shot_all_reduce(void *opaque, uint64_t stream, int channel, int64_t
     Pointers srcs = {};
     for (int r = 0; r < world; r++) srcs.p[r] = ctx->bufs.p[r] + ranges.begin[rank];
     const int64_t mine = (ranges.end[rank] - ranges.begin[rank]) / esize;
-    launch_barrier(ctx, s, channel, t, 1);
+    launch_entry(ctx, s, channel, t, numel, offset, ALGO_TWO_SHOT, op, dtype);
     launch_reduce(ctx, s, dtype, op, srcs, srcs.p[rank], mine);
-    launch_barrier(ctx, s, channel, t, 0);
+    launch_barrier(ctx, s, channel, t, BARRIER_NEXT);
     if (numel > 0 && world > 1) {
       const dim3 grid(blocks_for(ctx, (chunk * esize + 15) / 16), world);
       gather_kernel<<<grid, THREADS, 0, s>>>(ctx->bufs, ranges, rank, ctx->state);
     }
-    launch_barrier(ctx, s, channel, t, 0);
+    launch_barrier(ctx, s, channel, t, BARRIER_IF_CALLS_AGREE);
   });
+}
+
+// The two calls of the last RSM_MISMATCH: (numel, byte offset, kind) of rank 0's, then of
+// the differing rank's (SM-20).
+int rsmc_mismatched_calls(void *opaque, long long *calls_out) {
+  const Context *ctx = static_cast<const Context *>(opaque);
+  const volatile Report *report = ctx->report;
+  for (int i = 0; i < 6; i++) calls_out[i] = report->calls[i];
+  return RSM_OK;
 }
 
 // ---- the element arithmetic on the host (tests compare it with kernels/cpu/symm_mem.c) --
