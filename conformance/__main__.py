@@ -378,7 +378,9 @@ def _fuzz_sections(parser, args, stages) -> list[str]:
     for flag, given in (("-k", args.k), ("--first", args.first), ("--list", args.list)):
         if given:
             parser.error(f"--fuzz: {flag} selects hand-written cases; not with --fuzz")
-    sections = list(dict.fromkeys(args.section or stages))
+    from conformance.fuzz import DEFAULT_STAGES
+
+    sections = list(dict.fromkeys(args.section or DEFAULT_STAGES))
     for section in sections:
         if section not in stages:
             parser.error(f"--fuzz: --section {section}: programs are generated for "

@@ -395,9 +395,26 @@ def measure_run(gm: torch.fx.GraphModule, inputs, plan) -> list[str]:
             time.sleep(0.0005)
             freed += storages.take_deaths()
         if sorted(allocated) != sorted(want_allocs) or sorted(freed) != sorted(want_frees):
-            mismatches.append(f"node {node.name}: ran +{allocated} "
+            rule = _rule_broken(node, gm, allocated, want_allocs, freed, want_frees)
+            mismatches.append(f"{rule}: node {node.name}: ran +{allocated} "
                               f"-{freed}, planned +{want_allocs} -{want_frees}")
     return mismatches
+
+
+def _rule_broken(node, gm, allocated, want_allocs, freed, want_frees) -> str:
+    """The rule a difference at `node` breaks, as this judge reads it: an allocation that
+    differs, MEM-4 at a wait (a copy or a rename) and MEM-2 elsewhere; a free that differs,
+    MEM-6 for a graph input, MEM-5 at a collective (an input freed while in flight),
+    MEM-3 otherwise (freed at another reader, or never)."""
+    from conformance.reorder_rules import is_wait, kind_of
+
+    if sorted(allocated) != sorted(want_allocs):
+        return "MEM-4" if is_wait(node) else "MEM-2"
+    inputs = {n.name for n in gm.graph.nodes if n.op in ("placeholder", "get_attr")}
+    differing = set(freed) ^ set(want_frees)
+    if any(name in inputs for name, _ in differing):
+        return "MEM-6"
+    return "MEM-5" if kind_of(node) is not None else "MEM-3"
 
 
 def measure_programs(spec: str, names: list[str]) -> list[str]:

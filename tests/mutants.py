@@ -83,6 +83,15 @@ def copy_checkout(dest: Path) -> Path:
 # --------------------------------------------------------------------------------------
 F = "refimpl/functional_collectives.py"
 FC = [
+    Mutant("failed_peer_is_the_first_other_member", "FC-29", F,
+           "    who = f\"the failed peer is rank {peers[0]}\" if len(peers) == 1 else \\",
+           "    who = f\"the failed peer is rank {peers[0]}\" if peers else \\",
+           "a larger group names its first other member as the failed peer, which gloo "
+           "never said"),
+    Mutant("failed_peer_candidates_by_group_rank", "FC-29", F,
+           "    peers = [r for r in ranks if r != me]",
+           "    peers = [i for i, r in enumerate(ranks) if r != me]",
+           "the candidates named by their index in the group instead of their global rank"),
     Mutant("grad_check_case_sensitive", "FC-17", F,
            "    if op not in DIFFERENTIABLE_REDUCE_OPS:",
            "    if reduce_op not in DIFFERENTIABLE_REDUCE_OPS:",
@@ -2191,6 +2200,10 @@ CATCHING_CASE: dict[str, str] = {
     "native_offset_from_data_ptr":
         "test_a_call_that_differs_between_ranks_fails_on_every_rank_naming_the_rank",
     "python_offset_from_data_ptr": "test_the_python_kernels_serve_cpu_with_the_same_results",
+    "failed_peer_is_the_first_other_member":
+        "test_a_failed_peer_of_a_larger_group_is_named_among_the_candidates",
+    "failed_peer_candidates_by_group_rank":
+        "test_a_failed_peer_of_a_larger_group_is_named_among_the_candidates",
     "one_shot_second_barrier_left_out":
         "test_one_shot_and_two_shot_sum_are_bitwise_the_rank_order_reference[float32-2]",
     "barrier_puts_into_the_peers_own_slot":

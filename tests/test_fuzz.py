@@ -105,6 +105,31 @@ def test_wrong_bucketing_is_caught_with_a_reproducer():
     assert again[0]["reason"] == reason  # the same program, shrunk the same way
 
 
+def test_a_difference_the_backend_lists_by_rule_is_expected(tmp_path):
+    """Against a backend whose expected failures name BK-8 (as upstream's name its known
+    differences), the same failure is `xfailed`, matched by its rule; listed under another
+    rule it stays a finding (`failed`)."""
+    from conformance import fuzz
+    from conformance.backends import get_backend
+
+    backend = get_backend(BROKEN)
+    listed = tmp_path / "expected.txt"
+    backend.expected_failures = str(listed)
+    listed.write_text("test_bucketing.py::test_some_case  BK-3: known to differ\n")
+    records = fuzz.run(backend, BROKEN, 8, BROKEN_SEED, ["BK"], exitfirst=True,
+                       shrink_runs=0, write=lambda line: None)
+    assert records[-1]["outcome"] == "failed", records
+    failing_seed = BROKEN_SEED + len(records) - 1
+    listed.write_text("test_bucketing.py::test_some_case  BK-8: known to differ\n")
+    records = fuzz.run(backend, BROKEN, 1, failing_seed, ["BK"], shrink_runs=0,
+                       write=lambda line: None)
+    assert records[0]["outcome"] == "xfailed", records
+    reason = records[0]["reason"]
+    assert reason.startswith("an expected difference by rule BK-8: test_bucketing.py::"
+                             "test_some_case: BK-8: known to differ\n"), reason
+    assert "rerun: python -m conformance --fuzz 1" in reason
+
+
 def test_a_stage_the_backend_lacks_is_not_implemented():
     """No stage passes without its concept (CF-3); nothing runs on ranks for it."""
     import refimpl.functional_collectives as fc

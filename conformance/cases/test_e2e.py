@@ -489,3 +489,51 @@ def test_one_info_line_per_compiled_graph_and_the_text_of_every_stage_at_debug(b
             assert graph in head and stage in head, f"rank {rank}: {head!r}"
             assert "return" in text and ("funcol." in text or "refimpl" in text), \
                 f"rank {rank}: the DEBUG record of {graph} {stage} holds no graph text"
+
+
+def _aliasing_collectives_compiled(spec: str) -> list:
+    """Each program with an in-place or out= collective, compiled with every stage on:
+    ("refused", whether the error names the op) or ("ran", whether eager's values came)."""
+    import torch.distributed as dist
+
+    from conformance.backends import get_backend
+
+    backend = get_backend(spec)
+    fc = backend.require("functional_collectives")
+    concept = backend.require("compile_backend")
+    group = fc.resolve_group_name(dist.group.WORLD)
+    programs = {
+        "all_reduce_": lambda x: fc.ops.wait_tensor(fc.ops.all_reduce_(x * 2, "sum", group)) + 1,
+        "all_gather_into_tensor_out": lambda x: fc.ops.wait_tensor(
+            fc.ops.all_gather_into_tensor_out(x * 2, WORLD_SIZE, group,
+                                              out=x.new_empty([2 * WORLD_SIZE]))) + 1,
+    }
+    outcomes = []
+    for op, program in programs.items():
+        x = torch.tensor([1.0, 2.0]) + dist.get_rank()
+        want = program(x.clone())
+        torch._dynamo.reset()
+        compiled = torch.compile(program, backend=concept.make(all_stages(backend)))
+        try:
+            got = compiled(x.clone())
+        except Exception as exc:  # torch.compile wraps the backend's error in its own class
+            outcomes.append((op, "refused", op in str(exc)))
+        else:
+            outcomes.append((op, "ran", torch.equal(got, want)))
+    return outcomes
+
+
+@pytest.mark.spec("E2E-7")
+def test_an_in_place_or_out_collective_is_refused_naming_it_or_computed_right(backend):
+    """AOTAutograd cannot functionalize a custom op that returns an alias of its argument
+    (upstream's `_c10d_functional.all_reduce_` neither): compiling `all_reduce_` or
+    `all_gather_into_tensor_out` fails naming the op, or gives eager's values; never a
+    wrong value, on every rank."""
+    backend.require("functional_collectives")
+    backend.require("compile_backend")
+    for rank, outcomes in enumerate(harness.run(backend, _aliasing_collectives_compiled,
+                                                WORLD_SIZE)):
+        for op, what, right in outcomes:
+            assert right, (f"rank {rank}: {op} " + ("was refused without naming it"
+                                                     if what == "refused" else
+                                                     "compiled to a wrong value"))

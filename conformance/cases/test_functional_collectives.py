@@ -1281,6 +1281,36 @@ def test_a_failed_peer_is_named(backend, dies):
         assert word in err.message, f"the error does not name {word!r}: {err.message}"
 
 
+def _member_dies(spec):
+    os.environ["REFIMPL_CHECK_COLLECTIVES"] = "0"  # the failure is the backend's, not a check's
+    fc = funcol_api(spec)
+    group = dist.new_group([1, 2, 3], timeout=datetime.timedelta(seconds=1))
+    rank = dist.get_rank()
+    if rank == 0:
+        return None  # not a member
+    if rank == 3:
+        time.sleep(0.3)  # ranks 1 and 2 are waiting in the collective by now
+        os._exit(0)
+    fc.all_reduce(torch.ones(1000), "sum", group).wait()
+    return "no error"
+
+
+@pytest.mark.spec("FC-29")
+def test_a_failed_peer_of_a_larger_group_is_named_among_the_candidates(backend):
+    """Group [1, 2, 3] of a world of 4, rank 3 dies in the collective: the lowest rank that
+    reports it (1) names the op, the group's global ranks, itself, and the peer that failed
+    as one of the two other members, by global rank (not group rank: [1, 2]), and no single
+    rank as the failed one (gloo does not say which)."""
+    backend.require("functional_collectives")
+    with pytest.raises(RankError) as info:
+        run(backend, _member_dies, 4, timeout=60)
+    err = info.value
+    assert err.rank == 1, f"rank 1 should report the failure: {err}"
+    for words in ("all_reduce", "[1, 2, 3]", "rank 1", "one of ranks [2, 3]"):
+        assert words in err.message, f"the error does not name {words!r}: {err.message}"
+    assert "rank 3 " not in err.message and "rank 2 " not in err.message, err.message
+
+
 # ---- FC-31: rank lists that disagree between ranks -------------------------------------
 def _disagreeing_rank_lists(spec):
     os.environ.update(SHORT_CHECK_TIMEOUT)
