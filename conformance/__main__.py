@@ -19,6 +19,7 @@ import gc
 import json
 import os
 import random
+import re
 import sys
 import time
 from collections import Counter, defaultdict
@@ -146,8 +147,23 @@ def _reason_of(report, outcome) -> str:
     return ""
 
 
+def case_files(sections) -> list[str]:
+    """The case files that hold a case naming a rule of one of `sections` (their
+    `@pytest.mark.spec` IDs, read as text): a run of some sections collects only those,
+    about a second less per run than collecting every file."""
+    files = []
+    for path in sorted(CASES_DIR.glob("test_*.py")):
+        marks = re.findall(r"mark\.spec\(([^)]*)\)", path.read_text())
+        named = {prefix for args in marks for prefix in re.findall(r'"([A-Z0-9]+)-\d+"', args)}
+        if named & set(sections):
+            files.append(str(path))
+    return files
+
+
 def _pytest_args(args) -> list[str]:
-    pytest_args = [str(CASES_DIR), "-q", "-p", "no:cacheprovider", "--backend", args.backend]
+    where = case_files(args.section) if args.section and not args.list else []
+    pytest_args = [*(where or [str(CASES_DIR)]), "-q", "-p", "no:cacheprovider",
+                   "--backend", args.backend]
     if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
         pytest_args += ["-p", "xdist"]  # the one plugin the suite needs (-n, --dist)
     if args.k:

@@ -30,6 +30,7 @@ ranks: on a machine other jobs load, starting them can take that long.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -41,6 +42,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.utils._pytree as pytree
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.reporting import with_reporter
@@ -116,6 +118,9 @@ class Stmt:
     lines: tuple[str, ...]  # its source, one line each
 
 
+UPSTREAM_OPS = "ops = torch.ops._c10d_functional"  # the line of a program on upstream's ops
+
+
 @dataclass(frozen=True)
 class Program:
     world_size: int
@@ -123,14 +128,25 @@ class Program:
     stmts: tuple[Stmt, ...]
     outputs: tuple[str, ...]
     barrier_in_flight: bool  # a record_ runs while a collective is in flight
+    # Upstream's op namespace instead of the backend's (the passes read both, BK-1), and
+    # the outputs as a dict (a pytree a pass's code generator must keep): drawn last, so
+    # that the statements of a seed's program do not depend on them.
+    upstream_ops: bool = False
+    dict_outputs: bool = False
 
     def source(self) -> str:
         names = [f"x{i}" for i in range(len(self.inputs))]
         body = [line for s in self.stmts for line in s.lines]
+        ops = [f"    {UPSTREAM_OPS}"] if self.upstream_ops else []
+        if self.dict_outputs:
+            first, rest = self.outputs[0], self.outputs[1:]
+            result = f"{{'first': {first}, 'rest': [{', '.join(rest)}]}}"
+        else:
+            result = f"[{', '.join(self.outputs)}]"
         return "\n".join([*self.header(), "def program(ops, *inputs):",
-                          f"    {', '.join(names)}, = inputs",
+                          f"    {', '.join(names)}, = inputs", *ops,
                           *[f"    {line}" for line in body],
-                          f"    return [{', '.join(self.outputs)}]", ""])
+                          f"    return {result}", ""])
 
     def header(self) -> list[str]:
         """Comments that make the source a reproducer: what `G` and `inputs` are."""
@@ -497,7 +513,30 @@ def programs(draw) -> Program:
     builder = _Builder(draw, world_size, inputs)
     for _ in range(steps):
         builder.step()
-    return builder.finish(world_size, inputs)
+    program = builder.finish(world_size, inputs)
+    program = dataclasses.replace(program, upstream_ops=draw(st.booleans()),
+                                  dict_outputs=draw(st.booleans()))
+    # Now and then the program also returns a value other nodes read: an output is kept to
+    # the end whoever reads it (MEM-7), which an output nobody else reads never shows.
+    read = [v.name for v in builder.values
+            if v.name not in program.outputs and not v.name.startswith("x")]
+    if read and draw(st.booleans()):
+        program = dataclasses.replace(program, outputs=(*program.outputs, read[0]))
+    return program
+
+
+# Bad options, drawn now and then instead of a program's valid ones: each MUST be refused
+# on every rank with the error type given, naming the option (CL-16, RO-1).
+BAD_OPTIONS = {
+    "CL": (("one_shot_all_reduce_threshold_bytes", -1, "ValueError"),
+           ("one_shot_all_reduce_threshold_bytes", True, "TypeError"),
+           ("auto_select", 1, "TypeError")),
+    "RO": (("memory_budget", -0.5, "ValueError"), ("memory_budget", math.nan, "ValueError"),
+           ("memory_budget", True, "TypeError"), ("max_in_flight", {"all_gather": 0}, "ValueError"),
+           ("max_in_flight", {"all_gather": True}, "TypeError"),
+           ("max_in_flight", {"gather": 1}, "ValueError")),
+}
+BAD_RULE = {"CL": "CL-16", "RO": "RO-1"}
 
 
 def _options(draw, program: Program) -> dict:
@@ -506,7 +545,7 @@ def _options(draw, program: Program) -> dict:
     # A barrier with a collective in flight can make one in flight at a time impossible
     # (RO-6 holds both sides), which SPEC leaves open: such programs get no limit.
     limits = [{}] if program.barrier_in_flight else [{}, {"all_gather": 1}]
-    return {
+    options = {
         "BK": {"caps_bytes": caps},
         # The one-shot path (CL-10) needs all three: drawn more often, and shrunk to.
         "CL": {"auto_select": draw(st.sampled_from((True, True, False))),
@@ -521,6 +560,23 @@ def _options(draw, program: Program) -> dict:
                 "lowering": draw(st.sampled_from((None, {}, {"auto_select": True}))),
                 "reorder": draw(st.sampled_from((None, {}, {"memory_budget": 0.0})))},
     }
+    # Drawn last, so that a seed's valid options do not depend on them; one case in six.
+    for stage, bad in BAD_OPTIONS.items():
+        options[stage]["bad"] = draw(st.sampled_from((None,) * 5 * len(bad) + bad))
+    return options
+
+
+def _refused(stage: str, bad, make) -> list[str]:
+    """`make()` with one bad option: the problems if it is not refused as BAD_OPTIONS says."""
+    name, value, error = bad
+    try:
+        make()
+    except Exception as exc:  # the type is what is checked
+        if type(exc).__name__ == error and name in str(exc):
+            return []
+        return [f"{BAD_RULE[stage]}: {name}={value!r} raised {type(exc).__name__}: "
+                f"{_short(str(exc), 2)} (expected {error} naming {name})"]
+    return [f"{BAD_RULE[stage]}: {name}={value!r} was not refused (expected {error})"]
 
 
 @st.composite
@@ -618,6 +674,10 @@ def lowering_on_rank(spec: str, source: str, inputs, options) -> dict:
     config = {k: options[k] for k in ("auto_select", "one_shot_all_reduce_threshold_bytes")}
     if options["symm_mem_world"]:
         config["enable_symm_mem_for"] = [groups["world"]]
+    if options.get("bad"):  # CL-16: refused, naming the option
+        config[options["bad"][0]] = options["bad"][1]
+        return {"problems": _refused("CL", options["bad"], lambda: ns.run_lowered(
+            fn, [x.clone() for x in xs], dict(config)))}
     want = _observe(lambda: fn(*[x.clone() for x in xs]))
     checker = None
     if getattr(ns, "lowered_graph", None) is not None:
@@ -632,16 +692,21 @@ def lowering_on_rank(spec: str, source: str, inputs, options) -> dict:
         problems.append(f"CL-15: lowered values differ from eager: {exc}")
     if got[1] != want[1]:
         problems.append(f"CL-15: record_ saw {want[1]} eagerly, {got[1]} lowered")
+    if got[2] != want[2]:
+        problems.append(f"CL-1: the lowered program returns {got[2]}, the program {want[2]}")
     if checker is not None and checker.untrue:
         problems.append(f"CL-1: untrue meta val: {checker.report()}")
     return {"problems": problems}
 
 
-def _observe(run) -> tuple[list[torch.Tensor], list[float]]:
-    """What `run()` returns, as plain tensors, and what record_ saw meanwhile."""
+def _observe(run) -> tuple[list[torch.Tensor], list[float], str]:
+    """What `run()` returns, as plain tensors, what record_ saw meanwhile, and the shape of
+    the returned container (a dict stays a dict: RO-1, CL-1 keep the code generator)."""
     rp.RECORDED.clear()
     out = run()
-    return [t.clone() for t in rp._flat(out)], list(rp.RECORDED)
+    # FX's graphs return their immutable_list / immutable_dict: the same shape for a caller
+    structure = re.sub(r"\bimmutable_(list|dict)\b", r"\1", str(pytree.tree_structure(out)))
+    return [t.clone() for t in rp._flat(out)], list(rp.RECORDED), structure
 
 
 def reorder_on_rank(spec: str, source: str, inputs, options) -> dict:
@@ -662,6 +727,11 @@ def reorder_on_rank(spec: str, source: str, inputs, options) -> dict:
         if bucket is not None:
             bucket(gm, _cap_fn(options["caps_bytes"]["bucket_all_gather"]))
     limits = dict(options["max_in_flight"])
+    if options.get("bad"):  # RO-1: refused, naming the option
+        name, value, _ = options["bad"]
+        fields = {"memory_budget": options["memory_budget"], "max_in_flight": limits, name: value}
+        return {"problems": _refused("RO", options["bad"], lambda: ns.ReorderConfig(**fields)),
+                "order": []}
     config = ns.ReorderConfig(cost_model=ns.CostModel(pinned=rp.pinned_costs(gm)),
                               memory_budget=options["memory_budget"], max_in_flight=limits)
     new = ns.reorder(gm, config)
@@ -671,8 +741,19 @@ def reorder_on_rank(spec: str, source: str, inputs, options) -> dict:
     checker = MetaChecker(new)
     diff = _side_by_side(rp._run(gm, xs), rp._run(new, xs, checker))
     problems += [f"RO-13: reordered values differ: {diff}"] if diff else []
+    if _returns(new) != _returns(gm):
+        problems.append(f"RO-1: the reordered program returns {_returns(new)}, the "
+                        f"original {_returns(gm)}")
     problems += [f"RO-1: untrue meta val: {checker.report()}"] if checker.untrue else []
     return {"problems": problems, "order": [n.name for n in new.graph.nodes]}
+
+
+def _returns(gm) -> str:
+    """What calling `gm` returns, as its code generator builds it: a pytree's spec (make_fx
+    keeps a program's dict), or the output node's value as it is."""
+    info = getattr(gm.graph._codegen, "pytree_info", None)
+    spec = getattr(info, "out_spec", None)
+    return str(spec) if spec is not None else "the output node's value"
 
 
 def _split_blocks(gm) -> list[list[str]]:
@@ -742,9 +823,13 @@ def _orderings(gm, body) -> dict[str, set[str]]:
 
 def memory_on_rank(spec: str, source: str, inputs, options) -> dict:
     """MEM: the backend's plan of the traced program is what a real run allocates and
-    frees, node by node (memory_programs.measure_run)."""
+    frees, node by node (memory_programs.measure_run). On the backend's own ops: a real
+    run of upstream's eager collectives frees what they communicate at its last reader,
+    where MEM-5 holds it to the wait (SPEC names the difference), so a program drawn on
+    upstream's ops runs here on the backend's."""
     from conformance.memory_programs import measure_run
 
+    source = source.replace(f"\n    {UPSTREAM_OPS}\n", "\n")
     backend, fn, xs, _ = _load(spec, source, inputs)
     memory = backend.require("memory", *STAGES["MEM"].attrs)
     gm = _trace(fn, xs)
@@ -782,6 +867,8 @@ def e2e_on_rank(spec: str, source: str, inputs, options) -> dict:
         problems.append(f"E2E-3: compiled values differ from eager: {exc}")
     if got[1] != want[1]:
         problems.append(f"E2E-3: record_ saw {want[1]} eagerly, {got[1]} compiled")
+    if got[2] != want[2]:
+        problems.append(f"E2E-3: the compiled program returns {got[2]}, eager {want[2]}")
     return {"problems": problems}
 
 

@@ -379,7 +379,11 @@ def measure_run(gm: torch.fx.GraphModule, inputs, plan) -> list[str]:
             last_reader[arg] = i
     storages, env, feed, mismatches = _Storages(), {}, iter(inputs), []
     for i, node in enumerate(nodes):
-        if node.op == "output":
+        if node.op == "output":  # what it returns is the caller's: nothing allocated or freed
+            want_allocs, want_frees = planned.get(node.name, ([], []))
+            if want_allocs or want_frees:
+                mismatches.append(f"MEM-7: node {node.name}: ran +[] -[], planned "
+                                  f"+{want_allocs} -{want_frees}")
             break
         env[node] = next(feed) if node.op == "placeholder" else _run_node(node, env)
         allocated = storages.new_ones(node, env[node])

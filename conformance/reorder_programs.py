@@ -506,6 +506,8 @@ def config_for(ns, gm: torch.fx.GraphModule, case: Case):
 def _flat(out) -> list[torch.Tensor]:
     if isinstance(out, torch.Tensor):
         return [out]
+    if isinstance(out, dict):  # a program may return a dict (make_fx's pytree output)
+        return [t for o in out.values() for t in _flat(o)]
     return [t for o in out for t in _flat(o)]
 
 

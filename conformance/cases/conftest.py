@@ -198,8 +198,11 @@ def pytest_collection_modifyitems(config, items):
         seen.add(cid)
         if cid in expected:
             item.add_marker(pytest.mark.xfail(reason=expected[cid], strict=True))
+    collected = {Path(item.path).name for item in _conformance_items(items)}
+    left_out = {p.name for p in CASES_DIR.glob("test_*.py")} - collected
     for cid in sorted(listed - seen):
-        warnings.warn(f"{path.name}: {cid!r} matches no case [CF-4]", stacklevel=1)
+        if cid.split("::")[0] not in left_out:  # a run of some case files judges only those
+            warnings.warn(f"{path.name}: {cid!r} matches no case [CF-4]", stacklevel=1)
     _select_sections(config, items)
     _run_first(config, items)
 
