@@ -685,18 +685,25 @@ def lowering_on_rank(spec: str, source: str, inputs, options) -> dict:
         got = _observe(lambda: checker.call(*[x.clone() for x in xs]))
     else:
         got = _observe(lambda: ns.run_lowered(fn, [x.clone() for x in xs], dict(config)))
+    problems = _differences(want, got, "lowered", "CL-15", "CL-1")
+    if checker is not None and checker.untrue:
+        problems.append(f"CL-1: untrue meta val: {checker.report()}")
+    return {"problems": problems}
+
+
+def _differences(want, got, what: str, value_rule: str, shape_rule: str) -> list[str]:
+    """A transformed program's run (`got`, from _observe) against eager's (`want`): its
+    values exactly, record_'s log, and the container it returns."""
     problems = []
     try:
         torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
     except AssertionError as exc:
-        problems.append(f"CL-15: lowered values differ from eager: {exc}")
+        problems.append(f"{value_rule}: {what} values differ from eager: {exc}")
     if got[1] != want[1]:
-        problems.append(f"CL-15: record_ saw {want[1]} eagerly, {got[1]} lowered")
+        problems.append(f"{value_rule}: record_ saw {want[1]} eagerly, {got[1]} {what}")
     if got[2] != want[2]:
-        problems.append(f"CL-1: the lowered program returns {got[2]}, the program {want[2]}")
-    if checker is not None and checker.untrue:
-        problems.append(f"CL-1: untrue meta val: {checker.report()}")
-    return {"problems": problems}
+        problems.append(f"{shape_rule}: the {what} program returns {got[2]}, eager {want[2]}")
+    return problems
 
 
 def _observe(run) -> tuple[list[torch.Tensor], list[float], str]:
@@ -860,16 +867,7 @@ def e2e_on_rank(spec: str, source: str, inputs, options) -> dict:
         return {"problems": [] if named else [
             f"E2E-7: compiling {aliasing.group(1)} failed without naming it: "
             f"{_short(str(exc), 3)}"]}
-    problems = []
-    try:
-        torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
-    except AssertionError as exc:
-        problems.append(f"E2E-3: compiled values differ from eager: {exc}")
-    if got[1] != want[1]:
-        problems.append(f"E2E-3: record_ saw {want[1]} eagerly, {got[1]} compiled")
-    if got[2] != want[2]:
-        problems.append(f"E2E-3: the compiled program returns {got[2]}, eager {want[2]}")
-    return {"problems": problems}
+    return {"problems": _differences(want, got, "compiled", "E2E-3", "E2E-3")}
 
 
 def ranks_ready(spec: str) -> bool:

@@ -786,7 +786,7 @@ def test_bad_input_is_refused(backend, name):
     rule, types, words = BAD_INPUTS[name]
     backend.require("functional_collectives")
     for rank, ((exc_type, message), started, after) in enumerate(
-            run(backend, _bad_input, 2, name, timeout=60)):
+            run(backend, _bad_input, 2, name, timeout=30)):
         where = f"rank {rank} {name} [{rule}]"
         assert exc_type in {t.__name__ for t in types}, f"{where}: {exc_type} {message}"
         for word in words:
