@@ -38,7 +38,6 @@ import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -1089,11 +1088,9 @@ def expected_rules(backend) -> dict[str, str]:
     running torch (conformance/expected_failures/<name>.txt, CF-4). A generated program
     whose every problem names one of these rules shows a difference already known by rule,
     not a new finding."""
-    from conformance.cases.conftest import XFAIL_DIR, read_expected_failures
+    from conformance.cases.conftest import expected_failures_file, read_expected_failures
 
-    own = getattr(backend, "expected_failures", None)
-    path = Path(own) if own else XFAIL_DIR / f"{backend.name}.txt"
-    applying, _ = read_expected_failures(path, torch.__version__)
+    applying, _ = read_expected_failures(expected_failures_file(backend), torch.__version__)
     rules: dict[str, str] = {}
     for cid, reason in applying.items():
         head = re.match(r"\s*([A-Z]+-\d+(?:/[A-Z]+-\d+)*)\s*:", reason)  # "MEM-5/MEM-6: ..."

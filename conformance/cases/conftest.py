@@ -167,14 +167,17 @@ def read_expected_failures(path: Path, torch_version=None) -> tuple[dict[str, st
     return applying, listed
 
 
+def expected_failures_file(backend) -> Path:
+    """The backend's own list if it names one, else expected_failures/<name>.txt."""
+    own = getattr(backend, "expected_failures", None)
+    return Path(own) if own else XFAIL_DIR / f"{backend.name}.txt"
+
+
 def expected_failures_path(config) -> Path | None:
-    """The backend's own list if it names one, else expected_failures/<name>.txt; none
-    when the backend failed to load (every case fails then)."""
+    """The loaded backend's expected failures; none when the backend failed to load
+    (every case fails then)."""
     loaded, _ = loaded_backend(config)
-    if loaded is None:
-        return None
-    own = getattr(loaded, "expected_failures", None)
-    return Path(own) if own else XFAIL_DIR / f"{loaded.name}.txt"
+    return None if loaded is None else expected_failures_file(loaded)
 
 
 def _conformance_items(items):
