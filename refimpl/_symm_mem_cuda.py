@@ -368,7 +368,7 @@ def register() -> None:
     sm.register_allocator("cuda", CudaAllocator())
 
 
-# Imported before refimpl.symmetric_memory: that module's import of this one found it half
-# defined and left the registration to this line.
-if torch.cuda.is_available() and not isinstance(sm._allocators.get("cuda"), CudaAllocator):
+# The one registration, whichever of this module and refimpl.symmetric_memory (which
+# imports this one where torch sees a GPU) a program imports first.
+if torch.cuda.is_available():
     register()

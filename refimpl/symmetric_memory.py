@@ -1240,12 +1240,9 @@ def _register_cuda_backend() -> None:
     """The CUDA allocator (refimpl/_symm_mem_cuda.py) serves "cuda" wherever torch sees a
     GPU; a CPU-only machine imports nothing of it (SM-21)."""
     if torch.cuda.is_available():
-        import refimpl._symm_mem_cuda as cuda_backend
-
-        # When that module was imported first, it is still running its first line (which
-        # imports this one) and registers itself once it is defined.
-        if hasattr(cuda_backend, "register"):
-            cuda_backend.register()
+        # That module registers its allocator as its last line: once here, or, when it was
+        # imported first (and is importing this one), once it is defined.
+        import refimpl._symm_mem_cuda  # noqa: F401
 
 
 _register_cuda_backend()
