@@ -6,7 +6,7 @@ A *program* is a list of statements (`Stmt`) that renders to Python source
 generator (`_Builder`) writes FSDP- and TP-like sequences: collectives of several groups
 (WORLD and subgroups: a non-contiguous `[[0, 2], [1, 3]]` of 4 ranks, or on 2 ranks a
 second group of the same ranks), plain, coalesced, in place (`all_reduce_`) and into an
-`out=` buffer, each waited somewhere later; casts to bf16 before an all_gather, views,
+`out=` buffer, each waited somewhere later; casts to bf16 or f16 before an all_gather, views,
 compute of several shapes and dtypes, in-place ops and `out=` ops on buffers after their
 wait, and `refimpl_conformance::record_` (conformance/reorder_programs.py) as a barrier.
 Every value is a small integer and the generator keeps each one below the size its dtype
@@ -17,7 +17,8 @@ Each program is checked per stage on real gloo ranks (2, or 4 for a program of 4
 groups), by a module-level rank function that takes the program's source
 (`bucketing_on_rank`, `lowering_on_rank`, `reorder_on_rank`, `memory_on_rank`); the
 expectations come from the unoptimized program and from the judges of this package
-(true_meta, reorder_rules, memory_programs.measure_run), never from refimpl's passes.
+(true_meta, bucket_model, reorder_rules, memory_programs.measure_run), never from
+refimpl's passes.
 
 Program `i` of `--seed S` is the program of seed `S + i`: the first example hypothesis
 draws with that seed after the simplest one (which is the same for every seed). A stage
@@ -33,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import math
 import re
 import time
@@ -47,6 +49,7 @@ from hypothesis import strategies as st
 from hypothesis.reporting import with_reporter
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from conformance import bucket_model
 from conformance import reorder_programs as rp
 from conformance.backends import NotImplementedConcept
 from conformance.oracle import rank_input
@@ -60,11 +63,11 @@ GROUPS = {
     2: {"world": None, "twin": ((0, 1),)},
     4: {"world": None, "strided": ((0, 2), (1, 3)), "pairs": ((0, 1), (2, 3))},
 }
-DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 # Integers up to this size are exact in the dtype (24 and 8 bits of significand).
-EXACT = {"f32": 2**24, "bf16": 2**8}
+EXACT = {"f32": 2**24, "bf16": 2**8, "f16": 2**11}
 INPUT_BOUND = 3  # oracle.rank_input draws integers in [-3, 3]
-INPUT_SHAPES = ((4,), (2, 4), (4, 4), (8, 2), (4, 8), (3, 4), (1, 4), (8,), (6, 2))
+INPUT_SHAPES = ((4,), (2, 4), (4, 4), (8, 2), (4, 8), (3, 4), (1, 4), (8,), (6, 2), (16, 8))
 REDUCE_OPS = ("sum", "sum", "max")  # repeated: drawn more often
 # Collective kinds by weight: bucketing candidates (out of place) most often.
 KINDS = ("all_gather", "all_gather", "all_gather", "reduce_scatter", "reduce_scatter",
@@ -96,7 +99,8 @@ class Stage:
 
 STAGES = {
     "BK": Stage("bucketing", ("bucket_all_gather", "bucket_reduce_scatter"),
-                ("BK-2", "BK-6", "BK-7", "BK-8", "BK-10", "BK-11")),
+                ("BK-2", "BK-3", "BK-4", "BK-5", "BK-6", "BK-7", "BK-8", "BK-10", "BK-11",
+                 "BK-15", "BK-16", "BK-17")),
     "CL": Stage("lowering", ("run_lowered",), ("CL-15", "CL-1")),
     "RO": Stage("reorder", ("reorder", "ReorderConfig", "CostModel"),
                 ("RO-3", "RO-4", "RO-5", "RO-6", "RO-7", "RO-8", "RO-9", "RO-13", "RO-1",
@@ -132,6 +136,11 @@ class Program:
     # that the statements of a seed's program do not depend on them.
     upstream_ops: bool = False
     dict_outputs: bool = False
+    # Each bucketing candidate's (pass, key, bytes), in program order (BK-2, BK-3): the caps
+    # are drawn at their bounds from it.
+    candidates: tuple[tuple[str, tuple, int], ...] = ()
+    # The bytes of each sum all_reduce on WORLD: the one-shot threshold is drawn at them.
+    one_shot_bytes: tuple[int, ...] = ()
 
     def source(self) -> str:
         names = [f"x{i}" for i in range(len(self.inputs))]
@@ -212,6 +221,8 @@ class _Builder:
         self.count = 0
         self.buffers = 0
         self.barrier_in_flight = False
+        self.candidates: list[tuple[str, tuple, int]] = []
+        self.one_shot_bytes: list[int] = []  # WORLD's sum all_reduces: CL-10's bound
         for i, (shape, dtype) in enumerate(inputs):
             self.values.append(Value(f"x{i}", shape, dtype, INPUT_BOUND, self._buffer(), True,
                                      True))
@@ -257,7 +268,8 @@ class _Builder:
 
     # ---- steps -------------------------------------------------------------------------
     def step(self) -> None:
-        kinds = ["compute", "collective", "compute", "fsdp", "tp", "record"]
+        kinds = ["compute", "collective", "compute", "fsdp", "tp", "record", "burst", "burst",
+                 "chain", "cross"]
         if self.pending:
             kinds += ["wait", "wait"]
         getattr(self, "_" + self.draw(st.sampled_from(kinds)))()
@@ -268,14 +280,15 @@ class _Builder:
             self._wait_for(self.pending[0])
         outputs = tuple(self.unread) or (self.values[-1].name,)
         return Program(world_size, tuple(inputs), tuple(self.stmts), outputs,
-                       self.barrier_in_flight)
+                       self.barrier_in_flight, candidates=tuple(self.candidates),
+                       one_shot_bytes=tuple(self.one_shot_bytes))
 
     def _compute(self) -> None:
         a = self._pick(self._readable())
         ops = [op for op, ok in (
             ("mul", True), ("relu", True), ("add", bool(self._addends(a))),
             ("sum", a.bound * a.shape[0] <= EXACT[a.dtype]), ("mm", bool(self._factors(a))),
-            ("cast", a.dtype == "bf16" or a.bound <= EXACT["bf16"]), ("view", True),
+            ("cast", a.dtype != "f32" or a.bound <= EXACT["bf16"]), ("view", True),
             ("t", len(a.shape) == 2), ("mul_out", True), ("inplace", self._writable(a)))
             if ok]
         getattr(self, "_" + self.draw(st.sampled_from(ops)))(a)
@@ -331,8 +344,10 @@ class _Builder:
         self._emit("mm", f"{out.name} = {a.name} @ {b.name}")
         return out
 
-    def _cast(self, a: Value) -> Value:
-        dtype = "f32" if a.dtype == "bf16" else "bf16"
+    def _cast(self, a: Value, dtype: str | None = None) -> Value:
+        # Both 16-bit floats: of one size, different keys (BK-2).
+        dtype = dtype or (self.draw(st.sampled_from(["bf16", "f16"])) if a.dtype == "f32"
+                          else "f32")
         self._use(a)
         out = self._new(a, dtype=dtype, contiguous=a.contiguous)
         self._emit("cast", f"{out.name} = {a.name}.to({DTYPES[dtype]})")
@@ -391,8 +406,9 @@ class _Builder:
         self._emit("record", f"torch.ops.refimpl_conformance.record_({a.name})")
 
     # ---- collectives -------------------------------------------------------------------
-    def _collective(self, a: Value | None = None, kinds=None, reduce_ops=REDUCE_OPS) -> None:
-        group = self.draw(st.sampled_from(["world", *self.groups]))  # WORLD twice as often
+    def _collective(self, a: Value | None = None, kinds=None, reduce_ops=REDUCE_OPS,
+                    group: str | None = None) -> None:
+        group = group or self.draw(st.sampled_from(["world", *self.groups]))  # WORLD: 2x
         n = self.groups[group]
         reduce_op = self.draw(st.sampled_from(reduce_ops))
         grow = n if reduce_op == "sum" else 1
@@ -422,6 +438,13 @@ class _Builder:
     def _issue(self, kind, xs, group, n, reduce_op, grow) -> list[Pending]:
         """Emit the collective (coalesced for two inputs); its results wait in `pending`."""
         results = [self._result(kind, x, n, grow) for x in xs]
+        if len(xs) == 1 and kind in ("all_gather", "reduce_scatter", "all_reduce"):
+            bytes_ = max(_numel(v.shape) for v in (xs[0], results[0])) * \
+                DTYPES[xs[0].dtype].itemsize
+            key = (group, *([reduce_op] if kind != "all_gather" else []), xs[0].dtype)
+            self.candidates.append((f"bucket_{kind}", key, bytes_))
+            if kind == "all_reduce" and group == "world" and reduce_op == "sum":
+                self.one_shot_bytes.append(_numel(xs[0].shape) * DTYPES[xs[0].dtype].itemsize)
         handles = [self._name("h") for _ in xs]
         lines = []
         out = self._name("t") if kind == "all_gather_out" else None
@@ -468,11 +491,74 @@ class _Builder:
             out = self._new(p.result, owner=False)
             self.read.update((p.writes, out.buffer))
         self._emit("wait", f"{out.name} = ops.wait_tensor({p.handle})")
+        if p.kind != "all_reduce_" and self.draw(st.integers(0, 7)) == 7:
+            # Waited twice: the collective has two users, so bucketing must leave it (BK-1).
+            # A copy (refimpl) or the same tensor (upstream): neither is written again.
+            again = self._new(p.result, buffer=out.buffer, owner=False)
+            self.read.add(out.buffer)
+            self._emit("wait", f"{again.name} = ops.wait_tensor({p.handle})")
         return out
 
     # ---- FSDP and TP shapes ------------------------------------------------------------
+    def _cross(self) -> None:
+        """all_gathers of two or three keys (group, dtype) that make a candidate depend on
+        its key's open bucket only through other buckets (BK-4): key 1's gather feeds key
+        2's (and on to the last key's), whose bucket already holds an independent gather
+        `other`; a second gather of key 1 reads `other`'s result, so merging it into key 1's
+        bucket would close a cycle through the others."""
+        values = self._readable(lambda v: v.bound <= EXACT["bf16"])
+        if not values:
+            return self._compute()
+        combos = [(g, d) for g in ["world", *self.groups] for d in ("f32", "bf16", "f16")]
+        keys = self.draw(st.permutations(combos))[:self.draw(st.integers(2, 3))]
+
+        def gather(v: Value, key, wait: bool):
+            group, dtype = key
+            v = v if v.dtype == dtype else self._cast(v, dtype)
+            n = self.groups[group]
+            (pending,) = self._issue("all_gather", [v], group, n, "sum", n)
+            return self._wait_for(pending) if wait else pending
+
+        other = gather(self._pick(values), keys[-1], wait=False)
+        result = gather(self._pick(values), keys[0], wait=True)
+        for key in keys[1:-1]:
+            result = gather(result, key, wait=True)
+        last = gather(result, keys[-1], wait=False)
+        gather(self._wait_for(other), keys[0], wait=True)
+        self._wait_for(last)
+
+    def _chain(self) -> None:
+        """Collectives of two keys (two groups, or two dtypes of all_gather), each reading
+        the last one's result: a candidate that depends on its key's open bucket through a
+        bucket of the other key must be left alone (BK-4)."""
+        kind = self.draw(st.sampled_from(["all_gather", "all_reduce"]))
+        groups = self.draw(st.permutations(["world", *self.groups]))[:2]
+        a = self._pick(self._readable(lambda v: v.bound <= EXACT["bf16"]) or self._readable())
+        for i in range(self.draw(st.integers(3, 4))):
+            before = len(self.values)
+            self._collective(a, [kind], ("max",), group=groups[i % 2])
+            if len(self.values) == before:  # nothing issued, or not waited yet
+                return
+            a = self.values[-1]
+
+    def _burst(self) -> None:
+        """Two to four collectives of one kind and group in a row, as FSDP gathers a layer's
+        shards (cast to one dtype) and scatters its gradients, or DDP reduces them: the runs
+        bucketing merges, and splits at a cap or a dependency (BK-3, BK-4)."""
+        kind = self.draw(st.sampled_from(["all_gather", "reduce_scatter", "all_reduce"]))
+        group = self.draw(st.sampled_from(["world", *self.groups]))
+        dtype = self.draw(st.sampled_from(["bf16", "f16", None]))  # None: as they are
+        for _ in range(self.draw(st.integers(2, 4))):
+            values = self._readable(lambda v: v.bound <= EXACT["bf16"]) if dtype else []
+            if kind == "all_gather" and values:
+                shard = self._pick(values)
+                self._collective(shard if shard.dtype == dtype else self._cast(shard, dtype),
+                                 ["all_gather"], group=group)
+            else:
+                self._collective(None, [kind], ("sum",), group=group)
+
     def _fsdp(self) -> None:
-        """A parameter shard cast to bf16 (if it is f32) and all-gathered."""
+        """A parameter shard cast to bf16 or f16 (if it is f32) and all-gathered."""
         shards = self._readable(lambda v: v.bound <= EXACT["bf16"])
         if not shards:
             return self._compute()
@@ -487,7 +573,10 @@ class _Builder:
         if not pairs:
             return self._compute()
         out = self._mm(self._pick(pairs))
-        self._collective(out, ["all_reduce", "all_reduce", "reduce_scatter"], ("sum",))
+        # WORLD most often: the group symmetric memory is enabled for (CL-10's one-shot)
+        group = self.draw(st.sampled_from(["world", "world", *self.groups]))
+        self._collective(out, ["all_reduce", "all_reduce", "reduce_scatter"], ("sum",),
+                         group=group)
 
 
 @dataclass(frozen=True)
@@ -507,7 +596,8 @@ def programs(draw) -> Program:
     # (hypothesis looks for a new one there): the step count, not the world size.
     steps = draw(st.integers(1, MAX_STEPS))
     world_size = draw(st.sampled_from(sorted(GROUPS)))
-    inputs = [(draw(st.sampled_from(INPUT_SHAPES)), draw(st.sampled_from(["f32", "f32", "bf16"])))
+    dtypes = ["f32", "f32", "bf16", "f16"]
+    inputs = [(draw(st.sampled_from(INPUT_SHAPES)), draw(st.sampled_from(dtypes)))
               for _ in range(draw(st.integers(1, 4)))]
     builder = _Builder(draw, world_size, inputs)
     for _ in range(steps):
@@ -520,7 +610,8 @@ def programs(draw) -> Program:
     read = [v.name for v in builder.values
             if v.name not in program.outputs and not v.name.startswith("x")]
     if read and draw(st.booleans()):
-        program = dataclasses.replace(program, outputs=(*program.outputs, read[0]))
+        kept = read[draw(st.integers(0, len(read) - 1))]
+        program = dataclasses.replace(program, outputs=(*program.outputs, kept))
     return program
 
 
@@ -538,18 +629,53 @@ BAD_OPTIONS = {
 BAD_RULE = {"CL": "CL-16", "RO": "RO-1"}
 
 
+def _bounds(program: Program, pass_name: str) -> tuple[int, ...]:
+    """Caps at a bucket's bounds (BK-3): the bytes of two or three consecutive candidates
+    of one key, and a byte less (where the last of them no longer fits)."""
+    by_key: dict[tuple, list[int]] = {}
+    for name, key, size in program.candidates:
+        if name == pass_name:
+            by_key.setdefault(key, []).append(size)
+    sums = {sum(sizes[i:i + k]) for sizes in by_key.values() for k in (2, 3)
+            for i in range(len(sizes) - k + 1)}
+    return tuple(sorted(sums | {b - 1 for b in sums}))
+
+
+def _gather_options(draw, program: Program) -> dict:
+    """BK's other options now and then (each pass's default otherwise): the out-of-place
+    gather (BK-8), gathers of bytes (BK-12), and a spoiled candidate (BK-16) or cap (BK-3):
+    a pass that has candidates, the argument spoiled, which candidate or bad cap."""
+    options = {}
+    if draw(st.integers(0, 3)) == 0:
+        options["use_out_variant"] = False
+    if draw(st.integers(0, 3)) == 0:
+        options["mixed_dtypes"] = True
+    passes = sorted({name for name, _, _ in program.candidates})
+    if passes and draw(st.integers(0, 3)) == 0:
+        name = draw(st.sampled_from(passes))
+        arguments = {"bucket_all_gather": ["group_name", "group_size"],
+                     "bucket_reduce_scatter": ["group_name", "group_size", "reduce_op"],
+                     "bucket_all_reduce": ["group_name", "reduce_op"]}[name]
+        arguments.append("bucket_cap_mb_by_bucket_idx")
+        options["bad"] = (name, draw(st.sampled_from(arguments)),
+                          draw(st.integers(0, len(BAD_CAPS) - 1)))
+    return options
+
+
 def _options(draw, program: Program) -> dict:
-    caps = {p: tuple(draw(st.lists(st.sampled_from(CAP_BYTES), min_size=1, max_size=2)))
+    caps = {p: tuple(draw(st.lists(st.sampled_from(CAP_BYTES + _bounds(program, p)),
+                                   min_size=1, max_size=2)))
             for p in BUCKET_PASSES}
     # A barrier with a collective in flight can make one in flight at a time impossible
     # (RO-6 holds both sides), which SPEC leaves open: such programs get no limit.
     limits = [{}] if program.barrier_in_flight else [{}, {"all_gather": 1}]
     options = {
-        "BK": {"caps_bytes": caps},
+        "BK": {"caps_bytes": caps, **_gather_options(draw, program)},
         # The one-shot path (CL-10) needs all three: drawn more often, and shrunk to.
         "CL": {"auto_select": draw(st.sampled_from((True, True, False))),
                "one_shot_all_reduce_threshold_bytes": draw(st.sampled_from(
-                   (128 * 1024, 128 * 1024, 64, 0))),
+                   (128 * 1024, 128 * 1024, 64, 0) + tuple(sorted(
+                       {b - d for b in program.one_shot_bytes for d in (0, 1)})))),
                "symm_mem_world": draw(st.sampled_from((True, True, False)))},
         "RO": {"memory_budget": draw(st.sampled_from((math.inf, 0.1, 0.0))),
                "max_in_flight": draw(st.sampled_from(limits)),
@@ -613,9 +739,16 @@ def _trace(fn, xs) -> torch.fx.GraphModule:
     return make_fx(fn, tracing_mode="fake")(*[x.clone() for x in xs])
 
 
-def _cap_fn(caps_bytes):
+def _cap_fn(caps_bytes, asked: list | None = None):
+    """Caps in MiB by bucket index (the last one for every later index); the indices asked
+    go to `asked`."""
     caps = [b / 2**20 for b in caps_bytes]
-    return lambda i: caps[min(i, len(caps) - 1)]
+
+    def cap(i):
+        if asked is not None:
+            asked.append(i)
+        return caps[min(i, len(caps) - 1)]
+    return cap
 
 
 def _collective_keys(gm, label: dict[str, str]) -> Counter:
@@ -643,25 +776,194 @@ def _side_by_side(want, got, sort_logs=False) -> str:
 
 def bucketing_on_rank(spec: str, source: str, inputs, options) -> dict:
     """BK: the backend's passes on the traced program give its values bit for bit, true
-    meta, and no merged collective of a new (kind, group, dtype) or more than before."""
+    meta, and the collectives conformance.bucket_model plans from SPEC (which merge, where
+    each stands, which caps are asked); each pass logs its numbers (BK-15), tags its blocks
+    (BK-17) and, with nothing to merge, changes nothing (BK-5); a spoiled candidate is
+    refused (BK-16)."""
     from conformance.true_meta import MetaChecker
 
     backend, fn, xs, groups = _load(spec, source, inputs)
     bucketing = backend.require("bucketing", *STAGES["BK"].attrs)
     label = {name: key for key, name in groups.items()}
     original, bucketed = _trace(fn, xs), _trace(fn, xs)
-    for pass_name in BUCKET_PASSES:
-        bucket = getattr(bucketing, pass_name, None)  # bucket_all_reduce is optional
-        if bucket is not None:
-            bucket(bucketed, _cap_fn(options["caps_bytes"][pass_name]))
-    before, after = _collective_keys(original, label), _collective_keys(bucketed, label)
-    problems = [f"BK-2: {after[k]} collective(s) of {k} after bucketing, {before[k]} before"
-                for k in after if after[k] > before[k]]
-    checker = MetaChecker(bucketed)
-    diff = _side_by_side(rp._run(original, xs), rp._run(bucketed, xs, checker), sort_logs=True)
+    passes = [(name, getattr(bucketing, name)) for name in BUCKET_PASSES
+              if hasattr(bucketing, name)]  # bucket_all_reduce is optional
+    model = [(name.removeprefix("bucket_"), _cap_fn(options["caps_bytes"][name]))
+             for name, _ in passes]
+    gather_options = {k: options[k] for k in ("use_out_variant", "mixed_dtypes") if k in options}
+    mixed = gather_options.get("mixed_dtypes", False)
+    want = bucket_model.predict(original, model, label, mixed_dtypes=mixed)
+    if options.get("bad") and want.candidates[options["bad"][0].removeprefix("bucket_")]:
+        return {"problems": _spoiled_candidate_refused(bucketed, passes, options, want),
+                "merges": []}
+    problems = []
+    for name, bucket in passes:
+        problems += _one_pass(bucketed, name, bucket, options,
+                              gather_options if name == "bucket_all_gather" else {}, want)
+    problems += _bucket_differences(original, model, label, want,
+                                    bucket_model.observed(bucketed, label), mixed)
+    traced, checker = MetaChecker(original), MetaChecker(bucketed)
+    want_values = rp._run(original, xs, traced)
+    diff = _side_by_side(want_values, rp._run(bucketed, xs, checker), sort_logs=True)
     problems += [f"BK-8: bucketed values differ: {diff}"] if diff else []
-    problems += [f"BK-7: untrue meta val: {checker.report()}"] if checker.untrue else []
-    return {"problems": problems, "merges": sorted(after.items())}
+    problems += _untrue("BK-7", traced, checker)
+    merges = sorted(_collective_keys(bucketed, label).items())
+    if not problems and passes[0][0] == "bucket_all_gather":
+        problems += _second_gather_pass(bucketed, passes[0][1], options, gather_options, label,
+                                        xs, want_values)
+    return {"problems": problems, "merges": merges}
+
+
+def _second_gather_pass(gm, bucket, options, kwargs, label, xs, want_values) -> list[str]:
+    """The all_gather pass once more on its own result (BK-17: a later call numbers its
+    buckets on from the largest index there, and a block whose collective it merges joins
+    the new block); what it merges (gathers it left alone, out-of-place merged ones) is
+    judged as the first call's, on the graph it was given. Its cap takes every candidate
+    left (1 MiB), so it merges whatever the first call's caps kept apart."""
+    options = {**options, "caps_bytes": {**options["caps_bytes"], "bucket_all_gather": (2**20,)}}
+    cap = _cap_fn(options["caps_bytes"]["bucket_all_gather"])
+    before = gm.graph.__class__()
+    before.graph_copy(gm.graph, {})
+    given = torch.fx.GraphModule(gm, before)
+    want = bucket_model.predict(given, [("all_gather", cap)], label,
+                                mixed_dtypes=kwargs.get("mixed_dtypes", False))
+    indices = [tag[1] for n in gm.graph.nodes
+               if (tag := n.meta.get("refimpl_block")) and tag[0].startswith("all_gather")]
+    first = max(indices) + 1 if indices else 0
+    problems = [p.replace("bucket_all_gather", "bucket_all_gather (called again)") for p in
+                _one_pass(gm, "bucket_all_gather", bucket, options, kwargs, want, first)]
+    problems += _bucket_differences(given, [("all_gather", cap)], label, want,
+                                    bucket_model.observed(gm, label),
+                                    kwargs.get("mixed_dtypes", False))
+    tags = {n.meta.get("refimpl_block") for n in gm.graph.nodes}
+    issued = {n.meta.get("refimpl_block") for n in gm.graph.nodes
+              if bucket_model.kind_of(n) == "all_gather"}
+    orphans = sorted(t for t in tags if t and t[0] in ("all_gather", "all_gather_wait") and
+                     ("all_gather", t[1]) not in issued)
+    if orphans:
+        problems.append(f"BK-17: blocks {orphans} kept after bucket_all_gather (called again) "
+                        f"merged their collective; they join the new block")
+    diff = _side_by_side(want_values, rp._run(gm, xs), sort_logs=True)
+    return problems + ([f"BK-8: values differ after bucket_all_gather ran again: {diff}"]
+                       if diff else [])
+
+
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        if record.levelno == logging.INFO:
+            self.lines.append(record.getMessage())
+
+
+def _one_pass(gm, name: str, bucket, options, kwargs, want, first: int = 0) -> list[str]:
+    """Run one pass on `gm`; what it did against the model, besides the collectives: the
+    cap indices asked (BK-3), no change without a merge (BK-5), its INFO line (BK-15), the
+    tags of its merged collectives and waits (BK-17)."""
+    kind, asked, code = name.removeprefix("bucket_"), [], gm.code
+    before = {n.name for n in gm.graph.nodes}
+    logger, lines = logging.getLogger("refimpl.bucketing"), _Lines()  # named by BK-15
+    level = logger.level
+    logger.addHandler(lines)
+    logger.setLevel(logging.INFO)
+    try:
+        bucket(gm, _cap_fn(options["caps_bytes"][name], asked), **kwargs)
+    finally:
+        logger.removeHandler(lines)
+        logger.setLevel(level)
+    problems = []
+    if Counter(asked) != want.asks[kind]:
+        problems.append(f"BK-3: {name} asked bucket_cap_mb_by_bucket_idx for indices "
+                        f"{sorted(asked)}; its buckets open {sorted(want.asks[kind].elements())}")
+    if not want.merged[kind] and gm.code != code:
+        problems.append(f"BK-5: {name} had nothing to merge but changed the graph")
+    numbers = [tuple(int(n) for n in re.findall(r"\d+", line)[:4]) for line in lines.lines]
+    if numbers != [want.counts[kind]]:
+        problems.append(f"BK-15: {name} logged {lines.lines} at INFO; one line with "
+                        f"{want.counts[kind]} (candidates, merged, buckets, left alone) expected")
+    merged = [n for n in gm.graph.nodes if n.name not in before and
+              bucket_model.kind_of(n) == kind]
+    tags = [(n.meta.get("refimpl_block"), [u.meta.get("refimpl_block") for u in n.users])
+            for n in merged]
+    expected = [((kind, i), [(f"{kind}_wait", i)]) for i in range(first, first + len(merged))]
+    if tags != expected:
+        problems.append(f"BK-17: {name}'s merged collectives and their waits are tagged {tags}, "
+                        f"in program order {expected} expected")
+    return problems
+
+
+# BK-3's bad caps: what bucket_cap_mb_by_bucket_idx returns (a number that is no cap, or no
+# number), and (last) a cap that is no callable; `which` of a "bad" option picks one.
+BAD_CAPS = (True, 0, -1.0, math.inf, math.nan, "1", 1.0)
+
+
+def _spoiled_candidate_refused(gm, passes, options, want) -> list[str]:
+    """BK-16: one candidate given an argument the op would refuse (`options["bad"]`: the
+    pass, the argument, which candidate); its pass MUST raise ValueError naming gm, the
+    node, the argument and the rule, before it rewrites anything. BK-3: a pass whose cap
+    callback returns no cap MUST raise ValueError naming it (TypeError for a cap that is
+    no callable)."""
+    pass_name, argument, which = options["bad"]
+    kind = pass_name.removeprefix("bucket_")
+    if argument == "bucket_cap_mb_by_bucket_idx":
+        bad = BAD_CAPS[which % len(BAD_CAPS)]
+        what, words = f"a cap of {bad!r}", [argument, "BK-3"]
+        error = TypeError if which % len(BAD_CAPS) == len(BAD_CAPS) - 1 else ValueError
+        caps = {pass_name: bad if error is TypeError else lambda i: bad}
+    else:
+        names = want.candidates[kind]
+        node = next(n for n in gm.graph.nodes if n.name == names[which % len(names)])
+        size = bucket_model._argument(node, "group_size")
+        bad = {"group_name": "no-such-group", "reduce_op": "median",
+               "group_size": (2 * size if which % 2 else size - 1) if size else None}[argument]
+        _set_argument(node, argument, bad)
+        gm.recompile()
+        what, words, error, caps = (f"{node.name} with {argument}={bad!r}",
+                                    ["gm", node.name, argument, "BK-16"], ValueError, {})
+    rule = words[-1]
+    for name, bucket in passes:
+        code = gm.code
+        try:
+            bucket(gm, caps.get(name, _cap_fn(options["caps_bytes"][name])))
+        except Exception as exc:
+            if name != pass_name or type(exc) is not error:
+                return [f"{rule}: {name} raised {type(exc).__name__} given {what}"
+                        f"{'' if name == pass_name else ' (in another pass)'}: {exc}"]
+            missing = [w for w in words if w not in str(exc)]
+            return ([f"{rule}: {name}'s refusal of {what} does not name {missing}: {exc}"]
+                    if missing else []) + \
+                ([f"{rule}: {name} rewrote the graph before refusing {what}"]
+                 if gm.code != code else [])
+        if name == pass_name:
+            return [f"{rule}: {name} accepted {what}"]
+    return []
+
+
+def _set_argument(node, argument: str, value) -> None:
+    index = [a.name for a in node.target._schema.arguments].index(argument)
+    if index < len(node.args):
+        node.args = (*node.args[:index], value, *node.args[index + 1:])
+    else:
+        node.kwargs = {**node.kwargs, argument: value}
+
+
+def _bucket_differences(original, model, label, want, got: list[tuple],
+                        mixed: bool) -> list[str]:
+    """The bucketed graph's collectives against the model's: which merged (named by the
+    rule of the reading that explains them, bucket_model.diagnose), then their order."""
+    if Counter(got) != Counter(want.signatures):
+        rules = bucket_model.diagnose(original, model, label, got, mixed) or ["BK-3"]
+        missing = Counter(want.signatures) - Counter(got)
+        extra = Counter(got) - Counter(want.signatures)
+        return [f"{rule}: the bucketed graph issues {sorted(extra.elements())} where SPEC's "
+                f"buckets issue {sorted(missing.elements())} (kind, group, dtype, elements)"
+                for rule in rules]
+    if got != want.signatures:
+        return [f"BK-7: collectives in the order {got}; SPEC's order (each merged one where "
+                f"its last member was) is {want.signatures}"]
+    return []
 
 
 def lowering_on_rank(spec: str, source: str, inputs, options) -> dict:
@@ -686,8 +988,81 @@ def lowering_on_rank(spec: str, source: str, inputs, options) -> dict:
         got = _observe(lambda: ns.run_lowered(fn, [x.clone() for x in xs], dict(config)))
     problems = _differences(want, got, "lowered", "CL-15", "CL-1")
     if checker is not None and checker.untrue:
-        problems.append(f"CL-1: untrue meta val: {checker.report()}")
-    return {"problems": problems}
+        traced = MetaChecker(_trace(fn, xs))
+        traced.call(*[x.clone() for x in xs])
+        problems += _untrue("CL-1", traced, checker)
+    alloc_ids: list = []
+    if checker is not None and not problems:
+        problems += _kept_by_the_caller(checker.module, xs, want[0])
+        problems += _blocking_waits_removed(checker.module)
+        alloc_ids = _alloc_ids(checker.module)
+        problems += _alloc_ids_problems(ns, fn, xs, config, alloc_ids)
+    return {"problems": problems, "alloc_ids": alloc_ids}
+
+
+def _blocking_waits_removed(gm) -> list[str]:
+    """CL-9: the wait of a collective lowered to a blocking kernel is removed."""
+    from conformance.reorder_rules import BLOCKING, SYMM_MEM, _op_name, is_wait
+
+    kept = [n.name for n in gm.graph.nodes if is_wait(n) and isinstance(n.args[0], torch.fx.Node)
+            and (_op_name(n.args[0]) or ("", ""))[0] in SYMM_MEM
+            and _op_name(n.args[0])[1] in BLOCKING]
+    return [f"CL-9: waits {kept} of blocking kernels kept in the lowered graph"] if kept else []
+
+
+def _alloc_ids(gm) -> list:
+    """The alloc_id of each comm buffer the lowered graph allocates (CL-12, CL-13's meta)."""
+    return [n.meta.get("comm_buffer", {}).get("alloc_id") for n in gm.graph.nodes
+            if n.op == "call_function" and "empty_strided_p2p" in str(n.target)]
+
+
+def _alloc_ids_problems(ns, fn, xs, config, ids: list) -> list[str]:
+    """CL-12: ids in [0, 2**63), distinct within the graph, the same in another lowering
+    of the same graph, different under another alloc_id_namespace (and, across ranks,
+    the same: _across_ranks)."""
+    if not ids:
+        return []
+    problems = []
+    if not all(isinstance(i, int) and 0 <= i < 2**63 for i in ids):
+        problems.append(f"CL-12: alloc_ids {ids} are not all ints in [0, 2**63)")
+    if len(set(ids)) != len(ids):
+        problems.append(f"CL-12: comm buffers of one graph share alloc_ids: {ids}")
+    again = _alloc_ids(ns.lowered_graph(fn, [x.clone() for x in xs], dict(config)))
+    if again != ids:
+        problems.append(f"CL-12: two lowerings of one graph gave alloc_ids {ids} and {again}")
+    try:
+        other = _alloc_ids(ns.lowered_graph(fn, [x.clone() for x in xs],
+                                            {**config, "alloc_id_namespace": "fuzz-other"}))
+    except NotImplementedConcept:
+        return problems
+    if set(other) & set(ids):
+        problems.append(f"CL-12: alloc_id_namespace 'fuzz-other' gave alloc_ids {other}, "
+                        f"sharing some with the default namespace's {ids}")
+    return problems
+
+
+def _kept_by_the_caller(gm, xs, want: list[torch.Tensor]) -> list[str]:
+    """CL-13: what one call of the lowered program returns is the caller's: a second call,
+    on other inputs, leaves it as it was (a comm buffer returned would be written again,
+    since the next call takes the same alloc_id, SM-4)."""
+    first = rp._flat(gm(*[x.clone() for x in xs]))
+    gm(*[-x for x in xs])
+    try:
+        torch.testing.assert_close(first, want, rtol=0, atol=0)
+    except AssertionError as exc:
+        return [f"CL-13: a second call of the lowered program changed what the first "
+                f"returned: {exc}"]
+    return []
+
+
+def _untrue(rule: str, traced, checker) -> list[str]:
+    """The nodes whose meta val `checker` found untrue, less those the traced program itself
+    gets wrong (an upstream op's fake kernel can: `_c10d_functional.all_reduce_coalesced`
+    says a transposed input's strides, its kernel returns a contiguous tensor): the
+    tracer's slip is not the pass's."""
+    known = set(traced.untrue)
+    untrue = [u for u in checker.untrue if u not in known]
+    return [f"{rule}: untrue meta val: {'; '.join(untrue)}"] if untrue else []
 
 
 def _differences(want, got, what: str, value_rule: str, shape_rule: str) -> list[str]:
@@ -719,7 +1094,7 @@ def reorder_on_rank(spec: str, source: str, inputs, options) -> dict:
     """RO: the backend's order keeps RO-3..RO-9 (reorder_rules, the judge) and the values;
     with `bucketed_first`, the backend's own all_gather bucketing (BK-17 blocks) runs
     first, as an input of the case."""
-    from conformance.reorder_rules import order_violations
+    from conformance.reorder_rules import in_flight_violations, order_violations
     from conformance.true_meta import MetaChecker
 
     backend, fn, xs, _ = _load(spec, source, inputs)
@@ -742,15 +1117,19 @@ def reorder_on_rank(spec: str, source: str, inputs, options) -> dict:
                               memory_budget=options["memory_budget"], max_in_flight=limits)
     new = ns.reorder(gm, config)
     unplaceable = {f"RO-7: block {sorted(b)} is not contiguous" for b in _split_blocks(gm)}
+    # RO-9's exception: when the original order breaks a limit, the moves it forces may
+    # pass the memory bound, and which moves those are is the scheduler's (RO-12): the
+    # bound is then not judged.
+    forced = bool(in_flight_violations(gm, limits))
     problems = [p for p in order_violations(gm, new, options["memory_budget"], limits)
-                if p not in unplaceable]
-    checker = MetaChecker(new)
-    diff = _side_by_side(rp._run(gm, xs), rp._run(new, xs, checker))
+                if p not in unplaceable and not (forced and p.startswith("RO-9:"))]
+    traced, checker = MetaChecker(gm), MetaChecker(new)
+    diff = _side_by_side(rp._run(gm, xs, traced), rp._run(new, xs, checker))
     problems += [f"RO-13: reordered values differ: {diff}"] if diff else []
     if _returns(new) != _returns(gm):
         problems.append(f"RO-1: the reordered program returns {_returns(new)}, the "
                         f"original {_returns(gm)}")
-    problems += [f"RO-1: untrue meta val: {checker.report()}"] if checker.untrue else []
+    problems += _untrue("RO-1", traced, checker)
     return {"problems": problems, "order": [n.name for n in new.graph.nodes]}
 
 
@@ -886,12 +1265,14 @@ RANK_FUNCTIONS = {"BK": bucketing_on_rank, "CL": lowering_on_rank, "RO": reorder
 
 
 def _across_ranks(stage: str, results: list[dict]) -> list[str]:
-    """What every rank must agree on: the same merges (BK-6), the same order (RO-2)."""
-    key = {"BK": "merges", "RO": "order"}.get(stage)
-    if key is None or all(r[key] == results[0][key] for r in results):
+    """What every rank must agree on: the same merges (BK-6), the same order (RO-2), the
+    same alloc_ids (CL-12)."""
+    key = {"BK": "merges", "RO": "order", "CL": "alloc_ids"}.get(stage)
+    if key is None or all(r.get(key) == results[0].get(key) for r in results):
         return []
-    rule = {"BK": "BK-6: ranks merged differently", "RO": "RO-2: ranks ordered differently"}
-    return [f"{rule[stage]}: " + "; ".join(f"rank {i}: {r[key]}" for i, r in
+    rule = {"BK": "BK-6: ranks merged differently", "RO": "RO-2: ranks ordered differently",
+            "CL": "CL-12: ranks gave their comm buffers different alloc_ids"}
+    return [f"{rule[stage]}: " + "; ".join(f"rank {i}: {r.get(key)}" for i, r in
                                            enumerate(results))]
 
 

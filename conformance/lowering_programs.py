@@ -325,7 +325,27 @@ def ar_small_sum_of(fc, x):
     return fc.all_reduce(x.sum(), "sum", WORLD) + 1
 
 
+_ROWS: dict = {}
+
+
+def _row_group() -> str:
+    """This rank's group of `[[0], [1], ...]`: one name per row, so the name differs between
+    ranks (made once per process, by every rank together)."""
+    world = dist.group.WORLD
+    if world not in _ROWS:
+        _ROWS[world], _ = dist.new_subgroups_by_enumeration(
+            [[r] for r in range(dist.get_world_size())])
+    return _ROWS[world].group_name
+
+
+def ar_beside_a_row_group(fc, x):
+    """A one-shot all_reduce on WORLD beside a gather on this rank's row group, whose name
+    differs between the ranks: the comm buffer's alloc_id must not (CL-12)."""
+    return fc.all_reduce(x * 2, "sum", WORLD), fc.all_gather_tensor(x, 0, _row_group())
+
+
 PROGRAMS = {f.__name__: f for f in [
+    ar_beside_a_row_group,
     ar_graph_input, ar_intermediate, ar_intermediate_shared, ar_inplace, ar_coalesced,
     ar_coalesced_inplace, ar_coalesced_same_tensor_twice, ar_inplace_wait_result_written,
     ar_inplace_argument_written_after_wait,

@@ -226,6 +226,20 @@ def gathers_first(ops, ctx, x, s1, s2, s3):
     return h
 
 
+def gathers_after_a_shared_wait(ops, ctx, x, s):
+    """A sub-group gather's result read by a cast and by a world gather's prologue, while
+    an earlier world gather is in flight and its wait is needed by no node (sunk, RO-11).
+    Placing the shared wait for the cast makes the world gather a raise held back by the
+    limit (RO-8, RO-10), not compute to fill in with past it."""
+    t = (s * 2).to(torch.bfloat16)
+    pending = ops.all_gather_into_tensor(t, ctx.n, ctx.world)
+    w = _gather(ops, ctx, t, ctx.sub, ctx.sub_n)
+    done = _wait(ops, pending)
+    half = w.to(torch.float16)
+    world = _gather(ops, ctx, w.to(torch.float32))
+    return x * 2, done, half, world
+
+
 def memory_bound(ops, ctx, x, s1, s2):
     """A large intermediate sets the peak; raising a gather across it costs its bytes."""
     big = x * 2                                         # the peak is while it lives
@@ -357,6 +371,7 @@ def _shapes(name: str, ctx: Ctx) -> list[tuple]:
         "shared_prologue": [(4,), (4,)],
         "limit_per_group": [(4,), (r,), (r,), (8 // ctx.sub_n,), (8 // ctx.sub_n,)],
         "blocking_then_gather": [(4,), (r,)],
+        "gathers_after_a_shared_wait": [(4,), (r,)],
     }[name]
 
 
@@ -371,6 +386,7 @@ FUNCTIONS = {
     "random_draws": random_draws, "side_effectful_aten": side_effectful_aten,
     "setitem_barrier": opaque_op, "shared_prologue": shared_prologue,
     "limit_per_group": limit_per_group, "blocking_then_gather": blocking_then_gather,
+    "gathers_after_a_shared_wait": gathers_after_a_shared_wait,
 }
 PROGRAMS = list(FUNCTIONS)
 
@@ -490,6 +506,7 @@ CASES = [
     Case("shared_prologue", math.inf),
     Case("limit_per_group", math.inf, ONE_ALL_GATHER),
     Case("blocking_then_gather", math.inf),
+    Case("gathers_after_a_shared_wait", math.inf, ONE_ALL_GATHER),
 ]
 
 

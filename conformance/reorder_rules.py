@@ -398,6 +398,12 @@ def _in_flight(reordered, limits: dict) -> list[str]:
     return problems
 
 
+def in_flight_violations(gm: torch.fx.GraphModule, max_in_flight: dict) -> list[str]:
+    """RO-8 on `gm`'s own order: non-empty when it breaks a limit (for an original order:
+    RO-9's exception then lets the moves the limit forces pass the memory bound)."""
+    return _in_flight(gm, dict(max_in_flight))
+
+
 def _memory(original, reordered, budget: float) -> list[str]:
     from refimpl.memory import plan_memory
 

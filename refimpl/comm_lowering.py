@@ -177,9 +177,25 @@ def graph_fingerprint(gm: torch.fx.GraphModule) -> str:
     """A digest of the graph's structure: ops, wiring, shapes, dtypes, constants.
 
     It depends on nothing that varies between ranks, runs or processes (no node names,
-    no addresses), so every rank that lowers the same graph gets the same digest (CL-12).
+    no addresses, no group names: a sub group's name differs between the ranks of
+    different rows, so each group is written as the order of its first use), so every
+    rank that lowers the same graph gets the same digest (CL-12).
     """
     index = {n: i for i, n in enumerate(gm.graph.nodes)}
+    groups: dict[str, str] = {}
+
+    def group(name):
+        if isinstance(name, str):
+            name = groups.setdefault(name, f"group #{len(groups)}")
+        return name
+
+    def arguments(node):
+        if not isinstance(node.target, torch._ops.OpOverload):
+            return node.args, node.kwargs
+        names = [a.name for a in node.target._schema.arguments]
+        args = tuple(group(a) if i < len(names) and names[i] == "group_name" else a
+                     for i, a in enumerate(node.args))
+        return args, {k: group(v) if k == "group_name" else v for k, v in node.kwargs.items()}
 
     def text(arg):
         if isinstance(arg, torch.fx.Node):
@@ -199,14 +215,15 @@ def graph_fingerprint(gm: torch.fx.GraphModule) -> str:
             node.target, "__qualname__", None) or str(node.target)
         if isinstance(node.target, torch._ops.OpOverload):
             target = str(node.target)
-        digest.update(f"{node.op} {target} {text(node.args)} {text(node.kwargs)} "
-                      f"{shape}\n".encode())
+        args, kwargs = arguments(node)
+        digest.update(f"{node.op} {target} {text(args)} {text(kwargs)} {shape}\n".encode())
     return digest.hexdigest()
 
 
-def _alloc_id(fingerprint: str, namespace: str, index: int) -> int:
-    """A 63-bit id from (graph, namespace, buffer index): equal on all ranks (CL-12)."""
-    raw = hashlib.sha256(f"{namespace}/{fingerprint}/{index}".encode()).digest()
+def _alloc_id(fingerprint: str, namespace: str, index: int, group_name: str) -> int:
+    """A 63-bit id from (graph, namespace, buffer index, the buffer's group, whose name
+    its ranks share): equal on all ranks of the group (CL-12)."""
+    raw = hashlib.sha256(f"{namespace}/{fingerprint}/{index}/{group_name}".encode()).digest()
     return int.from_bytes(raw[:8], "big") >> 1
 
 
@@ -408,16 +425,16 @@ class _Lowering:
                                   f"all_reduce of {inp.name!r} one-shot: {why} [CL-10]")
         return why is None
 
-    def next_alloc_id(self) -> int:
-        """The alloc_id of the graph's next comm buffer (CL-12)."""
+    def next_alloc_id(self, group_name: str) -> int:
+        """The alloc_id of the graph's next comm buffer, on `group_name` (CL-12)."""
         alloc_id = _alloc_id(self.fingerprint, self.config.alloc_id_namespace,
-                             self.next_buffer)
+                             self.next_buffer, group_name)
         self.next_buffer += 1
         return alloc_id
 
     def comm_buffer(self, inp, group_name) -> None:
         if COMM_BUFFER_META not in inp.meta:
-            realize_as_comm_buffer(inp, group_name, self.next_alloc_id())
+            realize_as_comm_buffer(inp, group_name, self.next_alloc_id(group_name))
 
     def one_shot(self, node, inp, group_name):
         """A blocking one-shot all-reduce of `inp`, realized as a comm buffer."""
@@ -462,7 +479,8 @@ class _Lowering:
 
         source, before, prologue_nodes = self.prologue(inp, node)
         if before:
-            buffer = _new_comm_buffer(_val(inp), group_name, self.next_alloc_id(), before=node)
+            buffer = _new_comm_buffer(_val(inp), group_name, self.next_alloc_id(group_name),
+                                      before=node)
         else:
             self.comm_buffer(inp, group_name)
             buffer = source = inp

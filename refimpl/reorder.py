@@ -553,8 +553,8 @@ class _Scheduler:
         if waits:
             for wait in sorted(waits, key=lambda w: w.pos):
                 self._place(wait)
-            if block.kind == COLLECTIVE:  # now it only waits for RO-8: raise it (RO-10)
-                self._enqueue(block)
+            if block.kind == COLLECTIVE and block.queued not in ("collective", "blocked"):
+                self._enqueue(block)  # now it only waits for RO-8: raise it (RO-10)
         else:
             self._place(block)
         return True
@@ -587,7 +587,7 @@ class _Scheduler:
             self._place(wait)
         if not waits:
             self._place(block)
-        elif block.kind == COLLECTIVE:
+        elif block.kind == COLLECTIVE and block.queued not in ("collective", "blocked"):
             self._enqueue(block)
         return True
 
@@ -739,6 +739,13 @@ class _Scheduler:
                 self._ready(user)
             elif user.kind != WAIT and user.unplaced_non_wait == 0 and \
                     user.unready_waits == 0 and user.queued is None:
+                self._enqueue(user)
+            elif block.kind == WAIT and user.kind == COLLECTIVE and \
+                    user.queued in ("stall_free", "stalling") and \
+                    all(w.placed for w in user.wait_deps):
+                # Its waits were placed for another block: now it is raised, under RO-8
+                # (RO-10), not filled in as compute past the in-flight limit.
+                user.queued = None
                 self._enqueue(user)
 
     def _advance_clock(self, i: int) -> None:

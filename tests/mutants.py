@@ -536,14 +536,19 @@ CL = [
            "",
            "the wait of a blocking one-shot kernel kept in the graph"),
     Mutant("alloc_id_without_namespace", "CL-12", _CL,
-           'raw = hashlib.sha256(f"{namespace}/{fingerprint}/{index}".encode()).digest()',
-           'raw = hashlib.sha256(f"{fingerprint}/{index}".encode()).digest()',
+           'f"{namespace}/{fingerprint}/{index}/{group_name}".encode()',
+           'f"{fingerprint}/{index}/{group_name}".encode()',
            "alloc_id_namespace not mixed into the id"),
     Mutant("alloc_id_of_the_rank", "CL-12", _CL,
-           'raw = hashlib.sha256(f"{namespace}/{fingerprint}/{index}".encode()).digest()',
-           'raw = hashlib.sha256(f"{namespace}/{fingerprint}/{index}/'
-           '{torch.distributed.get_rank()}".encode()).digest()',
+           'f"{namespace}/{fingerprint}/{index}/{group_name}".encode()',
+           'f"{namespace}/{fingerprint}/{index}/{torch.distributed.get_rank()}".encode()',
            "a rank-dependent id: ranks rendezvous on different buffers"),
+    Mutant("fingerprint_of_group_names", "CL-12", _CL,
+           'name = groups.setdefault(name, f"group #{len(groups)}")',
+           "name = name",
+           "the graph's digest reads group names as they are: a sub group's name differs "
+           "between the ranks of different rows, and so do the ids of a WORLD comm buffer "
+           "in a graph that also uses the sub group (found by the fuzzer)"),
     Mutant("alloc_id_same_for_every_buffer", "CL-12", _CL,
            "        self.next_buffer += 1\n",
            "",
@@ -931,6 +936,12 @@ RO = [
            "self.in_flight.get(block.flight, 0) < limit",
            "self.in_flight.get(block.flight, 0) <= limit",
            "the in-flight limit compared with <=: one collective more than the limit"),
+    Mutant("raise_left_queued_as_compute", "RO-8", _RO,
+           'user.queued in ("stall_free", "stalling") and \\',
+           'user.queued in () and \\',
+           "a collective queued as compute (its waits unplaced) stays there once another "
+           "block's placement places its waits: the fill places it past the in-flight limit "
+           "(found by the fuzzer)"),
     Mutant("ro_memory_bound_strict", "RO-9", _RO,
            "return self.later_high[cur] + ahead <= self.limit",
            "return self.later_high[cur] + ahead < self.limit",
@@ -2084,6 +2095,8 @@ CATCHING_CASE: dict[str, str] = {
         "test_alloc_ids_are_equal_on_every_rank_and_distinct_where_they_must_be",
     "alloc_id_of_the_rank":
         "test_alloc_ids_are_equal_on_every_rank_and_distinct_where_they_must_be",
+    "fingerprint_of_group_names":
+        "test_alloc_ids_are_equal_on_every_rank_and_distinct_where_they_must_be",
     "alloc_id_same_for_every_buffer":
         "test_alloc_ids_are_equal_on_every_rank_and_distinct_where_they_must_be",
     "comm_buffer_escapes": "test_a_comm_buffer_output_escapes_as_a_clone",
@@ -2179,6 +2192,8 @@ CATCHING_CASE: dict[str, str] = {
     "ro_in_flight_off_by_one":
         "test_every_order_keeps_the_rules[fsdp_forward-budget=inf-all_gather=1]",
     "ro_memory_bound_strict": "test_memory_bound_is_reached_exactly",
+    "raise_left_queued_as_compute":
+        "test_every_order_keeps_the_rules[gathers_after_a_shared_wait-budget=inf-all_gather=1]",
     "ro_memory_bound_of_the_handed_in_order":
         "test_reordering_again_keeps_the_order[fsdp_backward-budget=0.1-unlimited]",
     "ro_stall_ignored": "test_mutated_buffer_keeps_its_versions",

@@ -375,7 +375,7 @@ one_shot_all_reduce out-of-place ranks[0,1] sum in=b0:f32[4]=computed out=b1:f32
     if graph is not None:
         assert_expected_inline(graph, """\
 %0 = input : f32[4]
-%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 3904172608337711648) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 3692068824281193206) : f32[4]
 %2 = aten.mul.out(%0, 2, out=%1) : f32[4]
 %3 = symm_mem.one_shot_all_reduce(%2, 'sum', ranks[0,1]) : f32[4]
 %4 = aten.add.Tensor(%3, 1) : f32[4]
@@ -400,7 +400,7 @@ one_shot_all_reduce out-of-place ranks[0,1] sum in=b0:f32[4]=computed out=b1:f32
     if graph is not None:
         assert_expected_inline(graph, """\
 %0 = input : f32[4]
-%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 7177605198679136942) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 6477286880375537764) : f32[4]
 %2 = aten.mul.out(%0, 2, out=%1) : f32[4]
 %3 = symm_mem.one_shot_all_reduce(%2, 'sum', ranks[0,1]) : f32[4]
 %4 = aten.copy_(%2, %3) : f32[4]
@@ -606,10 +606,13 @@ def test_alloc_ids_are_equal_on_every_rank_and_distinct_where_they_must_be(backe
     lowerings = [("ar_two_small", ONE_SHOT, (4,)), ("ar_two_small", ONE_SHOT, (4,)),
                  ("ar_two_small", {**ONE_SHOT, "alloc_id_namespace": "layer1"}, (4,)),
                  ("ar_small_intermediate", ONE_SHOT, (4,)), ("ar_inplace_small", ONE_SHOT, (4,)),
-                 ("ar_two_small", ONE_SHOT, (6,))]
+                 ("ar_two_small", ONE_SHOT, (6,)),
+                 # a group whose name differs between the ranks, in the graph too
+                 ("ar_beside_a_row_group", ONE_SHOT, (4,))]
     ranks = harness.run(backend, alloc_ids_on_rank, 2, lowerings)
     assert ranks[0] == ranks[1], f"alloc_ids differ between ranks: {ranks}"
-    two, again, namespaced, one, other_graph, other_shape = ranks[0]
+    two, again, namespaced, one, other_graph, other_shape, beside = ranks[0]
+    assert len(beside) == 1
     assert len(two) == 2 and len(set(two)) == 2, f"buffers of one graph share an id: {two}"
     assert again == two, "lowering the same graph again changed its alloc_ids"
     assert not set(namespaced) & set(two), "alloc_id_namespace did not change the ids"
@@ -636,11 +639,11 @@ def test_a_comm_buffer_output_escapes_as_a_clone(backend, fake_world):
     graph = lowered_text(backend, "ar_comm_buffer_escapes", [(4,)], ONE_SHOT)
     assert_expected_inline(graph, """\
 %0 = input : f32[4]
-%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 164873656171521568) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 3067770533367091118) : f32[4]
 %2 = aten.mul.out(%0, 3, out=%1) : f32[4]
 %3 = symm_mem.one_shot_all_reduce(%2, 'sum', ranks[0,1]) : f32[4]
 %4 = aten.clone(%2) : f32[4]
-return [%3, %4]""")
+return [%3, %4]""")  # noqa: E501
     gm = ns.lowered_graph(functools.partial(PROGRAMS["ar_comm_buffer_escapes"],
                                             backend.require("functional_collectives")),
                           inputs_for(0, [(4,)]), ONE_SHOT)
@@ -943,60 +946,60 @@ FUSE = {**ONE_SHOT, "fuse_pointwise": True}
 FUSED_GRAPHS = {
     "ar_small_intermediate": ("both chains of one step", """\
 %0 = input : f32[4]
-%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 3904172608337711648) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 3692068824281193206) : f32[4]
 %2 = symm_mem.one_shot_all_reduce_pointwise(%1, %0, 'sum', ranks[0,1], 'mul 2.0', 'add 1.0') : f32[4]
 return %2"""),  # noqa: E501
     "ar_pointwise_chains": ("three steps on each side, in program order", """\
 %0 = input : f32[4]
-%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 2761006462169336215) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 400798344432525861) : f32[4]
 %2 = symm_mem.one_shot_all_reduce_pointwise(%1, %0, 'sum', ranks[0,1], 'mul 2.0; add 3.0; sub 0.5', 'mul 1.5; sub 1.0; mul 4.0') : f32[4]
 return %2"""),  # noqa: E501
     "ar_pointwise_shared_step": ("the prologue stops below y, which the output reads too", """\
 %0 = input : f32[4]
 %1 = aten.mul.Tensor(%0, 2) : f32[4]
-%2 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 2771461043277133672) : f32[4]
+%2 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 25062187387412034) : f32[4]
 %3 = symm_mem.one_shot_all_reduce_pointwise(%2, %1, 'sum', ranks[0,1], 'add 1.0; sub 3.0', 'mul 3.0') : f32[4]
 return [%3, %1]"""),  # noqa: E501
     "ar_pointwise_result_read_twice": ("no epilogue: the result has two readers", """\
 %0 = input : f32[4]
-%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 7224157890469384204) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 5497022710622382999) : f32[4]
 %2 = symm_mem.one_shot_all_reduce_pointwise(%1, %0, 'sum', ranks[0,1], 'mul 2.0', '') : f32[4]
 %3 = aten.add.Tensor(%2, 1) : f32[4]
 return [%3, %2]"""),  # noqa: E501
     "ar_pointwise_epilogue_step_read_twice": ("the epilogue stops after the step two nodes read", """\
 %0 = input : f32[4]
-%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 3843170263059461345) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 5814268058228340030) : f32[4]
 %2 = symm_mem.one_shot_all_reduce_pointwise(%1, %0, 'sum', ranks[0,1], 'mul 2.0', 'add 1.0') : f32[4]
 %3 = aten.mul.Tensor(%2, 2) : f32[4]
 return [%3, %2]"""),  # noqa: E501
     "ar_pointwise_alpha": ("add with alpha is no step: the plain kernel", """\
 %0 = input : f32[4]
-%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 4366976488246365346) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 713473218817955412) : f32[4]
 %2 = aten.add.out(%0, 1, alpha=2, out=%1) : f32[4]
 %3 = symm_mem.one_shot_all_reduce(%2, 'sum', ranks[0,1]) : f32[4]
 return %3"""),  # noqa: E501
     "ar_pointwise_bool": ("a bool is no number: the input is realized by CL-11 and passed twice", """\
 %0 = input : f32[4]
-%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 2362376728739961903) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 289472612820788923) : f32[4]
 %2 = aten.mul.out(%0, True, out=%1) : f32[4]
 %3 = symm_mem.one_shot_all_reduce_pointwise(%2, %2, 'sum', ranks[0,1], '', 'add 1.0') : f32[4]
 return %3"""),  # noqa: E501
     "ar_pointwise_inexact_int": ("an int with no exact double is no number", """\
 %0 = input : f32[4]
-%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 6701336378185372849) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 9170645089485256030) : f32[4]
 %2 = aten.mul.out(%0, 9007199791611905, out=%1) : f32[4]
 %3 = symm_mem.one_shot_all_reduce_pointwise(%2, %2, 'sum', ranks[0,1], '', 'add 1.0') : f32[4]
 return %3"""),  # noqa: E501
     "ar_pointwise_other_dtype": ("a step from int32 to float32 is no step", """\
 %0 = input : f32[4]
 %1 = aten._to_copy(%0, dtype=i32) : i32[4]
-%2 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 3432366815021436232) : f32[4]
+%2 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 7336577808267885975) : f32[4]
 %3 = aten.mul.out(%1, 2.5, out=%2) : f32[4]
 %4 = symm_mem.one_shot_all_reduce(%3, 'sum', ranks[0,1]) : f32[4]
 return %4"""),  # noqa: E501
     "ar_pointwise_source_written": ("all_reduce_ writes x between x * 2 and the all_reduce", """\
 %0 = input : f32[4]
-%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 4643561232969265744) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 7978260236962565719) : f32[4]
 %2 = aten.mul.out(%0, 2, out=%1) : f32[4]
 %3 = funcol.all_reduce_(%0, 'sum', ranks[0,1]) : f32[4]
 %4 = funcol.wait_tensor_(%3) : f32[4]
@@ -1005,7 +1008,7 @@ return %4"""),  # noqa: E501
 return %6"""),  # noqa: E501
     "ar_pointwise_source_written_through_a_view": ("add_ writes a view of x between x * 2 and the all_reduce", """\
 %0 = input : f32[4]
-%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 3357528822944488114) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 8242559234919719705) : f32[4]
 %2 = aten.mul.out(%0, 2, out=%1) : f32[4]
 %3 = aten.slice.Tensor(%0, 0, 1, 9223372036854775807) : f32[3]
 %4 = aten.add_.Tensor(%3, 1) : f32[3]
@@ -1015,7 +1018,7 @@ return %6"""),  # noqa: E501
     "ar_pointwise_source_written_by_a_foreach": ("_foreach_add_ writes a list holding x between x * 2 and the all_reduce", """\
 %0 = input : f32[4]
 %1 = aten.sub.Tensor(%0, 1) : f32[4]
-%2 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 845566470382631769) : f32[4]
+%2 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 9079426462095860858) : f32[4]
 %3 = aten.mul.out(%0, 2, out=%2) : f32[4]
 %4 = aten._foreach_add_.Scalar([%1, %0], 1.0) : none
 %5 = symm_mem.one_shot_all_reduce(%3, 'sum', ranks[0,1]) : f32[4]
@@ -1029,7 +1032,7 @@ return %7"""),  # noqa: E501
 %3 = aten.max.dim(%2, 0) : (f32[], i64[])
 %4 = getitem(%3, 0) : f32[]
 %5 = getitem(%3, 1) : i64[]
-%6 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 8264156509152802279) : f32[4]
+%6 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 1040617356213478420) : f32[4]
 %7 = symm_mem.one_shot_all_reduce_pointwise(%6, %0, 'sum', ranks[0,1], 'mul 2.0', '') : f32[4]
 %8 = aten.add.Tensor(%7, %2) : f32[4]
 %9 = aten.add.Tensor(%8, %4) : f32[4]
@@ -1037,7 +1040,7 @@ return %9"""),  # noqa: E501
     "ar_pointwise_int32": ("int32 is no step dtype: the plain kernel", """\
 %0 = input : f32[4]
 %1 = aten._to_copy(%0, dtype=i32) : i32[4]
-%2 = symm_mem.empty_strided_p2p([4], [1], i32, device(cpu), ranks[0,1], 7779678519511802561) : i32[4]
+%2 = symm_mem.empty_strided_p2p([4], [1], i32, device(cpu), ranks[0,1], 6244337098682828099) : i32[4]
 %3 = aten.mul.out(%1, 2, out=%2) : i32[4]
 %4 = symm_mem.one_shot_all_reduce(%3, 'sum', ranks[0,1]) : i32[4]
 %5 = aten.add.Tensor(%4, 1) : i32[4]
@@ -1072,7 +1075,7 @@ def test_pointwise_fusion_is_off_by_default(backend, fake_world):
     assert config().fuse_pointwise is False
     assert_expected_inline(lowered_text(backend, "ar_small_intermediate", [(4,)], ONE_SHOT), """\
 %0 = input : f32[4]
-%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 3904172608337711648) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 3692068824281193206) : f32[4]
 %2 = aten.mul.out(%0, 2, out=%1) : f32[4]
 %3 = symm_mem.one_shot_all_reduce(%2, 'sum', ranks[0,1]) : f32[4]
 %4 = aten.add.Tensor(%3, 1) : f32[4]
