@@ -223,6 +223,7 @@ class _Builder:
         self.barrier_in_flight = False
         self.candidates: list[tuple[str, tuple, int]] = []
         self.one_shot_bytes: list[int] = []  # WORLD's sum all_reduces: CL-10's bound
+        self.communicated: list[str] = []  # values given to an out-of-place collective
         for i, (shape, dtype) in enumerate(inputs):
             self.values.append(Value(f"x{i}", shape, dtype, INPUT_BOUND, self._buffer(), True,
                                      True))
@@ -462,6 +463,7 @@ class _Builder:
             self.unread.pop(xs[0].name, None)
         else:
             self._use(*xs)  # held until the wait: nothing may write them afterwards
+            self.communicated += [x.name for x in xs]
             writes = results[0].buffer if out is not None else None
         if writes is not None:
             self.busy.add(writes)
@@ -607,9 +609,13 @@ def programs(draw) -> Program:
                                   dict_outputs=draw(st.booleans()))
     # Now and then the program also returns a value other nodes read: an output is kept to
     # the end whoever reads it (MEM-7), which an output nobody else reads never shows.
+    # Half the time one a collective read: lowered one-shot, it is a comm buffer, which
+    # the program must return as a clone (CL-13).
     read = [v.name for v in builder.values
             if v.name not in program.outputs and not v.name.startswith("x")]
+    sent = [name for name in read if name in builder.communicated]
     if read and draw(st.booleans()):
+        read = sent if sent and draw(st.booleans()) else read
         kept = read[draw(st.integers(0, len(read) - 1))]
         program = dataclasses.replace(program, outputs=(*program.outputs, kept))
     return program
