@@ -100,6 +100,14 @@ def _dtype(val) -> str:
     return str(getattr(first, "dtype", "?"))
 
 
+def _signature(node: torch.fx.Node, label: dict[str, str]) -> tuple:
+    """A collective's (kind, group as `label` names it, dtype, elements of its result)."""
+    group = group_of(node)
+    val = node.meta.get("val")
+    return (kind_of(node), label.get(group, group), _dtype(val),
+            _val_numel(val) if val is not None else None)
+
+
 class _Graph:
     """The graph as the model sees it: items in program order, each with its inputs."""
 
@@ -107,20 +115,12 @@ class _Graph:
         self.order: list[str] = []
         self.inputs: dict[str, set[str]] = {}
         self.collectives: dict[str, _Collective] = {}
-        users: dict[str, list[torch.fx.Node]] = {}
         for node in gm.graph.nodes:
             self.order.append(node.name)
             self.inputs[node.name] = {n.name for n in node.all_input_nodes}
-            users[node.name] = list(node.users)
-        for node in gm.graph.nodes:
-            kind = kind_of(node)
-            if kind is None:
-                continue
-            val = node.meta["val"]
-            group = group_of(node)
-            self.collectives[node.name] = coll = _Collective(
-                kind, label.get(group, group), _dtype(val), _val_numel(val))
-            self._as_candidate(node, coll, users[node.name])
+            if kind_of(node) is not None:
+                self.collectives[node.name] = coll = _Collective(*_signature(node, label))
+                self._as_candidate(node, coll, list(node.users))
 
     def _as_candidate(self, node, coll: _Collective, users) -> None:
         """BK-1: the out-of-place op of its kind whose one user is its wait."""
@@ -299,15 +299,7 @@ def predict(gm: torch.fx.GraphModule, passes, label: dict[str, str],
 
 def observed(gm: torch.fx.GraphModule, label: dict[str, str]) -> list[tuple]:
     """The collectives a bucketed graph issues, in program order, as `predict` writes them."""
-    found = []
-    for node in gm.graph.nodes:
-        kind = kind_of(node)
-        if kind is not None:
-            group = group_of(node)
-            val = node.meta.get("val")
-            found.append((kind, label.get(group, group), _dtype(val),
-                          _val_numel(val) if val is not None else None))
-    return found
+    return [_signature(node, label) for node in gm.graph.nodes if kind_of(node) is not None]
 
 
 def diagnose(gm, passes, label, got: list[tuple], mixed_dtypes: bool = False) -> list[str]:

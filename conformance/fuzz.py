@@ -50,6 +50,7 @@ from hypothesis.reporting import with_reporter
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from conformance import bucket_model
+from conformance import lowering_programs as lp
 from conformance import reorder_programs as rp
 from conformance.backends import NotImplementedConcept
 from conformance.oracle import rank_input
@@ -440,12 +441,12 @@ class _Builder:
         """Emit the collective (coalesced for two inputs); its results wait in `pending`."""
         results = [self._result(kind, x, n, grow) for x in xs]
         if len(xs) == 1 and kind in ("all_gather", "reduce_scatter", "all_reduce"):
-            bytes_ = max(_numel(v.shape) for v in (xs[0], results[0])) * \
-                DTYPES[xs[0].dtype].itemsize
+            itemsize = DTYPES[xs[0].dtype].itemsize
+            in_bytes, out_bytes = (_numel(v.shape) * itemsize for v in (xs[0], results[0]))
             key = (group, *([reduce_op] if kind != "all_gather" else []), xs[0].dtype)
-            self.candidates.append((f"bucket_{kind}", key, bytes_))
+            self.candidates.append((f"bucket_{kind}", key, max(in_bytes, out_bytes)))
             if kind == "all_reduce" and group == "world" and reduce_op == "sum":
-                self.one_shot_bytes.append(_numel(xs[0].shape) * DTYPES[xs[0].dtype].itemsize)
+                self.one_shot_bytes.append(in_bytes)
         handles = [self._name("h") for _ in xs]
         lines = []
         out = self._name("t") if kind == "all_gather_out" else None
@@ -759,17 +760,7 @@ def _cap_fn(caps_bytes, asked: list | None = None):
 
 def _collective_keys(gm, label: dict[str, str]) -> Counter:
     """(kind, group key, dtype) -> how many collectives the graph issues."""
-    from conformance.reorder_rules import group_of, kind_of
-
-    keys: Counter = Counter()
-    for node in gm.graph.nodes:
-        kind = kind_of(node)
-        if kind is not None:
-            val = node.meta.get("val")
-            first = val[0] if isinstance(val, (list, tuple)) and val else val
-            dtype = str(getattr(first, "dtype", "?"))
-            keys[(kind, label.get(group_of(node), group_of(node)), dtype)] += 1
-    return keys
+    return Counter(signature[:3] for signature in bucket_model.observed(gm, label))
 
 
 def _side_by_side(want, got, sort_logs=False) -> str:
@@ -1001,25 +992,18 @@ def lowering_on_rank(spec: str, source: str, inputs, options) -> dict:
     if checker is not None and not problems:
         problems += _kept_by_the_caller(checker.module, xs, want[0])
         problems += _blocking_waits_removed(checker.module)
-        alloc_ids = _alloc_ids(checker.module)
+        alloc_ids = lp.alloc_ids(checker.module)
         problems += _alloc_ids_problems(ns, fn, xs, config, alloc_ids)
     return {"problems": problems, "alloc_ids": alloc_ids}
 
 
 def _blocking_waits_removed(gm) -> list[str]:
     """CL-9: the wait of a collective lowered to a blocking kernel is removed."""
-    from conformance.reorder_rules import BLOCKING, SYMM_MEM, _op_name, is_wait
+    from conformance.reorder_rules import is_blocking, is_wait
 
-    kept = [n.name for n in gm.graph.nodes if is_wait(n) and isinstance(n.args[0], torch.fx.Node)
-            and (_op_name(n.args[0]) or ("", ""))[0] in SYMM_MEM
-            and _op_name(n.args[0])[1] in BLOCKING]
+    kept = [n.name for n in gm.graph.nodes if is_wait(n) and
+            isinstance(n.args[0], torch.fx.Node) and is_blocking(n.args[0])]
     return [f"CL-9: waits {kept} of blocking kernels kept in the lowered graph"] if kept else []
-
-
-def _alloc_ids(gm) -> list:
-    """The alloc_id of each comm buffer the lowered graph allocates (CL-12, CL-13's meta)."""
-    return [n.meta.get("comm_buffer", {}).get("alloc_id") for n in gm.graph.nodes
-            if n.op == "call_function" and "empty_strided_p2p" in str(n.target)]
 
 
 def _alloc_ids_problems(ns, fn, xs, config, ids: list) -> list[str]:
@@ -1033,11 +1017,11 @@ def _alloc_ids_problems(ns, fn, xs, config, ids: list) -> list[str]:
         problems.append(f"CL-12: alloc_ids {ids} are not all ints in [0, 2**63)")
     if len(set(ids)) != len(ids):
         problems.append(f"CL-12: comm buffers of one graph share alloc_ids: {ids}")
-    again = _alloc_ids(ns.lowered_graph(fn, [x.clone() for x in xs], dict(config)))
+    again = lp.alloc_ids(ns.lowered_graph(fn, [x.clone() for x in xs], dict(config)))
     if again != ids:
         problems.append(f"CL-12: two lowerings of one graph gave alloc_ids {ids} and {again}")
     try:
-        other = _alloc_ids(ns.lowered_graph(fn, [x.clone() for x in xs],
+        other = lp.alloc_ids(ns.lowered_graph(fn, [x.clone() for x in xs],
                                             {**config, "alloc_id_namespace": "fuzz-other"}))
     except NotImplementedConcept:
         return problems

@@ -65,12 +65,16 @@ def kind_of(node) -> str | None:
     return KIND.get(name[1], name[1])
 
 
+def is_blocking(node) -> bool:
+    """A symmetric-memory kernel that completes before it returns (SIM-2's one-shot and
+    two-shot all-reduce)."""
+    name = _op_name(node)
+    return name is not None and name[0] in SYMM_MEM and name[1] in BLOCKING
+
+
 def group_of(node) -> str | None:
     """The group a collective or blocking symmetric-memory kernel runs on."""
-    name = _op_name(node)
-    if name is None:
-        return None
-    if kind_of(node) is None and not (name[0] in SYMM_MEM and name[1] in BLOCKING):
+    if _op_name(node) is None or (kind_of(node) is None and not is_blocking(node)):
         return None
     schema = node.target._schema
     for i, a in enumerate(schema.arguments):
@@ -98,7 +102,7 @@ def is_barrier(node) -> bool:
                     or name == "empty_strided_p2p" or (module == "torch" and
                                                       name.startswith("sym_")))
     namespace, name = _op_name(node)
-    if namespace in COLLECTIVE_NAMESPACES or (namespace in SYMM_MEM and name in BLOCKING):
+    if namespace in COLLECTIVE_NAMESPACES or is_blocking(node):
         return False
     try:
         from torch._higher_order_ops.effects import _get_effect

@@ -550,12 +550,11 @@ class _Scheduler:
         waits = [w for w in block.wait_deps if not w.placed]
         if not self._fits(block.members + [i for w in waits for i in w.members]):
             return False
-        if waits:
-            for wait in sorted(waits, key=lambda w: w.pos):
-                self._place(wait)
-            if block.kind == COLLECTIVE and block.queued not in ("collective", "blocked"):
-                self._enqueue(block)  # now it only waits for RO-8: raise it (RO-10)
-        else:
+        # A collective whose waits these are is then raised under RO-8 (RO-10): _place
+        # re-enqueues it once its last wait is placed.
+        for wait in sorted(waits, key=lambda w: w.pos):
+            self._place(wait)
+        if not waits:
             self._place(block)
         return True
 
@@ -584,11 +583,9 @@ class _Scheduler:
             return False
         waits = [w for w in block.wait_deps if not w.placed]
         for wait in sorted(waits, key=lambda w: w.pos):
-            self._place(wait)
+            self._place(wait)  # a collective's last wait re-enqueues it (_place)
         if not waits:
             self._place(block)
-        elif block.kind == COLLECTIVE and block.queued not in ("collective", "blocked"):
-            self._enqueue(block)
         return True
 
     def _stuck(self):
