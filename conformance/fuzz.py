@@ -49,7 +49,7 @@ from hypothesis import strategies as st
 from hypothesis.reporting import with_reporter
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from conformance import bucket_model
+from conformance import bucket_model, lowering_model
 from conformance import lowering_programs as lp
 from conformance import reorder_programs as rp
 from conformance.backends import NotImplementedConcept
@@ -64,9 +64,12 @@ GROUPS = {
     2: {"world": None, "twin": ((0, 1),)},
     4: {"world": None, "strided": ((0, 2), (1, 3)), "pairs": ((0, 1), (2, 3))},
 }
-DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
-# Integers up to this size are exact in the dtype (24 and 8 bits of significand).
-EXACT = {"f32": 2**24, "bf16": 2**8, "f16": 2**11}
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16,
+          "f64": torch.float64, "i32": torch.int32}
+# Integers up to this size are exact in the dtype (24, 8, 11 and 53 bits of significand;
+# int32 kept well inside its range). f64 and i32 values come from the one-shot step's
+# casts (CL-10's dtypes, SM-14): inputs are floats of the first three.
+EXACT = {"f32": 2**24, "bf16": 2**8, "f16": 2**11, "f64": 2**53, "i32": 2**30}
 INPUT_BOUND = 3  # oracle.rank_input draws integers in [-3, 3]
 INPUT_SHAPES = ((4,), (2, 4), (4, 4), (8, 2), (4, 8), (3, 4), (1, 4), (8,), (6, 2), (16, 8))
 REDUCE_OPS = ("sum", "sum", "max")  # repeated: drawn more often
@@ -86,6 +89,7 @@ ISSUE = {
     "all_reduce_": "{h} = ops.all_reduce_({x}, {op!r}, {g})",
 }
 MAX_STEPS = 14
+DEFAULT_ONE_SHOT_BYTES = 128 * 1024  # CommLoweringConfig's threshold (CL-1)
 SHRINK_RUNS = 100  # stage runs a failure may spend on shrinking; then it reports
 STAGE_TIMEOUT_S = 60.0  # a program's stage takes under a second when warm
 START_TIMEOUT_S = 300.0  # starting rank processes, on a machine other jobs load
@@ -189,6 +193,7 @@ class Pending:
     result: Value  # what its wait returns (the name is given at the wait)
     kind: str
     writes: int | None  # the buffer it writes in place until the wait (all_reduce_, out=)
+    coalesced: bool = False  # one output of a coalesced collective
 
 
 def _numel(shape) -> int:
@@ -271,7 +276,7 @@ class _Builder:
     # ---- steps -------------------------------------------------------------------------
     def step(self) -> None:
         kinds = ["compute", "collective", "compute", "fsdp", "tp", "record", "burst", "burst",
-                 "chain", "cross"]
+                 "chain", "cross", "one_shot", "one_shot"]
         if self.pending:
             kinds += ["wait", "wait"]
         getattr(self, "_" + self.draw(st.sampled_from(kinds)))()
@@ -289,8 +294,10 @@ class _Builder:
         a = self._pick(self._readable())
         ops = [op for op, ok in (
             ("mul", True), ("relu", True), ("add", bool(self._addends(a))),
-            ("sum", a.bound * a.shape[0] <= EXACT[a.dtype]), ("mm", bool(self._factors(a))),
-            ("cast", a.dtype != "f32" or a.bound <= EXACT["bf16"]), ("view", True),
+            # an int32 sum is an int64 (a dtype the vocabulary leaves out)
+            ("sum", a.bound * a.shape[0] <= EXACT[a.dtype] and a.dtype != "i32"),
+            ("mm", bool(self._factors(a))),
+            ("cast", a.bound <= EXACT["bf16" if a.dtype == "f32" else "f32"]), ("view", True),
             ("t", len(a.shape) == 2), ("mul_out", True), ("inplace", self._writable(a)))
             if ok]
         getattr(self, "_" + self.draw(st.sampled_from(ops)))(a)
@@ -461,6 +468,9 @@ class _Builder:
         if kind == "all_reduce_":
             writes = results[0].buffer = xs[0].buffer
             results[0].owner = False
+            for v in self.values:  # every alias of the buffer holds the sum after the wait
+                if v.buffer == writes:
+                    v.bound = max(v.bound, results[0].bound)
             self.unread.pop(xs[0].name, None)
         else:
             self._use(*xs)  # held until the wait: nothing may write them afterwards
@@ -468,7 +478,8 @@ class _Builder:
             writes = results[0].buffer if out is not None else None
         if writes is not None:
             self.busy.add(writes)
-        issued = [Pending(h, r, kind, writes) for h, r in zip(handles, results, strict=True)]
+        issued = [Pending(h, r, kind, writes, len(xs) > 1)
+                  for h, r in zip(handles, results, strict=True)]
         self.pending += issued
         return issued
 
@@ -494,6 +505,11 @@ class _Builder:
             out = self._new(p.result, owner=False)
             self.read.update((p.writes, out.buffer))
         self._emit("wait", f"{out.name} = ops.wait_tensor({p.handle})")
+        if p.coalesced:
+            # Not written in place: upstream's wait of a coalesced reduce_scatter's other
+            # output writes this one again (upstream_findings.md, section 4), so an
+            # order that moves that wait below the write would change a value.
+            self.read.add(out.buffer)
         if p.kind != "all_reduce_" and self.draw(st.integers(0, 7)) == 7:
             # Waited twice: the collective has two users, so bucketing must leave it (BK-1).
             # A copy (refimpl) or the same tensor (upstream): neither is written again.
@@ -582,6 +598,101 @@ class _Builder:
                          group=group)
 
 
+    # ---- one-shot all-reduce and the steps around it (CL-10, CL-17) -------------------
+    def _one_shot(self) -> None:
+        """A sum all_reduce on WORLD of a computed value (TP's row-parallel output) in one
+        of CL-10's dtypes or not (f64 is not one-shot, int32 is), now and then of exactly
+        the default threshold's bytes or one element more, with chains of add/sub/mul by
+        a number before and after it (CL-17's steps) and forms that are not steps
+        (`alpha=`, a bool, an int that has no exact double, an int32 tensor times a float);
+        sometimes avg or max instead of sum, or a write or a collective between the chain
+        and the all_reduce."""
+        n = self.groups["world"]
+        values = self._readable(lambda v: v.bound <= 8)
+        if not values:
+            return self._compute()
+        dtype = self.draw(st.sampled_from(["f32", "f32", "bf16", "f16", "f64", "i32"]))
+        a = self._pick(values)
+        if a.dtype != dtype:
+            a = self._cast(a, dtype)
+        if self.draw(st.integers(0, 3)) == 3:  # the default threshold's bytes, or over
+            a = self._repeat(a, DEFAULT_ONE_SHOT_BYTES // DTYPES[a.dtype].itemsize
+                             + self.draw(st.integers(0, 1)))
+        reduce_op = self.draw(st.sampled_from(["sum", "sum", "sum", "sum", "avg", "max"]))
+        if reduce_op == "avg" and a.dtype in ("f32", "bf16", "f16", "f64"):
+            a = self._point(a, ("mul", n), n)  # so that the average is a whole number
+        elif reduce_op == "avg":
+            reduce_op = "sum"
+        chain = []
+        for _ in range(self.draw(st.integers(0, 3))):
+            chain.append(a := self._point(a, self._step_form(a), n))
+        if len(chain) > 1 and self.draw(st.integers(0, 3)) == 3:
+            self._relu(self._pick(chain[:-1]))  # a step read twice ends the prologue
+        self._between(a)
+        if a.buffer in self.busy or a.bound * n > EXACT[a.dtype]:
+            return
+        grow = 1 if reduce_op == "max" else n
+        (pending,) = self._issue("all_reduce", [a], "world", n, reduce_op, grow)
+        if reduce_op == "avg":
+            pending.result.bound = a.bound
+        if self.draw(st.integers(0, 3)) == 3:
+            return  # waited by a later step: no epilogue
+        result = self._wait_for(pending)
+        for _ in range(self.draw(st.integers(0, 3))):
+            result = self._point(result, self._step_form(result, last=True), 1)
+
+    def _repeat(self, a: Value, numel: int) -> Value:
+        self._use(a)
+        out = self._new(a, shape=(numel,))
+        self._emit("repeat", f"{out.name} = {a.name}.reshape(-1)[:1].repeat({numel})")
+        return out
+
+    def _step_form(self, a: Value, last: bool = False) -> tuple:
+        """How the next step is written: a step of CL-17, or a form that is not one."""
+        steps = [("mul", 2), ("mul", -1), ("add", 1), ("sub", 1), ("rmul", 3), ("mul", 2.0)]
+        others = [("alpha", 1), ("bool", True)]
+        if last and a.dtype == "f32":
+            # No exact double; every rank's value becomes 2**53 (in f32, so after the
+            # all_reduce only: before it, the sum would leave the exact range)
+            others.append(("add", 2**53 + 1))
+        return self.draw(st.sampled_from(steps if self.draw(st.integers(0, 2)) else others))
+
+    def _point(self, a: Value, form: tuple, n: int) -> Value:
+        """`a` op number; within the exact range after a sum over `n` ranks (else `a` * -1)."""
+        op, k = form
+        if op in ("mul", "rmul"):
+            bound = a.bound * abs(int(k))
+        elif op == "alpha":
+            bound = a.bound + 2
+        elif op == "bool":
+            bound = a.bound
+        else:
+            bound = a.bound + abs(k)
+        if bound * n > EXACT[a.dtype] and k != 2**53 + 1:
+            op, k, bound = "mul", -1, a.bound
+        self._use(a)
+        # int32 times a float is a float32 (not a step: the dtype changes, CL-17)
+        dtype = "f32" if a.dtype == "i32" and isinstance(k, float) else a.dtype
+        out = self._new(a, dtype=dtype, bound=2**60 if k == 2**53 + 1 else bound,
+                        contiguous=a.contiguous)
+        text = {"mul": f"{a.name} * {k!r}", "rmul": f"{k!r} * {a.name}",
+                "add": f"{a.name} + {k!r}", "sub": f"{a.name} - {k!r}",
+                "alpha": f"torch.add({a.name}, 1, alpha=2)", "bool": f"{a.name} * True"}[op]
+        self._emit("point", f"{out.name} = {text}")
+        return out
+
+    def _between(self, a: Value) -> None:
+        """Now and then, a node between a chain and its all_reduce: a write of another
+        buffer (not of the chain's) or a collective (a coalesced one reads getitems)."""
+        what = self.draw(st.sampled_from(["none", "none", "write", "collective"]))
+        if what == "write":
+            others = [v for v in self._readable(self._writable) if v.buffer != a.buffer]
+            if others:
+                self._inplace(self._pick(others))
+        elif what == "collective":
+            self._collective()
+
+
 @dataclass(frozen=True)
 class Case:
     """One drawn program and the options of every stage."""
@@ -634,6 +745,14 @@ BAD_OPTIONS = {
            ("max_in_flight", {"gather": 1}, "ValueError")),
 }
 BAD_RULE = {"CL": "CL-16", "RO": "RO-1"}
+# Each program is also lowered under these (on WORLD's symmetric memory), its structure
+# checked against the model and its values against eager's: the one-shot path with SPEC's
+# default threshold, without and with fusion, whatever the drawn options are.
+CL_VARIANTS = ({"auto_select": True}, {"auto_select": True, "fuse_pointwise": True})
+OWN_CL_OPTIONS = ("fuse_pointwise", "force_one_shot_all_reduce")
+# CommLoweringConfig's fields the CL stage draws (None in the options: left out).
+CL_OPTIONS = ("auto_select", "one_shot_all_reduce_threshold_bytes", "fuse_pointwise",
+              "reorder_for_compute_comm_overlap", "force_one_shot_all_reduce")
 
 
 def _bounds(program: Program, pass_name: str) -> tuple[int, ...]:
@@ -669,6 +788,19 @@ def _gather_options(draw, program: Program) -> dict:
     return options
 
 
+def _threshold(draw, program: Program) -> int | None:
+    """CL-10's threshold: SPEC's default (left out), at an all_reduce's bytes or a byte
+    under, or one of a few fixed ones; a third each."""
+    bounds = sorted({b - d for b in program.one_shot_bytes for d in (0, 1)})
+    how = draw(st.sampled_from(("default", "bound", "fixed") if bounds else
+                               ("default", "fixed")))
+    if how == "default":
+        return None
+    if how == "bound":
+        return draw(st.sampled_from(bounds))
+    return draw(st.sampled_from((128 * 1024, 64, 0)))
+
+
 def _options(draw, program: Program) -> dict:
     caps = {p: tuple(draw(st.lists(st.sampled_from(CAP_BYTES + _bounds(program, p)),
                                    min_size=1, max_size=2)))
@@ -679,11 +811,14 @@ def _options(draw, program: Program) -> dict:
     options = {
         "BK": {"caps_bytes": caps, **_gather_options(draw, program)},
         # The one-shot path (CL-10) needs all three: drawn more often, and shrunk to.
+        # None: the option left out, so that SPEC's default applies (CL-1); the flags
+        # drawn on are refimpl's own (the torch adapter implements neither).
         "CL": {"auto_select": draw(st.sampled_from((True, True, False))),
-               "one_shot_all_reduce_threshold_bytes": draw(st.sampled_from(
-                   (128 * 1024, 128 * 1024, 64, 0) + tuple(sorted(
-                       {b - d for b in program.one_shot_bytes for d in (0, 1)})))),
-               "symm_mem_world": draw(st.sampled_from((True, True, False)))},
+               "one_shot_all_reduce_threshold_bytes": _threshold(draw, program),
+               "symm_mem_world": draw(st.sampled_from((True, True, False))),
+               "fuse_pointwise": draw(st.sampled_from((None, None, True))),
+               "reorder_for_compute_comm_overlap": draw(st.sampled_from((None, None, True))),
+               "force_one_shot_all_reduce": draw(st.sampled_from((None,) * 5 + (True,)))},
         "RO": {"memory_budget": draw(st.sampled_from((math.inf, 0.1, 0.0))),
                "max_in_flight": draw(st.sampled_from(limits)),
                "bucketed_first": draw(st.booleans())},
@@ -964,18 +1099,37 @@ def _bucket_differences(original, model, label, want, got: list[tuple],
 
 
 def lowering_on_rank(spec: str, source: str, inputs, options) -> dict:
-    """CL: the lowered program computes what the eager program does (and says so in meta)."""
-    from conformance.true_meta import MetaChecker
-
+    """CL: the lowered program computes what the eager program does (and says so in
+    meta), and makes SPEC's choices (lowering_model)."""
     backend, fn, xs, groups = _load(spec, source, inputs)
     ns = backend.require("lowering", *STAGES["CL"].attrs)
-    config = {k: options[k] for k in ("auto_select", "one_shot_all_reduce_threshold_bytes")}
+    config = {k: options[k] for k in CL_OPTIONS if options.get(k) is not None}
     if options["symm_mem_world"]:
         config["enable_symm_mem_for"] = [groups["world"]]
     if options.get("bad"):  # CL-16: refused, naming the option
         config[options["bad"][0]] = options["bad"][1]
         return {"problems": _refused("CL", options["bad"], lambda: ns.run_lowered(
             fn, [x.clone() for x in xs], dict(config)))}
+    try:
+        return _lowering_checks(backend, ns, fn, xs, groups, config)
+    except NotImplementedConcept:
+        # refimpl's own flags (CL-10's force, CL-17's fusion): a backend without them is
+        # checked under the rest of the options
+        rest = {k: v for k, v in config.items() if k not in OWN_CL_OPTIONS}
+        if rest == config:
+            raise
+        return _lowering_checks(backend, ns, fn, xs, groups, rest)
+
+
+def _lowering_checks(backend, ns, fn, xs, groups: dict, config: dict) -> dict:
+    from conformance.true_meta import MetaChecker
+
+    enabled = _symm_mem_groups(backend, groups, config)
+    if config.get("force_one_shot_all_reduce") and enabled is not None:
+        refusal = lowering_model.forced_refusal(_trace(fn, xs), config, enabled)
+        if refusal is not None:  # CL-10: refused, naming the first condition that fails
+            return {"problems": _forced_refused(refusal, lambda: ns.run_lowered(
+                fn, [x.clone() for x in xs], dict(config)))}
     want = _observe(lambda: fn(*[x.clone() for x in xs]))
     checker = None
     if getattr(ns, "lowered_graph", None) is not None:
@@ -992,9 +1146,66 @@ def lowering_on_rank(spec: str, source: str, inputs, options) -> dict:
     if checker is not None and not problems:
         problems += _kept_by_the_caller(checker.module, xs, want[0])
         problems += _blocking_waits_removed(checker.module)
+        if enabled is not None:  # CL-2..CL-5, CL-10, CL-14, CL-17: SPEC's choices
+            problems += lowering_model.differences(
+                lowering_model.plan(_trace(fn, xs), config, enabled),
+                lowering_model.lowered(checker.module))
+            for variant in CL_VARIANTS:
+                if not problems:
+                    problems += _variant_problems(ns, fn, xs, variant, want, groups, enabled)
         alloc_ids = lp.alloc_ids(checker.module)
         problems += _alloc_ids_problems(ns, fn, xs, config, alloc_ids)
     return {"problems": problems, "alloc_ids": alloc_ids}
+
+
+def _variant_problems(ns, fn, xs, variant: dict, want, groups: dict,
+                      enabled: set[str]) -> list[str]:
+    """The program lowered again under one of CL_VARIANTS (symmetric memory on WORLD):
+    SPEC's choices and eager's values."""
+    config = {**variant, "enable_symm_mem_for": [groups["world"]]}
+    lowered = ns.lowered_graph(fn, [x.clone() for x in xs], dict(config))
+    shown = f" (lowered again with {variant})"
+    problems = lowering_model.differences(
+        lowering_model.plan(_trace(fn, xs), config, enabled | {groups["world"]}),
+        lowering_model.lowered(lowered))
+    if not problems:
+        got = _observe(lambda: lowered(*[x.clone() for x in xs]))
+        problems = _differences(want, got, "lowered", "CL-15", "CL-1")
+    return [p + shown for p in problems]
+
+
+def _symm_mem_groups(backend, groups: dict, config: dict) -> set[str] | None:
+    """The program's groups symmetric memory is enabled for when it is lowered (enabling
+    lasts in a rank process: an earlier program's counts), or None if the backend cannot
+    say."""
+    try:
+        sm = backend.require("symmetric_memory", "is_symm_mem_enabled_for_group")
+    except NotImplementedConcept:
+        return None
+    return ({name for name in groups.values() if sm.is_symm_mem_enabled_for_group(name)}
+            | set(config.get("enable_symm_mem_for", ())))
+
+
+def _forced_refused(refusal: tuple[str, str], make) -> list[str]:
+    """CL-10: with force_one_shot_all_reduce, an all_reduce that cannot go one-shot is
+    refused with a CommBufferError (a ValueError) naming the first condition that fails."""
+    node, word = refusal
+    try:
+        make()
+    except NotImplementedConcept:
+        raise
+    except ValueError as exc:
+        if any(w in str(exc) for w in word.split("|")):
+            return []
+        return [f"CL-10: force_one_shot_all_reduce: the all_reduce {node} was refused with "
+                f"{type(exc).__name__}: {_short(str(exc), 2)} (expected the first condition "
+                f"that fails named: {word!r})"]
+    except Exception as exc:  # the type is what is checked
+        return [f"CL-10: force_one_shot_all_reduce: the all_reduce {node} raised "
+                f"{type(exc).__name__}: {_short(str(exc), 2)} (expected a CommBufferError "
+                f"naming {word!r})"]
+    return [f"CL-10: force_one_shot_all_reduce: the all_reduce {node} cannot go one-shot "
+            f"({word}) and was not refused"]
 
 
 def _blocking_waits_removed(gm) -> list[str]:

@@ -127,6 +127,20 @@ def ar_small_intermediate(fc, x):
     return fc.all_reduce(x * 2, "sum", WORLD) + 1
 
 
+def ar_of_a_one_shot_result(fc, x):
+    """A second all_reduce of the first's result (a wait's: no fresh intermediate, so a
+    clone, CL-3, even once the first is a one-shot kernel whose wait is gone, CL-9)."""
+    return fc.all_reduce(fc.all_reduce(x * 2, "sum", WORLD), "sum", WORLD) + 1
+
+
+def ar_of_a_fused_epilogue(fc, x):
+    """A second all_reduce of the first's epilogue step `e`, its only reader: fused
+    (CL-17), `e` is the kernel's result, which no ATen op computes: neither one-shot
+    (CL-10, CL-11) nor reduced in place (CL-3)."""
+    e = fc.all_reduce(x * 2, "sum", WORLD) * 3
+    return fc.all_reduce(e, "sum", WORLD) + 1
+
+
 def ar_small_avg(fc, x):
     return fc.all_reduce(x * 2, "avg", WORLD) + 1
 
@@ -225,6 +239,14 @@ def ar_two_small(fc, x):
     a = fc.all_reduce(x * 2, "sum", WORLD)
     b = fc.all_reduce(x * 3, "sum", WORLD)
     return a + b
+
+
+def ar_two_sizes(fc, x):
+    """A 32-byte all_reduce, then a 16-byte one: under a threshold of 16 bytes the second
+    is the graph's buffer 0, under 32 the first is (CL-12: ids differ with the size)."""
+    a = fc.all_reduce(x.repeat(2) * 3, "sum", WORLD)
+    b = fc.all_reduce(x * 2, "sum", WORLD)
+    return a.sum() + b
 
 
 def ar_comm_buffer_escapes(fc, x):
@@ -362,7 +384,8 @@ PROGRAMS = {f.__name__: f for f in [
     ar_pointwise_inexact_int, ar_pointwise_other_dtype, ar_pointwise_source_written,
     ar_pointwise_source_written_through_a_view, ar_pointwise_source_written_by_a_foreach,
     ar_pointwise_other_buffer_written,
-    ar_pointwise_int32, ar_small_sum_of,
+    ar_pointwise_int32, ar_small_sum_of, ar_of_a_one_shot_result, ar_of_a_fused_epilogue,
+    ar_two_sizes,
 ]}
 
 
@@ -452,3 +475,23 @@ def alloc_ids_on_rank(spec: str, lowerings) -> list[list[int]]:
     return [alloc_ids(ns.lowered_graph(functools.partial(PROGRAMS[name], fc),
                                        inputs_for(dist.get_rank(), [shape]), options))
             for name, options, shape in lowerings]
+
+
+def lowered_in_turn_on_rank(spec: str, name: str, configs) -> list:
+    """On one rank: program `name` lowered under each config in turn, each lowering run
+    right after it in this one process (persistent allocations outlive a call, SM-4):
+    eager's values, then each lowering's (an exception's text where one raised)."""
+    from conformance.harness import backend_in_rank
+
+    backend = backend_in_rank(spec)
+    ns = backend.require("lowering", "lowered_graph")
+    fc = backend.require("functional_collectives")
+    fn = functools.partial(PROGRAMS[name], fc)
+    xs = inputs_for(dist.get_rank(), [(4,)])
+    results = [fn(*[x.clone() for x in xs])]
+    for config in configs:
+        try:
+            results.append(ns.lowered_graph(fn, [x.clone() for x in xs], dict(config))(*xs))
+        except Exception as exc:  # reported, and the case fails naming it
+            results.append(f"{type(exc).__name__}: {exc}")
+    return results

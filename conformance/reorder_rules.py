@@ -38,7 +38,8 @@ KIND = {"all_gather_into_tensor": "all_gather", "all_gather_into_tensor_out": "a
         "all_to_all_single": "all_to_all", "broadcast": "broadcast", "broadcast_": "broadcast"}
 # MEM-5: out-of-place all_reduce and broadcast copy their input when issued.
 HOLD_RESULT_ONLY = ("all_reduce", "all_reduce_coalesced", "broadcast")
-BLOCKING = ("one_shot_all_reduce", "one_shot_all_reduce_out", "two_shot_all_reduce_")
+BLOCKING = ("one_shot_all_reduce", "one_shot_all_reduce_out", "one_shot_all_reduce_pointwise",
+            "two_shot_all_reduce_")
 PROLOGUE = ("_to_copy", "convert_element_type", "clone", "copy", "copy_", "cat",
             "constant_pad_nd", "empty", "empty_like", "empty_strided", "new_empty",
             "new_empty_strided")

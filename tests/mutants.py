@@ -536,12 +536,12 @@ CL = [
            "",
            "the wait of a blocking one-shot kernel kept in the graph"),
     Mutant("alloc_id_without_namespace", "CL-12", _CL,
-           'f"{namespace}/{fingerprint}/{index}/{group_name}".encode()',
-           'f"{fingerprint}/{index}/{group_name}".encode()',
+           'key = f"{namespace}/{fingerprint}/{index}/{val.dtype}{list(val.shape)}/{group_name}"',
+           'key = f"{fingerprint}/{index}/{val.dtype}{list(val.shape)}/{group_name}"',
            "alloc_id_namespace not mixed into the id"),
     Mutant("alloc_id_of_the_rank", "CL-12", _CL,
-           'f"{namespace}/{fingerprint}/{index}/{group_name}".encode()',
-           'f"{namespace}/{fingerprint}/{index}/{torch.distributed.get_rank()}".encode()',
+           'key = f"{namespace}/{fingerprint}/{index}/{val.dtype}{list(val.shape)}/{group_name}"',
+           'key = f"{namespace}/{fingerprint}/{index}/{torch.distributed.get_rank()}"',
            "a rank-dependent id: ranks rendezvous on different buffers"),
     Mutant("fingerprint_of_group_names", "CL-12", _CL,
            'name = groups.setdefault(name, f"group #{len(groups)}")',
@@ -563,9 +563,21 @@ CL = [
            "            _replace(wait, done)\n",
            "the in-place result never copied back into the non-contiguous target"),
     Mutant("view_taken_for_a_fresh_intermediate", "CL-3", _CL,
-           "_fx.COLLECTIVE_NAMESPACES or _returns_alias(node.target):",
-           "_fx.COLLECTIVE_NAMESPACES:",
+           'node.target.namespace != "aten" or _returns_alias(node.target):',
+           'node.target.namespace != "aten":',
            "an op returning an alias (a view) taken for a fresh intermediate"),
+    Mutant("alloc_id_without_the_buffer_size", "CL-12", _CL,
+           'key = f"{namespace}/{fingerprint}/{index}/{val.dtype}{list(val.shape)}/{group_name}"',
+           'key = f"{namespace}/{fingerprint}/{index}/{group_name}"',
+           "the id leaves the buffer's size out: the same graph lowered under another "
+           "threshold asks buffer 0's persistent allocation for other bytes (found by "
+           "--fuzz, which lowers each program under several configs)"),
+    Mutant("kernel_result_taken_for_fresh", "CL-3", _CL,
+           'node.target.namespace != "aten" or _returns_alias(node.target):',
+           "node.target.namespace in _fx.COLLECTIVE_NAMESPACES or _returns_alias(node.target):",
+           "any op but a collective's makes a fresh intermediate: a later all_reduce of a "
+           "one-shot kernel's result (its wait gone) reduces it in place, not a clone "
+           "(found by --fuzz's lowering model)"),
     Mutant("alloc_id_full_64_bits", "CL-12", _CL,
            'return int.from_bytes(raw[:8], "big") >> 1',
            'return int.from_bytes(raw[:8], "big")',
@@ -2102,6 +2114,9 @@ CATCHING_CASE: dict[str, str] = {
     "comm_buffer_escapes": "test_a_comm_buffer_output_escapes_as_a_clone",
     "no_copy_back_to_view": "test_all_reduce_inplace_on_a_view_reduces_a_copy_and_copies_back",
     "view_taken_for_a_fresh_intermediate": "test_one_shot_not_chosen[view]",
+    "alloc_id_without_the_buffer_size": "test_one_graph_lowered_under_two_thresholds_runs_both",
+    "kernel_result_taken_for_fresh":
+        "test_an_all_reduce_of_a_kernels_result_clones_it[ar_of_a_one_shot_result]",
     "alloc_id_full_64_bits":
         "test_alloc_ids_are_equal_on_every_rank_and_distinct_where_they_must_be",
     "fingerprint_without_shapes":

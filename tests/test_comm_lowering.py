@@ -271,20 +271,24 @@ def _(x):
 @pytest.mark.parametrize("case, reason", [
     ("graph_input", r"'x_1' is a graph input: its memory is allocated by the caller"),
     ("view", r"returns a view or alias of another buffer"),
-    ("no_out", r"refimpl_lowering_test.double.default, which has no out= overload"),
+    ("no_out", r"aten._to_copy.default, which has no out= overload"),
+    ("not_aten", r"refimpl_lowering_test.double.default, which is not an ATen op"),
     ("symbolic", r"has a symbolic size"),
 ])
 def test_cl11_buffers_that_cannot_be_comm_buffers_are_refused(fake_world, case, reason):
     programs = {
         "graph_input": lambda x: x + 1,
         "view": lambda x: (x + 1).view(2, 2),
-        "no_out": lambda x: _double(x),
+        # _to_copy.out exists, but without dtype: not the same arguments (CL-11)
+        "no_out": lambda x: x.to(torch.float64),
+        "not_aten": lambda x: _double(x),
         "symbolic": lambda x: x + 1,
     }
     mode = "symbolic" if case == "symbolic" else "fake"
     gm = make_fx(programs[case], tracing_mode=mode)(torch.ones(4))
     node = {"graph_input": lambda: _producer(gm, "x_1"), "view": lambda: _producer(gm, "view"),
-            "no_out": lambda: _producer(gm, "double"),
+            "no_out": lambda: _producer(gm, "_to_copy"),
+            "not_aten": lambda: _producer(gm, "double"),
             "symbolic": lambda: _producer(gm, "add")}[case]()
     assert comm_buffer_refusal(node) is not None
     with pytest.raises(CommBufferError, match=reason + r".*\[CL-11\]"):

@@ -60,7 +60,9 @@ _TRANSPOSE = re.compile(r"transpose_mxn<.*>\((in_ptr\d+)[^,]*, [^,]*, (tmp\d+),"
 # refimpl's options that Inductor has no counterpart for: the cases that set them are not
 # implemented by this backend (an unknown key is still refused, so a typo cannot pass).
 _NOT_IN_INDUCTOR = {"force_one_shot_all_reduce": "Inductor has no option that forces every "
-                    "all_reduce one-shot (it selects by size with auto_select)"}
+                    "all_reduce one-shot (it selects by size with auto_select)",
+                    "fuse_pointwise": "upstream has no one-shot kernel that takes pointwise "
+                    "steps (CL-17)"}
 
 
 def _inductor_patches(options: dict) -> dict:

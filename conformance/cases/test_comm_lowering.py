@@ -28,6 +28,7 @@ from conformance.lowering_programs import (
     alloc_ids_on_rank,
     called_twice,
     inputs_for,
+    lowered_in_turn_on_rank,
     lowered_values,
     numeric_check,
     prepare,
@@ -375,7 +376,7 @@ one_shot_all_reduce out-of-place ranks[0,1] sum in=b0:f32[4]=computed out=b1:f32
     if graph is not None:
         assert_expected_inline(graph, """\
 %0 = input : f32[4]
-%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 3692068824281193206) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 9072673292006092717) : f32[4]
 %2 = aten.mul.out(%0, 2, out=%1) : f32[4]
 %3 = symm_mem.one_shot_all_reduce(%2, 'sum', ranks[0,1]) : f32[4]
 %4 = aten.add.Tensor(%3, 1) : f32[4]
@@ -400,7 +401,7 @@ one_shot_all_reduce out-of-place ranks[0,1] sum in=b0:f32[4]=computed out=b1:f32
     if graph is not None:
         assert_expected_inline(graph, """\
 %0 = input : f32[4]
-%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 6477286880375537764) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 162779291597058115) : f32[4]
 %2 = aten.mul.out(%0, 2, out=%1) : f32[4]
 %3 = symm_mem.one_shot_all_reduce(%2, 'sum', ranks[0,1]) : f32[4]
 %4 = aten.copy_(%2, %3) : f32[4]
@@ -622,6 +623,21 @@ def test_alloc_ids_are_equal_on_every_rank_and_distinct_where_they_must_be(backe
     assert all(isinstance(i, int) and 0 <= i < 2**63 for ids in ranks[0] for i in ids)
 
 
+@pytest.mark.spec("CL-12", "SM-4", "CL-15")
+def test_one_graph_lowered_under_two_thresholds_runs_both(backend):
+    """Which all_reduce's input is the graph's comm buffer 0 depends on the threshold:
+    under 16 bytes the 16-byte one, under 32 the 32-byte one. Lowered both ways in one
+    process and each run, the second must not ask buffer 0's persistent allocation for
+    other bytes."""
+    backend.require("lowering", "lowered_graph")
+    configs = [{**ONE_SHOT, "one_shot_all_reduce_threshold_bytes": t} for t in (16, 32)]
+    for rank, (want, *got) in enumerate(harness.run(
+            backend, lowered_in_turn_on_rank, 2, "ar_two_sizes", configs)):
+        for threshold, result in zip((16, 32), got, strict=True):
+            assert not isinstance(result, str), f"rank {rank}, threshold {threshold}: {result}"
+            torch.testing.assert_close(result, want, rtol=0, atol=0)
+
+
 @pytest.mark.spec("CL-12")
 def test_alloc_ids_depend_on_the_graph_not_the_process(backend, fake_world):
     ns = backend.require("lowering", "lowered_graph")
@@ -639,7 +655,7 @@ def test_a_comm_buffer_output_escapes_as_a_clone(backend, fake_world):
     graph = lowered_text(backend, "ar_comm_buffer_escapes", [(4,)], ONE_SHOT)
     assert_expected_inline(graph, """\
 %0 = input : f32[4]
-%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 3067770533367091118) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 1998019483308672682) : f32[4]
 %2 = aten.mul.out(%0, 3, out=%1) : f32[4]
 %3 = symm_mem.one_shot_all_reduce(%2, 'sum', ranks[0,1]) : f32[4]
 %4 = aten.clone(%2) : f32[4]
@@ -946,60 +962,60 @@ FUSE = {**ONE_SHOT, "fuse_pointwise": True}
 FUSED_GRAPHS = {
     "ar_small_intermediate": ("both chains of one step", """\
 %0 = input : f32[4]
-%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 3692068824281193206) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 9072673292006092717) : f32[4]
 %2 = symm_mem.one_shot_all_reduce_pointwise(%1, %0, 'sum', ranks[0,1], 'mul 2.0', 'add 1.0') : f32[4]
 return %2"""),  # noqa: E501
     "ar_pointwise_chains": ("three steps on each side, in program order", """\
 %0 = input : f32[4]
-%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 400798344432525861) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 5914585356161537873) : f32[4]
 %2 = symm_mem.one_shot_all_reduce_pointwise(%1, %0, 'sum', ranks[0,1], 'mul 2.0; add 3.0; sub 0.5', 'mul 1.5; sub 1.0; mul 4.0') : f32[4]
 return %2"""),  # noqa: E501
     "ar_pointwise_shared_step": ("the prologue stops below y, which the output reads too", """\
 %0 = input : f32[4]
 %1 = aten.mul.Tensor(%0, 2) : f32[4]
-%2 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 25062187387412034) : f32[4]
+%2 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 2595278643169145358) : f32[4]
 %3 = symm_mem.one_shot_all_reduce_pointwise(%2, %1, 'sum', ranks[0,1], 'add 1.0; sub 3.0', 'mul 3.0') : f32[4]
 return [%3, %1]"""),  # noqa: E501
     "ar_pointwise_result_read_twice": ("no epilogue: the result has two readers", """\
 %0 = input : f32[4]
-%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 5497022710622382999) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 8571540438403909371) : f32[4]
 %2 = symm_mem.one_shot_all_reduce_pointwise(%1, %0, 'sum', ranks[0,1], 'mul 2.0', '') : f32[4]
 %3 = aten.add.Tensor(%2, 1) : f32[4]
 return [%3, %2]"""),  # noqa: E501
     "ar_pointwise_epilogue_step_read_twice": ("the epilogue stops after the step two nodes read", """\
 %0 = input : f32[4]
-%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 5814268058228340030) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 2424838760672571375) : f32[4]
 %2 = symm_mem.one_shot_all_reduce_pointwise(%1, %0, 'sum', ranks[0,1], 'mul 2.0', 'add 1.0') : f32[4]
 %3 = aten.mul.Tensor(%2, 2) : f32[4]
 return [%3, %2]"""),  # noqa: E501
     "ar_pointwise_alpha": ("add with alpha is no step: the plain kernel", """\
 %0 = input : f32[4]
-%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 713473218817955412) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 5023750700483967070) : f32[4]
 %2 = aten.add.out(%0, 1, alpha=2, out=%1) : f32[4]
 %3 = symm_mem.one_shot_all_reduce(%2, 'sum', ranks[0,1]) : f32[4]
 return %3"""),  # noqa: E501
     "ar_pointwise_bool": ("a bool is no number: the input is realized by CL-11 and passed twice", """\
 %0 = input : f32[4]
-%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 289472612820788923) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 8645544828548768166) : f32[4]
 %2 = aten.mul.out(%0, True, out=%1) : f32[4]
 %3 = symm_mem.one_shot_all_reduce_pointwise(%2, %2, 'sum', ranks[0,1], '', 'add 1.0') : f32[4]
 return %3"""),  # noqa: E501
     "ar_pointwise_inexact_int": ("an int with no exact double is no number", """\
 %0 = input : f32[4]
-%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 9170645089485256030) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 1197224582167497163) : f32[4]
 %2 = aten.mul.out(%0, 9007199791611905, out=%1) : f32[4]
 %3 = symm_mem.one_shot_all_reduce_pointwise(%2, %2, 'sum', ranks[0,1], '', 'add 1.0') : f32[4]
 return %3"""),  # noqa: E501
     "ar_pointwise_other_dtype": ("a step from int32 to float32 is no step", """\
 %0 = input : f32[4]
 %1 = aten._to_copy(%0, dtype=i32) : i32[4]
-%2 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 7336577808267885975) : f32[4]
+%2 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 5924511190901180903) : f32[4]
 %3 = aten.mul.out(%1, 2.5, out=%2) : f32[4]
 %4 = symm_mem.one_shot_all_reduce(%3, 'sum', ranks[0,1]) : f32[4]
 return %4"""),  # noqa: E501
     "ar_pointwise_source_written": ("all_reduce_ writes x between x * 2 and the all_reduce", """\
 %0 = input : f32[4]
-%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 7978260236962565719) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 5070522092724294197) : f32[4]
 %2 = aten.mul.out(%0, 2, out=%1) : f32[4]
 %3 = funcol.all_reduce_(%0, 'sum', ranks[0,1]) : f32[4]
 %4 = funcol.wait_tensor_(%3) : f32[4]
@@ -1008,7 +1024,7 @@ return %4"""),  # noqa: E501
 return %6"""),  # noqa: E501
     "ar_pointwise_source_written_through_a_view": ("add_ writes a view of x between x * 2 and the all_reduce", """\
 %0 = input : f32[4]
-%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 8242559234919719705) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 6169125877406690031) : f32[4]
 %2 = aten.mul.out(%0, 2, out=%1) : f32[4]
 %3 = aten.slice.Tensor(%0, 0, 1, 9223372036854775807) : f32[3]
 %4 = aten.add_.Tensor(%3, 1) : f32[3]
@@ -1018,7 +1034,7 @@ return %6"""),  # noqa: E501
     "ar_pointwise_source_written_by_a_foreach": ("_foreach_add_ writes a list holding x between x * 2 and the all_reduce", """\
 %0 = input : f32[4]
 %1 = aten.sub.Tensor(%0, 1) : f32[4]
-%2 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 9079426462095860858) : f32[4]
+%2 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 3496742069311660229) : f32[4]
 %3 = aten.mul.out(%0, 2, out=%2) : f32[4]
 %4 = aten._foreach_add_.Scalar([%1, %0], 1.0) : none
 %5 = symm_mem.one_shot_all_reduce(%3, 'sum', ranks[0,1]) : f32[4]
@@ -1032,7 +1048,7 @@ return %7"""),  # noqa: E501
 %3 = aten.max.dim(%2, 0) : (f32[], i64[])
 %4 = getitem(%3, 0) : f32[]
 %5 = getitem(%3, 1) : i64[]
-%6 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 1040617356213478420) : f32[4]
+%6 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 222475126193278952) : f32[4]
 %7 = symm_mem.one_shot_all_reduce_pointwise(%6, %0, 'sum', ranks[0,1], 'mul 2.0', '') : f32[4]
 %8 = aten.add.Tensor(%7, %2) : f32[4]
 %9 = aten.add.Tensor(%8, %4) : f32[4]
@@ -1040,12 +1056,48 @@ return %9"""),  # noqa: E501
     "ar_pointwise_int32": ("int32 is no step dtype: the plain kernel", """\
 %0 = input : f32[4]
 %1 = aten._to_copy(%0, dtype=i32) : i32[4]
-%2 = symm_mem.empty_strided_p2p([4], [1], i32, device(cpu), ranks[0,1], 6244337098682828099) : i32[4]
+%2 = symm_mem.empty_strided_p2p([4], [1], i32, device(cpu), ranks[0,1], 604300565572001164) : i32[4]
 %3 = aten.mul.out(%1, 2, out=%2) : i32[4]
 %4 = symm_mem.one_shot_all_reduce(%3, 'sum', ranks[0,1]) : i32[4]
 %5 = aten.add.Tensor(%4, 1) : i32[4]
 return %5"""),  # noqa: E501
 }
+
+
+# CL-3 on what an earlier one-shot left: its result (the wait's, CL-9) or its fused
+# epilogue's (CL-17) is no fresh intermediate, so a later all_reduce of it is cloned (and
+# not lowered one-shot: nothing can be realized as a comm buffer there).
+RESULTS_OF_KERNELS = {
+    "ar_of_a_one_shot_result": ("ONE_SHOT", """\
+%0 = input : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 8518558089142218972) : f32[4]
+%2 = aten.mul.out(%0, 2, out=%1) : f32[4]
+%3 = symm_mem.one_shot_all_reduce(%2, 'sum', ranks[0,1]) : f32[4]
+%4 = aten.clone(%3, memory_format=torch.contiguous_format) : f32[4]
+%5 = funcol.all_reduce_(%4, 'sum', ranks[0,1]) : f32[4]
+%6 = funcol.wait_tensor_(%5) : f32[4]
+%7 = aten.add.Tensor(%6, 1) : f32[4]
+return %7"""),  # noqa: E501
+    "ar_of_a_fused_epilogue": ("FUSE", """\
+%0 = input : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 8061226578875881149) : f32[4]
+%2 = symm_mem.one_shot_all_reduce_pointwise(%1, %0, 'sum', ranks[0,1], 'mul 2.0', 'mul 3.0') : f32[4]
+%3 = aten.clone(%2, memory_format=torch.contiguous_format) : f32[4]
+%4 = funcol.all_reduce_(%3, 'sum', ranks[0,1]) : f32[4]
+%5 = funcol.wait_tensor_(%4) : f32[4]
+%6 = aten.add.Tensor(%5, 1) : f32[4]
+return %6"""),  # noqa: E501
+}
+
+
+@pytest.mark.spec("CL-3", "CL-10", "CL-17", "CL-15")
+@pytest.mark.parametrize("name", list(RESULTS_OF_KERNELS))
+def test_an_all_reduce_of_a_kernels_result_clones_it(backend, fake_world, name):
+    options, golden = RESULTS_OF_KERNELS[name]
+    options = {"ONE_SHOT": ONE_SHOT, "FUSE": FUSE}[options]
+    backend.require("lowering", "lowered_graph", "Config")
+    assert lowered_text(backend, name, [(4,)], options) == golden
+    check_bitwise(backend, name, options)
 
 
 def check_bitwise(backend, name, options, world_size=2):
@@ -1075,7 +1127,7 @@ def test_pointwise_fusion_is_off_by_default(backend, fake_world):
     assert config().fuse_pointwise is False
     assert_expected_inline(lowered_text(backend, "ar_small_intermediate", [(4,)], ONE_SHOT), """\
 %0 = input : f32[4]
-%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 3692068824281193206) : f32[4]
+%1 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1], 9072673292006092717) : f32[4]
 %2 = aten.mul.out(%0, 2, out=%1) : f32[4]
 %3 = symm_mem.one_shot_all_reduce(%2, 'sum', ranks[0,1]) : f32[4]
 %4 = aten.add.Tensor(%3, 1) : f32[4]
