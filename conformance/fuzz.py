@@ -8,7 +8,8 @@ generator (`_Builder`) writes FSDP- and TP-like sequences: collectives of severa
 second group of the same ranks), plain, coalesced, in place (`all_reduce_`) and into an
 `out=` buffer, each waited somewhere later; casts to bf16 or f16 before an all_gather, views,
 compute of several shapes and dtypes, in-place ops and `out=` ops on buffers after their
-wait, and `refimpl_conformance::record_` (conformance/reorder_programs.py) as a barrier.
+wait, one-shot candidates with chains of pointwise steps around them (CL-10, CL-17), and
+`refimpl_conformance::record_` (conformance/reorder_programs.py) as a barrier.
 Every value is a small integer and the generator keeps each one below the size its dtype
 holds exactly (a bound per value), so every reduction is exact in any order (CF-9) and any
 difference is a real error. Stage options are drawn with the program (`_options`).
@@ -17,8 +18,8 @@ Each program is checked per stage on real gloo ranks (2, or 4 for a program of 4
 groups), by a module-level rank function that takes the program's source
 (`bucketing_on_rank`, `lowering_on_rank`, `reorder_on_rank`, `memory_on_rank`); the
 expectations come from the unoptimized program and from the judges of this package
-(true_meta, bucket_model, reorder_rules, memory_programs.measure_run), never from
-refimpl's passes.
+(true_meta, bucket_model, lowering_model, reorder_rules, memory_programs.measure_run),
+never from refimpl's passes.
 
 Program `i` of `--seed S` is the program of seed `S + i`: the first example hypothesis
 draws with that seed after the simplest one (which is the same for every seed). A stage

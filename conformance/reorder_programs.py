@@ -240,6 +240,33 @@ def gathers_after_a_shared_wait(ops, ctx, x, s):
     return x * 2, done, half, world
 
 
+def prologue_behind_its_group(ops, ctx, x):
+    """The view that is the second sub-group all_reduce's prologue (RO-7) comes early in
+    program order, so its block is the original order's next one while the first
+    all_reduce of its group (RO-5) is not placed yet; a coalesced all_reduce raised at
+    the start makes the memory test (RO-9's estimate) refuse the fill that would place
+    that first all_reduce's input. The original order's next ready block must then be
+    placed, not any block: a gather whose result lives to the end would be raised over
+    the memory bound. On upstream's ops, whose waits copy nothing (found by --fuzz)."""
+    ops = torch.ops._c10d_functional
+    t = x.to(torch.bfloat16)
+    first = ops.all_gather_into_tensor(t, ctx.n, ctx.world)
+    v = x.view(-1)
+    y = torch.relu(x)
+    c1, c2 = ops.all_reduce_coalesced([t, t], "sum", ctx.sub)
+    r1 = _wait(ops, ops.all_reduce(y, "sum", ctx.sub))
+    r2 = _wait(ops, ops.all_reduce(v, "sum", ctx.sub))
+    d1, d2 = ops.all_reduce_coalesced([r1, r2], "sum", ctx.sub)
+    z = y * 2
+    late = ops.all_gather_into_tensor(t, ctx.n, ctx.world)
+    late1, late2 = _wait(ops, late), _wait(ops, late)
+    e2 = _wait(ops, d2)
+    z.add_(1)
+    u = t * -1
+    return (z, late1, late2, e2, u, _wait(ops, first), _wait(ops, c1), _wait(ops, c2),
+            _wait(ops, d1))
+
+
 def memory_bound(ops, ctx, x, s1, s2):
     """A large intermediate sets the peak; raising a gather across it costs its bytes."""
     big = x * 2                                         # the peak is while it lives
@@ -372,6 +399,7 @@ def _shapes(name: str, ctx: Ctx) -> list[tuple]:
         "limit_per_group": [(4,), (r,), (r,), (8 // ctx.sub_n,), (8 // ctx.sub_n,)],
         "blocking_then_gather": [(4,), (r,)],
         "gathers_after_a_shared_wait": [(4,), (r,)],
+        "prologue_behind_its_group": [(2, 4)],
     }[name]
 
 
@@ -387,6 +415,7 @@ FUNCTIONS = {
     "setitem_barrier": opaque_op, "shared_prologue": shared_prologue,
     "limit_per_group": limit_per_group, "blocking_then_gather": blocking_then_gather,
     "gathers_after_a_shared_wait": gathers_after_a_shared_wait,
+    "prologue_behind_its_group": prologue_behind_its_group,
 }
 PROGRAMS = list(FUNCTIONS)
 
@@ -507,6 +536,7 @@ CASES = [
     Case("limit_per_group", math.inf, ONE_ALL_GATHER),
     Case("blocking_then_gather", math.inf),
     Case("gathers_after_a_shared_wait", math.inf, ONE_ALL_GATHER),
+    Case("prologue_behind_its_group", 0.1),
 ]
 
 

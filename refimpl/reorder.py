@@ -559,14 +559,19 @@ class _Scheduler:
         return True
 
     def _follow_original(self) -> bool:
-        """A move RO-9 refuses falls back to the original order's next block."""
-        block = self.blocks[self.block_of[self.cur]] if self.cur < self.n else None
-        if block is None or block.placed or block.unplaced > 0:
-            return False
-        if block.kind == COLLECTIVE and not self._flight_allows(block):
-            return False
-        self._place(block)
-        return True
+        """A move RO-9 refuses falls back to the original order: its next block, or, when
+        that one is not ready (a block the original order spreads, a prologue of RO-7
+        whose collective waits for an earlier one of its group, RO-5), the ready block
+        that starts first in it. Only a collective RO-8 holds back is skipped."""
+        for i in range(self.cur, self.n):
+            block = self.blocks[self.block_of[i]]
+            if block.placed or block.unplaced > 0 or i != block.members[0]:
+                continue
+            if block.kind == COLLECTIVE and not self._flight_allows(block):
+                return False
+            self._place(block)
+            return True
+        return False
 
     def _last_resort(self) -> bool:
         """Only when the original order itself breaks the in-flight limit (RO-9's exception):

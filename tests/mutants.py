@@ -954,6 +954,14 @@ RO = [
            "a collective queued as compute (its waits unplaced) stays there once another "
            "block's placement places its waits: the fill places it past the in-flight limit "
            "(found by the fuzzer)"),
+    Mutant("fallback_only_to_the_block_at_c", "RO-12", _RO,
+           "        for i in range(self.cur, self.n):\n"
+           "            block = self.blocks[self.block_of[i]]",
+           "        for i in range(self.cur, min(self.cur + 1, self.n)):\n"
+           "            block = self.blocks[self.block_of[i]]",
+           "a refused move falls back to the block of c only; when the original order "
+           "spreads that block (a prologue early, its collective behind its group's), RO-9's "
+           "exception places any block past the memory bound (found by the fuzzer)"),
     Mutant("ro_memory_bound_strict", "RO-9", _RO,
            "return self.later_high[cur] + ahead <= self.limit",
            "return self.later_high[cur] + ahead < self.limit",
@@ -2114,6 +2122,8 @@ CATCHING_CASE: dict[str, str] = {
     "comm_buffer_escapes": "test_a_comm_buffer_output_escapes_as_a_clone",
     "no_copy_back_to_view": "test_all_reduce_inplace_on_a_view_reduces_a_copy_and_copies_back",
     "view_taken_for_a_fresh_intermediate": "test_one_shot_not_chosen[view]",
+    "fallback_only_to_the_block_at_c":
+        "test_every_order_keeps_the_rules[prologue_behind_its_group-budget=0.1-unlimited]",
     "alloc_id_without_the_buffer_size": "test_one_graph_lowered_under_two_thresholds_runs_both",
     "kernel_result_taken_for_fresh":
         "test_an_all_reduce_of_a_kernels_result_clones_it[ar_of_a_one_shot_result]",

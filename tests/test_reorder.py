@@ -69,9 +69,13 @@ def config_for(gm, budget=math.inf, **limits) -> ReorderConfig:
 # The validator fails, one rule at a time
 # --------------------------------------------------------------------------------------
 def test_validator_passes_the_original_order(world4):
+    # prologue_behind_its_group's own order spreads a block on purpose (a view early, its
+    # all_reduce late): RO-7 holds a new order to contiguity, the original breaks only it
+    spread = {"prologue_behind_its_group": ["RO-7: block ['all_reduce_1', 'view'] is not "
+                                            "contiguous"]}
     for name in rp.PROGRAMS:
         gm = rp.program_graph(name)
-        assert order_violations(gm, in_order(gm, names_of(gm))) == [], name
+        assert order_violations(gm, in_order(gm, names_of(gm))) == spread.get(name, []), name
 
 
 @pytest.mark.parametrize("program, name, before, rule", [
