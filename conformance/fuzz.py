@@ -1162,7 +1162,8 @@ def _lowering_checks(backend, ns, fn, xs, groups: dict, config: dict) -> dict:
 def _variant_problems(ns, fn, xs, variant: dict, want, groups: dict,
                       enabled: set[str]) -> list[str]:
     """The program lowered again under one of CL_VARIANTS (symmetric memory on WORLD):
-    SPEC's choices and eager's values."""
+    SPEC's choices, eager's values, no blocking kernel's wait kept (CL-9) and a second
+    call leaving the first one's outputs (CL-13)."""
     config = {**variant, "enable_symm_mem_for": [groups["world"]]}
     lowered = ns.lowered_graph(fn, [x.clone() for x in xs], dict(config))
     shown = f" (lowered again with {variant})"
@@ -1172,6 +1173,8 @@ def _variant_problems(ns, fn, xs, variant: dict, want, groups: dict,
     if not problems:
         got = _observe(lambda: lowered(*[x.clone() for x in xs]))
         problems = _differences(want, got, "lowered", "CL-15", "CL-1")
+    if not problems:
+        problems = _blocking_waits_removed(lowered) + _kept_by_the_caller(lowered, xs, want[0])
     return [p + shown for p in problems]
 
 
