@@ -1126,8 +1126,9 @@ def _lowering_checks(backend, ns, fn, xs, groups: dict, config: dict) -> dict:
     from conformance.true_meta import MetaChecker
 
     enabled = _symm_mem_groups(backend, groups, config)
+    traced_graph = functools.cache(lambda: _trace(fn, xs))  # the model's input, traced once
     if config.get("force_one_shot_all_reduce") and enabled is not None:
-        refusal = lowering_model.forced_refusal(_trace(fn, xs), config, enabled)
+        refusal = lowering_model.forced_refusal(traced_graph(), config, enabled)
         if refusal is not None:  # CL-10: refused, naming the first condition that fails
             return {"problems": _forced_refused(refusal, lambda: ns.run_lowered(
                 fn, [x.clone() for x in xs], dict(config)))}
@@ -1149,17 +1150,18 @@ def _lowering_checks(backend, ns, fn, xs, groups: dict, config: dict) -> dict:
         problems += _blocking_waits_removed(checker.module)
         if enabled is not None:  # CL-2..CL-5, CL-10, CL-14, CL-17: SPEC's choices
             problems += lowering_model.differences(
-                lowering_model.plan(_trace(fn, xs), config, enabled),
+                lowering_model.plan(traced_graph(), config, enabled),
                 lowering_model.lowered(checker.module))
             for variant in CL_VARIANTS:
                 if not problems:
-                    problems += _variant_problems(ns, fn, xs, variant, want, groups, enabled)
+                    problems += _variant_problems(ns, fn, xs, traced_graph(), variant, want,
+                                                  groups, enabled)
         alloc_ids = lp.alloc_ids(checker.module)
         problems += _alloc_ids_problems(ns, fn, xs, config, alloc_ids)
     return {"problems": problems, "alloc_ids": alloc_ids}
 
 
-def _variant_problems(ns, fn, xs, variant: dict, want, groups: dict,
+def _variant_problems(ns, fn, xs, traced, variant: dict, want, groups: dict,
                       enabled: set[str]) -> list[str]:
     """The program lowered again under one of CL_VARIANTS (symmetric memory on WORLD):
     SPEC's choices, eager's values, no blocking kernel's wait kept (CL-9) and a second
@@ -1168,7 +1170,7 @@ def _variant_problems(ns, fn, xs, variant: dict, want, groups: dict,
     lowered = ns.lowered_graph(fn, [x.clone() for x in xs], dict(config))
     shown = f" (lowered again with {variant})"
     problems = lowering_model.differences(
-        lowering_model.plan(_trace(fn, xs), config, enabled | {groups["world"]}),
+        lowering_model.plan(traced, config, enabled | {groups["world"]}),
         lowering_model.lowered(lowered))
     if not problems:
         got = _observe(lambda: lowered(*[x.clone() for x in xs]))

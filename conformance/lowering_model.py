@@ -21,15 +21,16 @@ import torch
 import torch.fx
 
 from conformance.canonical import COLLECTIVE_NAMESPACES
+from conformance.reorder_rules import _op_name as _name
+from conformance.reorder_rules import is_wait as _is_wait
 
-aten = torch.ops.aten
 # CommLoweringConfig's fields and defaults (CL-1).
 DEFAULTS = {"auto_select": False, "one_shot_all_reduce_threshold_bytes": 128 * 1024,
             "reorder_for_compute_comm_overlap": False, "force_one_shot_all_reduce": False,
             "alloc_id_namespace": "", "fuse_pointwise": False}
 ONE_SHOT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)  # SM-14
 STEP_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # CL-17
-STEP_OPS = {"add": "add", "sub": "sub", "mul": "mul"}  # aten.<op>.Tensor, CL-17
+STEP_OPS = ("add", "sub", "mul")  # aten.<op>.Tensor, CL-17
 ALL_REDUCES = ("all_reduce", "all_reduce_", "all_reduce_coalesced", "all_reduce_coalesced_")
 # The word a refusal names for each condition; alternatives split at "|".
 NOT_ATEN = "ATen|fresh intermediate"
@@ -56,21 +57,10 @@ class Lowered:
 
 
 # ---- reading a graph ------------------------------------------------------------------
-def _name(node) -> tuple[str, str] | None:
-    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-        return None
-    return node.target.namespace, node.target._schema.name.split("::", 1)[1]
-
-
 def _all_reduce(node) -> str | None:
     name = _name(node)
     return name[1] if name and name[0] in COLLECTIVE_NAMESPACES and name[1] in ALL_REDUCES \
         else None
-
-
-def _is_wait(node) -> bool:
-    name = _name(node)
-    return bool(name) and name[0] in COLLECTIVE_NAMESPACES and name[1].startswith("wait_tensor")
 
 
 def _returns_alias(target) -> bool:
