@@ -125,6 +125,14 @@ def reduce_scatter_coalesced_members(ops, a, b):
     return first, _wait(ops, rb) + 1
 
 
+def all_reduce_coalesced_members(ops, a, b):
+    """all_reduce_coalesced (out of place) copies every input at issue: only the copies,
+    its results, are in flight; each input is free after the op (MEM-5, FC-2)."""
+    ra, rb = ops.all_reduce_coalesced([a * 1, b * 1], "sum", G)
+    first = _wait(ops, ra) + 1
+    return first, _wait(ops, rb) + 1
+
+
 def all_to_all_and_broadcast(ops, x):
     """all_to_all holds input and output in flight; broadcast copies its input at issue."""
     swapped = _wait(ops, ops.all_to_all_single(x * 1, [2, 2], [2, 2], G))
@@ -165,6 +173,7 @@ PROGRAMS = {
     "two_layers": (two_layers, [(8,), (8,), (2, 4)]),
     "coalesced_members": (coalesced_members, [(2,), (3,)]),
     "reduce_scatter_coalesced_members": (reduce_scatter_coalesced_members, [(4,), (6,)]),
+    "all_reduce_coalesced_members": (all_reduce_coalesced_members, [(4,), (6,)]),
     "all_to_all_and_broadcast": (all_to_all_and_broadcast, [(4,)]),
     "dead_value": (dead_value, [(4,)]),
     "symbolic_halves": (symbolic_halves, [(6,)]),

@@ -215,6 +215,25 @@ def blocking_then_gather(ops, ctx, x, s):
     return r + 1, g * 2
 
 
+def gather_then_blocking(ops, ctx, x, s):
+    """A gather waited at once, then a small all_reduce lowered one-shot (a blocking
+    kernel): the kernel is no barrier (RO-6), so the gather's wait may sink past it and
+    the gather overlap the kernel; only their issue order is kept (RO-5)."""
+    g = _gather(ops, ctx, s)
+    r = _wait(ops, ops.all_reduce(x * 2, "sum", ctx.world))
+    return r + 1, g * 2
+
+
+def broadcasts_and_an_all_reduce(ops, ctx, x, s1, s2, s3):
+    """Two broadcasts and an all_reduce of one group, each waited at once, compute
+    between: with one broadcast in flight allowed, the broadcasts never overlap each
+    other; the all_reduce is another kind (RO-8), which that limit does not count."""
+    h = x
+    for s in (s1, s2):
+        h = h * 2 + _wait(ops, ops.broadcast(s * 1, 0, ctx.world)).sum()
+    return h * 2 + _wait(ops, ops.all_reduce(s3 * 1, "sum", ctx.world)).sum()
+
+
 def gathers_first(ops, ctx, x, s1, s2, s3):
     """Every gather issued before any wait: the original order itself has three
     all_gathers in flight (RO-9's exception when a limit is set)."""
@@ -398,6 +417,8 @@ def _shapes(name: str, ctx: Ctx) -> list[tuple]:
         "shared_prologue": [(4,), (4,)],
         "limit_per_group": [(4,), (r,), (r,), (8 // ctx.sub_n,), (8 // ctx.sub_n,)],
         "blocking_then_gather": [(4,), (r,)],
+        "gather_then_blocking": [(4,), (r,)],
+        "broadcasts_and_an_all_reduce": [(4,), (4,), (4,), (4,)],
         "gathers_after_a_shared_wait": [(4,), (r,)],
         "prologue_behind_its_group": [(2, 4)],
     }[name]
@@ -414,6 +435,8 @@ FUNCTIONS = {
     "random_draws": random_draws, "side_effectful_aten": side_effectful_aten,
     "setitem_barrier": opaque_op, "shared_prologue": shared_prologue,
     "limit_per_group": limit_per_group, "blocking_then_gather": blocking_then_gather,
+    "gather_then_blocking": gather_then_blocking,
+    "broadcasts_and_an_all_reduce": broadcasts_and_an_all_reduce,
     "gathers_after_a_shared_wait": gathers_after_a_shared_wait,
     "prologue_behind_its_group": prologue_behind_its_group,
 }
@@ -451,7 +474,7 @@ def program_graph(name: str, ops=None, rank: int = 0) -> torch.fx.GraphModule:
         from refimpl.comm_lowering import lower
 
         gm = lower(gm)
-    elif name == "blocking_then_gather":
+    elif name in ("blocking_then_gather", "gather_then_blocking"):
         from refimpl.comm_lowering import CommLoweringConfig, lower
         from refimpl.symmetric_memory import enable_symm_mem_for_group
 
@@ -535,6 +558,8 @@ CASES = [
     Case("shared_prologue", math.inf),
     Case("limit_per_group", math.inf, ONE_ALL_GATHER),
     Case("blocking_then_gather", math.inf),
+    Case("gather_then_blocking", math.inf),
+    Case("broadcasts_and_an_all_reduce", math.inf, (("broadcast", 1),)),
     Case("gathers_after_a_shared_wait", math.inf, ONE_ALL_GATHER),
     Case("prologue_behind_its_group", 0.1),
 ]

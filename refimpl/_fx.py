@@ -1,59 +1,32 @@
 """FX helpers shared by refimpl's graph passes (bucketing, lowering, and those after them).
 
-What a pass needs to read a traced graph of functional collectives: which namespaces hold
-collectives (refimpl's `refimpl_c10d`, upstream's `_c10d_functional` and its
-differentiable wrappers `_c10d_functional_autograd`), whether a node is a collective or
-a wait of any of them, its arguments by schema name, and its fake value, with errors
-that name the graph argument, the node and the rule of the pass that needed it.
+What a pass needs to read a traced graph of functional collectives: a collective's name
+(what each op *is* lives in refimpl/comm_ops.py), its arguments by schema name, and its
+fake value, with errors that name the graph argument, the node and the rule of the pass
+that needed it.
 
 Private to refimpl: the passes' SPEC rules say what they accept (BK-1, CL-1).
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.fx
 
-__all__ = ["COLLECTIVE_NAMESPACES", "REDUCE_OPS", "collective_name", "is_wait", "overloads",
-           "arguments", "fake_value", "size_hint", "empty_graph_like"]
+from refimpl.comm_ops import COLLECTIVE_NAMESPACES, is_wait, node_op
 
-# Namespaces whose ops are functional collectives, refimpl's first.
-COLLECTIVE_NAMESPACES = ("refimpl_c10d", "_c10d_functional", "_c10d_functional_autograd")
+__all__ = ["COLLECTIVE_NAMESPACES", "REDUCE_OPS", "collective_name", "is_wait", "arguments",
+           "fake_value", "size_hint", "empty_graph_like"]
+
 # The reductions a collective takes (FC-17), lower case.
 REDUCE_OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
 
 
-@functools.cache
-def _name_of(target) -> str | None:
-    if not isinstance(target, torch._ops.OpOverload):
-        return None
-    if target.namespace not in COLLECTIVE_NAMESPACES:
-        return None
-    return target._schema.name.split("::", 1)[1]
-
-
 def collective_name(node: torch.fx.Node) -> str | None:
-    """`all_reduce` for a node calling a collective (or wait) of any namespace, else None."""
-    if node.op != "call_function":
-        return None
-    return _name_of(node.target)
-
-
-def is_wait(node: torch.fx.Node) -> bool:
-    """A wait of either namespace, refimpl's in-place `wait_tensor_` (FC-35) included."""
-    return collective_name(node) in ("wait_tensor", "wait_tensor_")
-
-
-def overloads(name: str) -> frozenset:
-    """The `.default` overloads of op `name` in every collective namespace that has it."""
-    found = set()
-    for namespace in COLLECTIVE_NAMESPACES:
-        packet = getattr(getattr(torch.ops, namespace), name, None)
-        if packet is not None:
-            found.add(packet.default)
-    return frozenset(found)
+    """`all_reduce` for a node calling a functional collective (or wait) of any namespace,
+    else None: for messages and node names; passes key behaviour by its row (comm_ops)."""
+    row = node_op(node)
+    return row.name if row is not None and row.namespace in COLLECTIVE_NAMESPACES else None
 
 
 def arguments(node: torch.fx.Node, rule: str) -> dict:

@@ -18,10 +18,13 @@ STATUS: run on an H100 (torch 2.11, 2 and 4 processes time-sliced on the one GPU
 tests/gpu/run_on_device.sh: tests/gpu and the SM conformance section on cuda pass,
 compute-sanitizer finds nothing (benchmarks/results/symm_mem_cuda.md). CI compiles it only.
 
-`refimpl.symmetric_memory` imports this module and registers `CudaAllocator` for "cuda" when
-torch sees a CUDA device; importing it needs no GPU, and the library is built and loaded on
-the first allocation. Implements SM-21 .. SM-23 and, on CUDA, SM-3 .. SM-11, SM-15 .. SM-17,
-SM-19 and SM-20.
+This module imports `refimpl.symmetric_memory` (never the other way round), uses only its
+backend interface (see `register_allocator` there), and registers `CudaAllocator` for "cuda"
+as it is imported where torch sees a CUDA device; `refimpl/__init__.py` imports it there, so
+any import of refimpl serves "cuda", and the ops' CUDA kernels find the allocator by device
+type. Importing it needs no GPU and builds nothing: the library is built and loaded on the
+first allocation (`library()`). Implements SM-21 .. SM-23 and, on CUDA, SM-3 .. SM-11,
+SM-15 .. SM-17, SM-19 and SM-20.
 """
 
 from __future__ import annotations
@@ -122,7 +125,7 @@ class _Segment:
 
     def __init__(self, device: torch.device, nbytes: int):
         self.device = device
-        self.pad_offset = sm._pad_offset(nbytes)
+        self.pad_offset = sm.pad_offset(nbytes)
         self.size = self.pad_offset + sm.SIGNAL_PAD_SIZE + sm.DESCRIPTOR_SIZE
         _check_device_room(device, self.size)
         out = ctypes.c_void_p()
@@ -198,7 +201,7 @@ class CudaAllocator:
                           alloc_id) -> torch.Tensor:
         device = _cuda_device(device)
         element = torch.empty((), dtype=dtype).element_size()
-        nbytes = sm._storage_elements(size, stride) * element
+        nbytes = sm.storage_elements(size, stride) * element
         if alloc_id is None:
             alloc = self._new_allocation(nbytes, device, group_name, None)
         else:
@@ -222,7 +225,7 @@ class CudaAllocator:
             self._persistent[alloc_id] = alloc
             return alloc
         alive = alloc.holder is not None and alloc.holder() is not None
-        sm._check_persistent(alloc, alive, nbytes, group_name, alloc_id)
+        sm.check_persistent(alloc, alive, nbytes, group_name, alloc_id)
         if alloc.segment.device != device:
             raise ValueError(f"alloc_id: alloc_id {alloc_id} lives on {alloc.segment.device}, "
                              f"not {device} [SM-21]")
@@ -241,7 +244,7 @@ class CudaAllocator:
                    timeout_ms: int) -> CudaSymmetricMemory:
         """SM-5 over CUDA IPC: publish this rank's handle, open every peer's, and return
         only once every rank reported its mappings open (or raise naming who could not)."""
-        info = sm._group_info(group_name)
+        info = sm.group_info(group_name)
         info.rendezvous_count += 1
         key = f"rdzv{info.rendezvous_count}"
         deadline_s = timeout_ms / 1000
@@ -250,17 +253,17 @@ class CudaAllocator:
         record = {"ipc": segment.ipc_handle().hex(), "nbytes": alloc.nbytes, "pid": os.getpid(),
                   "device": str(segment.device)}
         info.store.set(f"{key}/segment{info.rank}", json.dumps(record))
-        records = sm._gather(info, f"{key}/segment", deadline_s, what)
-        sm._check_sizes(records, alloc.nbytes, info.rank)
+        records = sm.gather(info, f"{key}/segment", deadline_s, what)
+        sm.check_sizes(records, alloc.nbytes, info.rank)
         try:
             mappings = {r: _PeerMapping(segment.device, bytes.fromhex(rec["ipc"]), r)
                         for r, rec in enumerate(records) if r != info.rank}
         except CudaError as exc:
             info.store.set(f"{key}/mapped{info.rank}", f"rank {info.rank}: {exc}")
-            sm._gather(info, f"{key}/mapped", deadline_s, what)  # let every rank learn why
+            sm.gather(info, f"{key}/mapped", deadline_s, what)  # let every rank learn why
             raise
         info.store.set(f"{key}/mapped{info.rank}", "ok")
-        failures = [r for r in sm._gather(info, f"{key}/mapped", deadline_s, what) if r != "ok"]
+        failures = [r for r in sm.gather(info, f"{key}/mapped", deadline_s, what) if r != "ok"]
         if failures:
             raise RuntimeError(f"{what}: a peer could not map the others' memory: "
                                f"{'; '.join(failures)} [SM-21]")
@@ -363,12 +366,12 @@ class CudaSymmetricMemory(sm.SymmetricMemory):
 
 
 def register() -> None:
-    """Serve symmetric memory on CUDA devices (done on import of refimpl.symmetric_memory
-    when torch sees a CUDA device)."""
+    """Serve symmetric memory on CUDA devices (SM-1): done as this module is imported where
+    torch sees a CUDA device, which importing refimpl does (refimpl/__init__.py)."""
     sm.register_allocator("cuda", CudaAllocator())
 
 
-# The one registration, whichever of this module and refimpl.symmetric_memory (which
-# imports this one where torch sees a GPU) a program imports first.
+# The one registration: this module runs once, whichever refimpl module a program imports
+# first (the package imports this one before it where torch sees a GPU).
 if torch.cuda.is_available():
     register()

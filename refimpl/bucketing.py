@@ -33,7 +33,8 @@ import torch
 import torch.fx
 
 import refimpl.functional_collectives as fc
-from refimpl import _fx
+from refimpl import _fx, comm_ops
+from refimpl._errors import InternalError, require, require_type
 
 __all__ = ["bucket_all_gather", "bucket_reduce_scatter", "bucket_all_reduce", "plan_buckets",
            "Bucket", "KINDS", "BLOCK_META"]
@@ -49,7 +50,7 @@ BLOCK_META = "refimpl_block"
 
 # Collectives are recognized in refimpl's namespaces and in upstream's, so one pass can be
 # compared with upstream's on the same graphs (BK-1); merged collectives are refimpl's.
-_WAITS = _fx.overloads("wait_tensor")
+_WAITS = comm_ops.targets(family="wait")
 _CASTS = frozenset({aten._to_copy.default, torch.ops.prims.convert_element_type.default})
 
 
@@ -63,10 +64,16 @@ class Kind:
     reduces: bool  # whether the op takes a reduce_op (part of the key, BK-2)
 
 
+def _plain(family: str) -> frozenset:
+    """The out-of-place, one-tensor collectives of `family`, every namespace's (BK-1)."""
+    return comm_ops.targets(family=family, completes="wait", in_place=False, coalesced=False,
+                            out=False)
+
+
 KINDS = {
-    "all_gather": Kind("all_gather", _fx.overloads("all_gather_into_tensor"), False),
-    "reduce_scatter": Kind("reduce_scatter", _fx.overloads("reduce_scatter_tensor"), True),
-    "all_reduce": Kind("all_reduce", _fx.overloads("all_reduce"), True),
+    "all_gather": Kind("all_gather", _plain("all_gather"), False),
+    "reduce_scatter": Kind("reduce_scatter", _plain("reduce_scatter"), True),
+    "all_reduce": Kind("all_reduce", _plain("all_reduce"), True),
 }
 
 
@@ -260,8 +267,7 @@ class _Planner:
 def plan_buckets(gm: torch.fx.GraphModule, kind: str, bucket_cap_mb_by_bucket_idx: CapFn,
                  *, mixed_dtypes: bool = False) -> list[Bucket]:
     """The buckets (two or more candidates each) that the pass of `kind` would merge."""
-    if kind not in KINDS:
-        raise ValueError(f"kind: expected one of {sorted(KINDS)}, got {kind!r} [BK-2]")
+    require(kind in KINDS, "kind", f"one of {sorted(KINDS)}", repr(kind), "BK-2")
     planner = _Planner(KINDS[kind], bucket_cap_mb_by_bucket_idx, mixed_dtypes)
     return [b for b in planner.plan(gm.graph) if len(b.members) > 1]
 
@@ -286,11 +292,13 @@ _NODE_NAMES = {
     aten.empty.memory_format: "empty", aten.slice.Tensor: "slice", aten.copy_.default: "copy_",
     aten._to_copy.default: "_to_copy", aten.view.dtype: "view_dtype",
     aten.constant_pad_nd.default: "constant_pad_nd",
-    refimpl_ops.all_gather_into_tensor.default: "all_gather_into_tensor",
-    refimpl_ops.all_gather_into_tensor_out.default: "all_gather_into_tensor_out",
-    refimpl_ops.reduce_scatter_tensor.default: "reduce_scatter_tensor",
-    refimpl_ops.all_reduce.default: "all_reduce", refimpl_ops.wait_tensor.default: "wait_tensor",
 }
+
+
+def _node_name(target) -> str:
+    """A created node's name: its op's (a collective's from its row, comm_ops)."""
+    row = comm_ops.find(target)
+    return row.name if row is not None else _NODE_NAMES.get(target, "bucketed")
 
 
 class _LayoutBuilder:
@@ -315,7 +323,7 @@ class _LayoutBuilder:
     def call(self, target, args, kwargs=None, val=None) -> torch.fx.Node:
         # Naming the node after its op saves FX deriving a name from the target, which
         # costs more than creating the node itself.
-        name = _NODE_NAMES.get(target, "bucketed")
+        name = _node_name(target)
         node = self.graph.create_node("call_function", target, tuple(args), kwargs or {},
                                       name=name)
         node.meta["val"] = val
@@ -599,7 +607,7 @@ def _stable_order(nodes: list, kind: Kind, buckets: list[Bucket], opts: _MergeOp
             if waiting_on[user] == 0:
                 heapq.heappush(ready, (priority(user), index_of[user]))
     if len(order) != len(units):
-        raise AssertionError("bucketing: the merged graph would have a cycle [BK-4]")
+        raise InternalError("bucketing: the merged graph would have a cycle [BK-4]")
     return order
 
 
@@ -674,8 +682,7 @@ def _replace_uses(replacement: dict[torch.fx.Node, torch.fx.Node]) -> None:
 
 def _bucket(gm: torch.fx.GraphModule, kind: Kind, cap_fn: CapFn, opts: _MergeOptions,
             recompile: bool) -> None:
-    if not isinstance(gm, torch.fx.GraphModule):
-        raise TypeError(f"gm: expected a torch.fx.GraphModule, got {type(gm).__name__} [BK-1]")
+    require_type(gm, torch.fx.GraphModule, "gm", "a torch.fx.GraphModule", "BK-1")
     if not callable(cap_fn):
         raise TypeError("bucket_cap_mb_by_bucket_idx: expected a callable bucket index -> "
                         "MiB [BK-3]")

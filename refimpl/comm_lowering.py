@@ -30,7 +30,8 @@ import torch
 import torch.fx
 from torch._guards import detect_fake_mode
 
-from refimpl import _fx
+from refimpl import _fx, comm_ops
+from refimpl._errors import refuse, require_type
 
 __all__ = [
     "CommLoweringConfig", "CommBufferError", "lower", "comm_buffer_refusal",
@@ -83,8 +84,7 @@ class CommLoweringConfig:
 def _require_type(name: str, value, expected: type) -> None:
     # bool is an int to isinstance; a flag passed as a threshold (or 1 as a flag) is a slip.
     if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-        raise TypeError(f"{name}: expected {expected.__name__}, got {type(value).__name__} "
-                        f"{value!r} [CL-16]")
+        refuse(name, expected.__name__, f"{type(value).__name__} {value!r}", "CL-16", TypeError)
 
 
 class CommBufferError(ValueError):
@@ -614,16 +614,25 @@ class _Lowering:
 
         output.args = torch.fx.node.map_aggregate(output.args, ordinary)
 
+    # The rule of each functional collective, by its row (comm_ops): all_reduce and
+    # broadcast by (in_place, coalesced) (CL-2 .. CL-5, CL-14); the families that
+    # allocate their results in the op itself read contiguous inputs (CL-6); point to
+    # point is left as traced (no CL rule models it).
+    OUT_OF_PLACE_FAMILIES = ("all_gather", "reduce_scatter", "all_to_all")
     RULES = {
-        "all_reduce": all_reduce, "all_reduce_": all_reduce_,
-        "all_reduce_coalesced": all_reduce_coalesced,
-        "all_reduce_coalesced_": all_reduce_coalesced_,
-        "all_gather_into_tensor": out_of_place, "all_gather_into_tensor_coalesced": out_of_place,
-        "all_gather_into_tensor_out": out_of_place,
-        "reduce_scatter_tensor": out_of_place, "reduce_scatter_tensor_coalesced": out_of_place,
-        "all_to_all_single": out_of_place,
-        "broadcast": broadcast, "broadcast_": broadcast_,
+        ("all_reduce", False, False): all_reduce, ("all_reduce", True, False): all_reduce_,
+        ("all_reduce", False, True): all_reduce_coalesced,
+        ("all_reduce", True, True): all_reduce_coalesced_,
+        ("broadcast", False, False): broadcast, ("broadcast", True, False): broadcast_,
     }
+
+    def rule_of(self, node):
+        row = comm_ops.node_op(node)
+        if row is None or not row.is_collective or row.namespace not in _fx.COLLECTIVE_NAMESPACES:
+            return None
+        if row.family in self.OUT_OF_PLACE_FAMILIES:
+            return _Lowering.out_of_place
+        return self.RULES.get((row.family, row.in_place, row.coalesced))
 
     def complete_in_place(self):
         """refimpl's waits become `wait_tensor_`, which completes its argument in place
@@ -632,11 +641,12 @@ class _Lowering:
         in place keeps its copy: in place, that write would reach the other one too."""
         written_later: set[torch.fx.Node] = set()
         for node in reversed(self.graph.nodes):  # one pass: what is written after a node
-            # By name and namespace, not by identity: `torch.ops.refimpl_c10d.wait_tensor`
-            # exists only once refimpl.functional_collectives was imported, which a graph
+            # By its row, not by identity: `torch.ops.refimpl_c10d.wait_tensor` exists
+            # only once refimpl.functional_collectives was imported, which a graph
             # without refimpl's ops does not need.
-            if (_fx.collective_name(node) == "wait_tensor"
-                    and node.target.namespace == "refimpl_c10d"
+            row = comm_ops.node_op(node)
+            if (row is not None and row.family == "wait" and row.namespace == "refimpl_c10d"
+                    and not row.in_place
                     and not {node, _base(node.args[0])} & written_later):
                 node.target = torch.ops.refimpl_c10d.wait_tensor_.default
                 node.meta["val"] = _val(node.args[0])
@@ -644,7 +654,7 @@ class _Lowering:
 
     def run(self):
         for node in list(self.graph.nodes):
-            rule = self.RULES.get(_fx.collective_name(node))
+            rule = self.rule_of(node)
             if rule is not None:
                 rule(self, node)
         self.complete_in_place()
@@ -692,12 +702,9 @@ def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 def lower(gm: torch.fx.GraphModule, config: CommLoweringConfig | None = None
           ) -> torch.fx.GraphModule:
     """The lowered, executable copy of `gm`; `gm` itself is left unchanged (CL-1)."""
-    if not isinstance(gm, torch.fx.GraphModule):
-        raise TypeError(f"gm: expected a torch.fx.GraphModule, got {type(gm).__name__} [CL-1]")
+    require_type(gm, torch.fx.GraphModule, "gm", "a torch.fx.GraphModule", "CL-1")
     config = config or CommLoweringConfig()
-    if not isinstance(config, CommLoweringConfig):
-        raise TypeError(f"config: expected a CommLoweringConfig, got "
-                        f"{type(config).__name__} [CL-1]")
+    require_type(config, CommLoweringConfig, "config", "a CommLoweringConfig", "CL-1")
     _check_traced(gm)
     lowered = _copy(gm)
     _Lowering(lowered, config).run()

@@ -37,7 +37,8 @@ from pathlib import Path
 import torch
 import torch.fx
 
-from refimpl._fx import collective_name
+from refimpl import comm_ops
+from refimpl._errors import refuse, require, require_type
 from refimpl.bucketing import bucket_all_gather, bucket_reduce_scatter
 from refimpl.comm_lowering import CommLoweringConfig, lower
 from refimpl.memory import plan_memory
@@ -51,9 +52,6 @@ logger = logging.getLogger("refimpl.compile")
 
 # The stages in the order they run; the number in a debug file's name is the index here.
 STAGES = ("traced", "bucketed", "lowered", "reordered")
-# Op namespaces whose ops communicate (functional collectives of refimpl and upstream,
-# and the blocking symmetric-memory kernels lowering may choose).
-_COMM_NAMESPACES = ("refimpl_c10d", "_c10d_functional", "refimpl_symm_mem", "symm_mem")
 
 
 @dataclass(frozen=True)
@@ -76,15 +74,12 @@ class CompileConfig:
 
     def __post_init__(self):
         _check_cap(self.bucket_cap_mb)
-        if self.lowering is not None and not isinstance(self.lowering, CommLoweringConfig):
-            raise TypeError(f"lowering: expected a CommLoweringConfig or None, got "
-                            f"{type(self.lowering).__name__} [E2E-1]")
-        if self.reorder is not None and not isinstance(self.reorder, ReorderConfig):
-            raise TypeError(f"reorder: expected a ReorderConfig or None, got "
-                            f"{type(self.reorder).__name__} [E2E-1]")
-        if self.debug_dir is not None and not isinstance(self.debug_dir, (str, os.PathLike)):
-            raise TypeError(f"debug_dir: expected a path or None, got "
-                            f"{type(self.debug_dir).__name__} [E2E-1]")
+        require_type(self.lowering, (CommLoweringConfig, type(None)), "lowering",
+                     "a CommLoweringConfig or None", "E2E-1")
+        require_type(self.reorder, (ReorderConfig, type(None)), "reorder",
+                     "a ReorderConfig or None", "E2E-1")
+        require_type(self.debug_dir, (str, os.PathLike, type(None)), "debug_dir",
+                     "a path or None", "E2E-1")
 
 
 def _check_cap(cap) -> None:
@@ -92,11 +87,10 @@ def _check_cap(cap) -> None:
     if cap is None:
         return
     if isinstance(cap, bool) or not isinstance(cap, (int, float)):
-        raise TypeError(f"bucket_cap_mb: expected a number of MiB or None, got "
-                        f"{type(cap).__name__} [E2E-1]")
-    if not math.isfinite(cap) or cap <= 0:
-        raise ValueError(f"bucket_cap_mb: expected a positive, finite number of MiB, got "
-                         f"{cap!r} [E2E-1]")
+        refuse("bucket_cap_mb", "a number of MiB or None", type(cap).__name__, "E2E-1",
+               TypeError)
+    require(math.isfinite(cap) and cap > 0, "bucket_cap_mb",
+            "a positive, finite number of MiB", repr(cap), "E2E-1")
 
 
 # --------------------------------------------------------------------------------------
@@ -142,12 +136,9 @@ def collective_counts(gm: torch.fx.GraphModule) -> dict[str, int]:
     """How many of each communicating op `gm` issues per run, by op name (no waits)."""
     counts: Counter = Counter()
     for node in gm.graph.nodes:
-        target = node.target
-        if node.op == "call_function" and isinstance(target, torch._ops.OpOverload) \
-                and target.namespace in _COMM_NAMESPACES:
-            name = target._schema.name.split("::", 1)[1]
-            if not name.startswith("wait_tensor") and name != "barrier":  # wait_tensor(_)
-                counts[name] += 1
+        row = comm_ops.node_op(node)  # collectives and blocking kernels, any namespace
+        if row is not None and row.family not in ("wait", "barrier"):
+            counts[row.name] += 1
     return dict(sorted(counts.items()))
 
 
@@ -176,7 +167,7 @@ class _DebugWriter:
         self.folder.mkdir(parents=True, exist_ok=True)
 
     def stage(self, stage: str, gm: torch.fx.GraphModule) -> None:
-        from conformance.canonical import canonical_graph
+        from refimpl.canonical import canonical_graph
 
         path = self.folder / f"{STAGES.index(stage)}_{stage}.txt"
         path.write_text(canonical_graph(gm) + "\n")
@@ -222,7 +213,7 @@ def _partition(joint_module, joint_inputs, **kwargs):
 
     forward, backward = default_partition(joint_module, joint_inputs, **kwargs)
     for node in reversed(list(backward.graph.nodes)):
-        if (collective_name(node) is not None and not node.users
+        if (comm_ops.node_op(node) is not None and not node.users
                 and node.meta.get("partitioner_tag") == "is_forward"):
             backward.graph.erase_node(node)
     backward.graph.eliminate_dead_code()  # what computed only their inputs
@@ -238,9 +229,7 @@ class RefimplBackend:
     """
 
     def __init__(self, config: CompileConfig):
-        if not isinstance(config, CompileConfig):
-            raise TypeError(f"config: expected a CompileConfig, got {type(config).__name__} "
-                            f"[E2E-1]")
+        require_type(config, CompileConfig, "config", "a CompileConfig", "E2E-1")
         self.config = config
         self.graphs: list[CompiledGraph] = []
         self._dynamo_graphs = 0
@@ -285,7 +274,7 @@ class RefimplBackend:
         if writer is not None:
             writer.stage(stage, gm)
         if logger.isEnabledFor(logging.DEBUG):
-            from conformance.canonical import canonical_graph
+            from refimpl.canonical import canonical_graph
 
             logger.debug("%s after %s:\n%s", record.name, stage, canonical_graph(gm))
 

@@ -36,7 +36,9 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_leaves
 
-from refimpl._fx import collective_name, is_wait, node_args, size_hint
+from refimpl import comm_ops
+from refimpl._errors import require_type
+from refimpl._fx import is_wait, node_args, size_hint
 
 __all__ = [
     "Buffer", "MemoryEvent", "MemoryPlan", "MemoryModel", "MemorySweep", "plan_memory",
@@ -56,23 +58,23 @@ class MemoryLifecycleError(AssertionError):
 # Node classification: collectives and waits (refimpl/_fx.py, shared with every pass),
 # and the renames a schema does not state.
 # --------------------------------------------------------------------------------------
-# refimpl's `wait_tensor` returns a copy (FC-5); its `wait_tensor_` says `Tensor(a!)`;
-# upstream's `wait_tensor` returns its argument although its schema says `-> Tensor`.
-WAIT_OPS = ("wait_tensor", "wait_tensor_")
-# Renames a schema does not state: upstream's wait, and `_unsafe_view`, a view that
-# exists to look like a fresh tensor (MEM-2, MEM-4).
-UNANNOTATED_RENAMES = {("_c10d_functional", "wait_tensor"), ("aten", "_unsafe_view")}
-# Which tensors of a collective its communication reads or writes until it is waited
-# (MEM-5). Out-of-place all_reduce and broadcast copy their input when issued (FC-2,
-# CL-2): only the copy, their result, is in flight. Every other collective, and any
-# collective op not listed, holds its inputs and its results.
-IN_FLIGHT_RESULT_ONLY = ("all_reduce", "broadcast", "all_reduce_coalesced")
+# What a communication op is (a collective, a wait, what it holds in flight: MEM-5, and
+# whether it returns its argument unannotated: upstream's wait) is its row in
+# refimpl/comm_ops.py. `_unsafe_view` is ATen's rename that a schema does not state: a
+# view that exists to look like a fresh tensor (MEM-2, MEM-4).
+UNSAFE_VIEW = ("aten", "_unsafe_view")
 
 
 def is_collective(node: torch.fx.Node) -> bool:
     """A collective that is completed by a wait (not a wait itself)."""
-    name = collective_name(node)
-    return name is not None and name not in WAIT_OPS
+    row = comm_ops.node_op(node)
+    return row is not None and row.is_collective
+
+
+def renames_unannotated(target) -> bool:
+    """A result that is its first argument though the schema does not say so (MEM-2)."""
+    row = comm_ops.find(target)
+    return (row is not None and row.returns_argument) or _qualified(target) == UNSAFE_VIEW
 
 
 def _qualified(target) -> tuple[str, str]:
@@ -102,7 +104,7 @@ def aliasing_of(target) -> list[int | str | None]:
     """Per schema return: the index (or kwarg name) of the argument it renames, or None.
 
     From the schema's alias annotations (`Tensor(a)` views, `Tensor(a!)` in-place and
-    `out=` results, `Tensor(a)[]` splits) and UNANNOTATED_RENAMES (MEM-2)."""
+    `out=` results, `Tensor(a)[]` splits) and `renames_unannotated` (MEM-2)."""
     if target in _ALIASING:
         return _ALIASING[target]
     schema = target._schema
@@ -114,7 +116,7 @@ def aliasing_of(target) -> list[int | str | None]:
                 source = a.name if a.kwarg_only else i
                 break
         result.append(source)
-    if _qualified(target) in UNANNOTATED_RENAMES:
+    if renames_unannotated(target):
         result = [0]
     _ALIASING[target] = result
     return result
@@ -238,9 +240,7 @@ class MemoryModel:
     """
 
     def __init__(self, gm: torch.fx.GraphModule):
-        if not isinstance(gm, torch.fx.GraphModule):
-            raise TypeError(f"gm: expected a torch.fx.GraphModule, got {type(gm).__name__} "
-                            f"[MEM-1]")
+        require_type(gm, torch.fx.GraphModule, "gm", "a torch.fx.GraphModule", "MEM-1")
         self.gm = gm
         self.graph = gm.graph
         self.nodes = list(self.graph.nodes)
@@ -368,7 +368,7 @@ class MemoryModel:
 
     def _members(self, node) -> list[tuple[int, tuple[int, ...]]]:
         results = self.node_buffers.get(node, [])
-        result_only = collective_name(node) in IN_FLIGHT_RESULT_ONLY
+        result_only = comm_ops.node_op(node).in_flight == "result"  # MEM-5
         members = []
         for args, i in _collective_members(node):
             if i >= len(results):

@@ -34,7 +34,8 @@ from types import MappingProxyType
 import torch
 import torch.fx
 
-from refimpl import _fx
+from refimpl import _fx, comm_ops
+from refimpl._errors import InternalError, refuse, require, require_type
 from refimpl.bucketing import BLOCK_META
 from refimpl.memory import MemoryModel
 from refimpl.simulator import CostModel, _is_view, blocking_name
@@ -45,28 +46,16 @@ __all__ = ["ReorderConfig", "reorder", "barrier_reason", "collective_kind", "ORI
 # gm.meta key of a reordered graph: the node names of its original order (RO-2).
 ORIGINAL_ORDER = "refimpl_reorder_original"
 
-# The kind of each collective op, for the in-flight limit (RO-8).
-KIND_OF_OP = {
-    "all_gather_into_tensor": "all_gather", "all_gather_into_tensor_out": "all_gather",
-    "all_gather_into_tensor_coalesced": "all_gather",
-    "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
-    "all_reduce": "all_reduce", "all_reduce_": "all_reduce",
-    "all_reduce_coalesced": "all_reduce", "all_reduce_coalesced_": "all_reduce",
-    "all_to_all_single": "all_to_all", "broadcast": "broadcast", "broadcast_": "broadcast",
-}
-KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
+# The kinds of collective for the in-flight limit (RO-8): the families of refimpl/comm_ops.py.
+KINDS = comm_ops.COLLECTIVE_FAMILIES
 
 # Prologue ops (RO-7): what only casts, copies, pads, concatenates, allocates or views.
 PROLOGUE_OPS = frozenset({
     "_to_copy", "convert_element_type", "clone", "copy", "copy_", "cat", "constant_pad_nd",
     "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
 })
-# Namespaces whose ops communicate: outside the modelled ones, barriers (RO-6).
-COMMUNICATING_NAMESPACES = ("c10d", "refimpl_symm_mem", "symm_mem")
-# Python functions of a graph that compute on sizes only, or allocate without communicating.
+# Python functions of a graph that compute on sizes only (RO-6).
 PURE_MODULES = ("_operator", "operator", "math")
-SYMMETRIC_ALLOCATIONS = {("refimpl.symmetric_memory", "empty_strided_p2p"),
-                         ("torch.distributed._symmetric_memory", "empty_strided_p2p")}
 INPUT_OPS = ("placeholder", "get_attr")
 
 
@@ -82,8 +71,9 @@ class ReorderConfig:
     memory_budget: the new order's planned peak may exceed the original order's by at
         most this fraction (RO-9); `math.inf` lifts the bound.
     max_in_flight: per collective kind ("all_gather", "reduce_scatter", "all_reduce",
-        "all_to_all", "broadcast"), how many of one group's collectives of that kind may
-        be issued and not yet waited at any point (RO-8); kinds not named are unlimited.
+        "all_to_all", "broadcast", "point_to_point": the families of refimpl/comm_ops.py),
+        how many of one group's collectives of that kind may be issued and not yet waited
+        at any point (RO-8); kinds not named are unlimited.
     """
 
     cost_model: CostModel | None = None
@@ -91,27 +81,21 @@ class ReorderConfig:
     max_in_flight: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self):
-        if self.cost_model is not None and not isinstance(self.cost_model, CostModel):
-            raise TypeError(f"cost_model: expected a refimpl.simulator.CostModel or None, got "
-                            f"{type(self.cost_model).__name__} [RO-1]")
+        require_type(self.cost_model, (CostModel, type(None)), "cost_model",
+                     "a refimpl.simulator.CostModel or None", "RO-1")
         budget = self.memory_budget
         if isinstance(budget, bool) or not isinstance(budget, (int, float)):
-            raise TypeError(f"memory_budget: expected a number >= 0, got {budget!r} [RO-1]")
-        if math.isnan(budget) or budget < 0:
-            raise ValueError(f"memory_budget: expected a number >= 0, got {budget!r} [RO-1]")
-        if not isinstance(self.max_in_flight, Mapping):
-            raise TypeError(f"max_in_flight: expected a mapping of collective kind to count, "
-                            f"got {type(self.max_in_flight).__name__} [RO-1]")
+            refuse("memory_budget", "a number >= 0", repr(budget), "RO-1", TypeError)
+        require(not math.isnan(budget) and budget >= 0, "memory_budget", "a number >= 0",
+                repr(budget), "RO-1")
+        require_type(self.max_in_flight, Mapping, "max_in_flight",
+                     "a mapping of collective kind to count", "RO-1")
         for kind, count in self.max_in_flight.items():
-            if kind not in KINDS:
-                raise ValueError(f"max_in_flight: expected a kind of {list(KINDS)}, got "
-                                 f"{kind!r} [RO-1]")
+            require(kind in KINDS, "max_in_flight", f"a kind of {list(KINDS)}", repr(kind),
+                    "RO-1")
             if isinstance(count, bool) or not isinstance(count, int):
-                raise TypeError(f"max_in_flight[{kind!r}]: expected an int >= 1, got "
-                                f"{count!r} [RO-1]")
-            if count < 1:
-                raise ValueError(f"max_in_flight[{kind!r}]: expected an int >= 1, got "
-                                 f"{count} [RO-1]")
+                refuse(f"max_in_flight[{kind!r}]", "an int >= 1", repr(count), "RO-1", TypeError)
+            require(count >= 1, f"max_in_flight[{kind!r}]", "an int >= 1", count, "RO-1")
         object.__setattr__(self, "max_in_flight", MappingProxyType(dict(self.max_in_flight)))
 
     def memory_limit(self, original_peak: int) -> float:
@@ -126,11 +110,8 @@ class ReorderConfig:
 # --------------------------------------------------------------------------------------
 def collective_kind(node: torch.fx.Node) -> str | None:
     """"all_gather", ... for a collective (not a wait) of any functional-collectives
-    namespace (RO-8); an op the table does not list is a kind of its own."""
-    name = _fx.collective_name(node)
-    if name is None or _fx.is_wait(node):
-        return None
-    return KIND_OF_OP.get(name, name)
+    namespace: its family in refimpl/comm_ops.py (RO-8)."""
+    return comm_ops.collective_family(node)
 
 
 def _issues_on_group(node: torch.fx.Node) -> bool:
@@ -163,18 +144,21 @@ def barrier_reason(node: torch.fx.Node) -> str | None:
         module, name = getattr(target, "__module__", None), getattr(target, "__name__", "")
         if target is operator.setitem:
             return "operator.setitem writes its argument"
-        if module in PURE_MODULES or (module, name) in SYMMETRIC_ALLOCATIONS or \
+        if module in PURE_MODULES or (module, name) in comm_ops.SYMMETRIC_ALLOCATORS or \
                 (module == "torch" and name.startswith("sym_")):
             return None
         return f"the Python function {name or target!r} may do anything"
     namespace = target.namespace
-    if namespace in _fx.COLLECTIVE_NAMESPACES or blocking_name(node) is not None:
+    row = comm_ops.node_op(node)
+    if row is not None and row.family == "barrier":
+        return f"{target} synchronises the ranks of its group"
+    if row is not None:
         return None  # modelled (upstream registers its wait as side-effectful for DCE)
     if _has_registered_effect(target):
         return f"{target} is registered as side-effectful"
     if namespace in ("aten", "prims"):
         return None
-    if namespace in COMMUNICATING_NAMESPACES:
+    if namespace in comm_ops.NAMESPACES + comm_ops.OTHER_COMMUNICATING_NAMESPACES:
         return f"{target} communicates in a way the pass does not model"
     if target._schema.is_mutable:
         return f"{target} writes an argument the pass cannot order"
@@ -517,7 +501,7 @@ class _Scheduler:
                     or self._last_resort()):
                 self._stuck()
             if len(self.order) == placed_before:  # every step that succeeds places a node
-                raise AssertionError("reorder: a step claimed progress but placed nothing "
+                raise InternalError("reorder: a step claimed progress but placed nothing "
                                      "(a bug: the loop would never end)")
         return self.order
 
@@ -604,7 +588,7 @@ class _Scheduler:
                              f"{node.name!r} of group {group!r} waits for one that is never "
                              f"completed before it [RO-8]")
         left = next(b for b in self.blocks if not b.placed)
-        raise AssertionError(f"reorder: no block can be placed, {left.members} waits on a "
+        raise InternalError(f"reorder: no block can be placed, {left.members} waits on a "
                              f"cycle (a bug: the original order satisfies every rule)")
 
     # ---- candidates -------------------------------------------------------------------
@@ -779,13 +763,9 @@ def reorder(gm: torch.fx.GraphModule, config: ReorderConfig | None = None
     nodes of the original order, which a later reorder reads (RO-2). `config` defaults to
     `ReorderConfig()`.
     """
-    if not isinstance(gm, torch.fx.GraphModule):
-        raise TypeError(f"gm: expected a torch.fx.GraphModule, got {type(gm).__name__} "
-                        f"[RO-1]")
+    require_type(gm, torch.fx.GraphModule, "gm", "a torch.fx.GraphModule", "RO-1")
     config = ReorderConfig() if config is None else config
-    if not isinstance(config, ReorderConfig):
-        raise TypeError(f"config: expected a ReorderConfig, got {type(config).__name__} "
-                        f"[RO-1]")
+    require_type(config, ReorderConfig, "config", "a ReorderConfig", "RO-1")
     program = _Program(gm, config)
     body = [program.body[i] for i in _Scheduler(program, config).run()]
     return _rebuilt(gm, program.inputs + body + program.output,

@@ -30,8 +30,10 @@ import torch
 import torch.fx
 from torch.utils.flop_counter import flop_registry
 
-from refimpl._fx import collective_name, is_wait, size_hint
-from refimpl.memory import UNANNOTATED_RENAMES, MemoryModel, collector_paused, is_collective
+from refimpl import comm_ops
+from refimpl._errors import require_type
+from refimpl._fx import is_wait, size_hint
+from refimpl.memory import MemoryModel, collector_paused, is_collective, renames_unannotated
 
 __all__ = [
     "LinkCost", "HardwareProfile", "H100_NVLINK_8", "CostModel", "Simulator", "simulate",
@@ -196,44 +198,25 @@ def _larger_bytes(node):
     return max(_input_bytes(node), _output_bytes(node))
 
 
-_RING = ring_us
-_TWICE_RING = lambda link, n, b: 2 * ring_us(link, n, b)  # reduce_scatter + all_gather
-_PIPELINE = lambda link, n, b: (n - 1) * link.alpha_us + b / link.beta_bytes_per_us
-_ONE_SHOT = lambda link, n, b: link.alpha_us + (n - 1) * b / link.beta_bytes_per_us
-
-# Collective op name -> (the bytes it moves, from the node; its duration from (link, n,
-# bytes)) (SIM-2). An op not listed costs a ring of its larger side.
-COLLECTIVE_COSTS = {
-    "all_gather_into_tensor": (_output_bytes, _RING),
-    "all_gather_into_tensor_out": (_output_bytes, _RING),
-    "all_gather_into_tensor_coalesced": (_output_bytes, _RING),
-    "reduce_scatter_tensor": (_input_bytes, _RING),
-    "reduce_scatter_tensor_coalesced": (_input_bytes, _RING),
-    "all_reduce": (_input_bytes, _TWICE_RING),
-    "all_reduce_": (_input_bytes, _TWICE_RING),
-    "all_reduce_coalesced": (_input_bytes, _TWICE_RING),
-    "all_reduce_coalesced_": (_input_bytes, _TWICE_RING),
-    "all_to_all_single": (_larger_bytes, _RING),
-    "broadcast": (_input_bytes, _PIPELINE),
-    "broadcast_": (_input_bytes, _PIPELINE),
+# The algorithms a row of refimpl/comm_ops.py names (SIM-2): duration from (link, n, bytes).
+ALGORITHMS = {
+    "ring": ring_us,
+    "twice_ring": lambda link, n, b: 2 * ring_us(link, n, b),  # reduce_scatter + all_gather
+    "pipeline": lambda link, n, b: (n - 1) * link.alpha_us + b / link.beta_bytes_per_us,
+    # SIM-7: every rank reads every peer's buffer once, after one signal round.
+    "one_shot": lambda link, n, b: link.alpha_us + (n - 1) * b / link.beta_bytes_per_us,
+    "direct": lambda link, n, b: link.alpha_us + b / link.beta_bytes_per_us,  # one peer
+    "latency": lambda link, n, b: (n - 1) * link.alpha_us,  # a signal to every peer
 }
-# Blocking symmetric-memory kernels: no wait, the compute stream waits for them (SIM-7).
-SYMM_MEM_NAMESPACES = ("refimpl_symm_mem", "symm_mem")
-BLOCKING_COSTS = {
-    "one_shot_all_reduce": (_input_bytes, _ONE_SHOT),
-    "one_shot_all_reduce_out": (_input_bytes, _ONE_SHOT),
-    "one_shot_all_reduce_pointwise": (_input_bytes, _ONE_SHOT),
-    "two_shot_all_reduce_": (_input_bytes, _TWICE_RING),
-}
+# The bytes a row names: its input's, its output's or the larger of the two (SIM-2).
+COST_BYTES = {"input": _input_bytes, "output": _output_bytes, "larger": _larger_bytes}
 
 
 def blocking_name(node: torch.fx.Node) -> str | None:
-    target = node.target
-    if (node.op == "call_function" and isinstance(target, torch._ops.OpOverload)
-            and target.namespace in SYMM_MEM_NAMESPACES):
-        name = target._schema.name.split("::", 1)[1]
-        return name if name in BLOCKING_COSTS else None
-    return None
+    """The op name of a blocking symmetric-memory kernel: no wait, the compute stream
+    waits for it (SIM-7); None for anything else."""
+    row = comm_ops.node_op(node)
+    return row.name if row is not None and row.is_blocking else None
 
 
 # Matmuls counted from their shapes: FlopCounterMode costs ~250 us a node (SIM-3).
@@ -273,8 +256,7 @@ def _is_view(target) -> bool:
     """Every result a non-writing alias, or a view whose schema does not say so (SIM-4)."""
     if target not in _VIEWS:
         schema = target._schema
-        _VIEWS[target] = (target.namespace, schema.name.split("::", 1)[1]) in \
-            UNANNOTATED_RENAMES or (bool(schema.returns) and all(
+        _VIEWS[target] = renames_unannotated(target) or (bool(schema.returns) and all(
                 r.alias_info is not None and not r.alias_info.is_write for r in schema.returns))
     return _VIEWS[target]
 
@@ -289,9 +271,7 @@ class CostModel:
     def __init__(self, profile: HardwareProfile | None = None,
                  pinned: dict[str, float] | None = None):
         self.profile = profile or H100_NVLINK_8
-        if not isinstance(self.profile, HardwareProfile):
-            raise TypeError(f"profile: expected a HardwareProfile, got "
-                            f"{type(self.profile).__name__} [SIM-1]")
+        require_type(self.profile, HardwareProfile, "profile", "a HardwareProfile", "SIM-1")
         self.pinned = dict(pinned or {})
         for name, us in self.pinned.items():
             if not isinstance(us, (int, float)) or not math.isfinite(us) or us < 0:
@@ -312,17 +292,17 @@ class CostModel:
             return 0.0  # inputs, outputs, getitem, Python functions (SIM-4)
         if is_wait(node) or _is_view(node.target):
             return 0.0
-        name = collective_name(node) or blocking_name(node)
-        if name is not None:
-            return self.collective_us(node, name)
+        row = comm_ops.node_op(node)
+        if row is not None:
+            return self.collective_us(node, row)
         return self.compute_us(node)
 
-    def collective_us(self, node: torch.fx.Node, name: str) -> float:
-        """Alpha-beta of the collective's ring over its group (SIM-2)."""
-        size_of, formula = COLLECTIVE_COSTS.get(name) or BLOCKING_COSTS.get(name) or \
-            (_larger_bytes, _RING)
+    def collective_us(self, node: torch.fx.Node, row: comm_ops.CommOp) -> float:
+        """Alpha-beta of the op's algorithm over its group, for its bytes (SIM-2)."""
         n = _group_size_of(node)
-        return float(formula(self.profile.link(n), n, size_of(node)))
+        formula = ALGORITHMS[row.algorithm]
+        return float(formula(self.profile.link(n), n, COST_BYTES[row.cost_bytes](node)
+                             if row.cost_bytes else 0))
 
     def compute_us(self, node: torch.fx.Node) -> float:
         """Roofline: the slower of FLOPs over peak FLOP/s and bytes over bandwidth (SIM-3)."""
@@ -485,9 +465,7 @@ class Simulator:
     def __init__(self, gm: torch.fx.GraphModule, cost_model: CostModel | None = None):
         self.memory = MemoryModel(gm)
         self.cost_model = cost_model or CostModel()
-        if not isinstance(self.cost_model, CostModel):
-            raise TypeError(f"cost_model: expected a CostModel, got "
-                            f"{type(self.cost_model).__name__} [SIM-1]")
+        require_type(self.cost_model, CostModel, "cost_model", "a CostModel", "SIM-1")
         with collector_paused():
             self.duration = self.cost_model.durations(gm)
         self.stream = {n: "comm:" + group_name_of(n) for n in self.memory.nodes

@@ -11,7 +11,9 @@ unlinked as soon as every peer mapped it (SM-12). The `refimpl_symm_mem` op libr
 runs one-shot and two-shot all-reduce and a barrier through these buffers with C
 kernels (`kernels/cpu/symm_mem.c`, SM-13..SM-18). A timed-out synchronisation makes its
 handle fail-stop (SM-19); an all-reduce checks that every rank made the same call
-(SM-20); CUDA devices get an allocator and kernels of their own (SM-21..SM-23).
+(SM-20); CUDA devices get an allocator and kernels of their own (SM-21..SM-23) in
+refimpl/_symm_mem_cuda.py, which registers itself where torch sees a GPU (the package
+imports it there; this module imports no backend).
 `one_shot_all_reduce_pointwise` applies chains of add/sub/mul by a number to the input
 as it writes the buffer and to the result (SM-24), for lowering's fusion (CL-17).
 
@@ -48,6 +50,9 @@ __all__ = [
     "SEGMENT_PREFIX", "SUPPORTED_DTYPES", "REDUCE_OPS", "DEVICE", "device_for_rank",
     "SymmetricAllocation", "CpuAllocator", "CpuSymmetricMemory", "OP_CHANNEL",
     "kernel_build_info", "POINTWISE_STEPS", "POINTWISE_DTYPES", "pointwise_steps",
+    # the backend interface (see `register_allocator`)
+    "GroupInfo", "pad_offset", "storage_elements", "check_persistent", "group_info",
+    "gather", "check_sizes",
 ]
 
 LIBRARY = "refimpl_symm_mem"
@@ -199,6 +204,24 @@ def register_allocator(device_type: str, allocator) -> None:
     its device type: their Python kernels are registered for the CPU and CUDA dispatch
     keys and choose the allocator at run time (on CPU, refimpl's C++ kernels take the
     calls they can serve only while refimpl's own CPU allocator is the registered one).
+
+    Backend interface: what a backend in another module (refimpl/_symm_mem_cuda.py) may
+    use of this one, besides the classes above, `SIGNAL_PAD_SIZE`, `DESCRIPTOR_SIZE`,
+    `OP_CHANNEL` and the statuses; a backend module imports this one and registers its
+    allocator itself, this module imports no backend:
+      - `pad_offset(nbytes)`: where the signal pad of an allocation of `nbytes` starts;
+        the descriptor (`DESCRIPTOR_SIZE` bytes) follows the pad.
+      - `storage_elements(size, stride)`: the elements a layout spans (its bytes, times
+        the element size).
+      - `check_persistent(alloc, alive, nbytes, group_name, alloc_id)`: SM-4's checks
+        of a repeated persistent request, with SM-4's errors.
+      - `group_info(group_name) -> GroupInfo`: the group's rank, world size, store and a
+        counter of its rendezvous (keys of their own: `rdzv<count>/...`).
+      - `gather(info, prefix, timeout_s, what)`: every rank's value of key
+        `prefix<rank>` in the group's store, the ranks missing at the timeout named
+        (SM-11).
+      - `check_sizes(records, nbytes, rank)`: SM-5's check that every rank's record has
+        this rank's `"nbytes"`.
     """
     _allocators[str(device_type)] = allocator
     _granted.clear()  # requests granted by the allocator this one replaces
@@ -221,14 +244,17 @@ def get_allocator(device_type) -> object:
 # Groups (SM-2)
 # --------------------------------------------------------------------------------------
 @dataclass
-class _GroupInfo:
+class GroupInfo:
+    """A group's rank, size and rendezvous store; `rendezvous_count` numbers the
+    rendezvous of the group in this process, so that each uses keys of its own."""
+
     rank: int
     world_size: int
     store: dist.Store
     rendezvous_count: int = 0
 
 
-_groups: dict[str, _GroupInfo] = {}
+_groups: dict[str, GroupInfo] = {}
 
 
 def set_group_info(group_name: str, rank: int, world_size: int, store: dist.Store) -> None:
@@ -244,7 +270,7 @@ def set_group_info(group_name: str, rank: int, world_size: int, store: dist.Stor
     if not isinstance(store, dist.Store):
         raise TypeError(f"store: expected a torch.distributed.Store, got "
                         f"{type(store).__name__} [SM-2]")
-    _groups[group_name] = _GroupInfo(rank, world_size, store)
+    _groups[group_name] = GroupInfo(rank, world_size, store)
 
 
 def _group_name_of(group) -> str:
@@ -277,7 +303,9 @@ def is_symm_mem_enabled_for_group(group) -> bool:
     return _group_name_of(group) in _groups
 
 
-def _group_info(group_name: str) -> _GroupInfo:
+def group_info(group_name: str) -> GroupInfo:
+    """The info of group `group_name`, set up from its ProcessGroup when none was set
+    (a backend's rendezvous starts here; see `register_allocator`)."""
     if group_name not in _groups:
         enable_symm_mem_for_group(group_name)  # a registered ProcessGroup needs no setup
     return _groups[group_name]
@@ -456,7 +484,7 @@ class CpuSymmetricMemory(SymmetricMemory):
     def __init__(self, group_name: str, rank: int, world_size: int, buffer_size: int,
                  maps: list[mmap.mmap]):
         super().__init__(group_name, rank, world_size, buffer_size,
-                         [_address_of(m) for m in maps], _pad_offset(buffer_size))
+                         [_address_of(m) for m in maps], pad_offset(buffer_size))
         self._maps = maps  # keeps every rank's segment mapped while the handle lives
         group = self._group = _CGroup(rank=rank, world=world_size, peer=-1)
         for r in range(world_size):
@@ -514,7 +542,8 @@ def _address_of(m: mmap.mmap) -> int:
 # --------------------------------------------------------------------------------------
 # The CPU backend: POSIX shared memory (SM-3, SM-4, SM-5, SM-12)
 # --------------------------------------------------------------------------------------
-def _pad_offset(nbytes: int) -> int:
+def pad_offset(nbytes: int) -> int:
+    """Bytes from the start of an allocation of `nbytes` to its signal pad."""
     return (nbytes + 63) // 64 * 64  # the signal pad starts on its own cache line
 
 
@@ -604,15 +633,17 @@ def _storage_users(storage: torch.UntypedStorage) -> int:
     return torch._C._storage_Use_Count(storage._cdata) - 1
 
 
-def _storage_elements(size: tuple[int, ...], stride: tuple[int, ...]) -> int:
+def storage_elements(size: tuple[int, ...], stride: tuple[int, ...]) -> int:
+    """How many elements a tensor of `size` and `stride` spans in its storage (SM-3)."""
     if any(s == 0 for s in size):
         return 0
     return 1 + sum((s - 1) * st for s, st in zip(size, stride, strict=True))
 
 
-def _check_persistent(alloc: SymmetricAllocation, alive: bool, nbytes: int, group_name,
-                      alloc_id: int) -> None:
-    """SM-4, for every allocator: may `alloc` be handed out again for this request?"""
+def check_persistent(alloc: SymmetricAllocation, alive: bool, nbytes: int, group_name,
+                     alloc_id: int) -> None:
+    """SM-4, for every allocator: may persistent `alloc` be handed out again for a request
+    of `nbytes` for `group_name`, `alive` whether a tensor of its last grant lives?"""
     if alive:
         raise RuntimeError(f"alloc_id: cannot allocate alloc_id {alloc_id} while the "
                            f"previous allocation with this id is still alive [SM-4]")
@@ -638,7 +669,7 @@ class CpuAllocator:
                           alloc_id) -> torch.Tensor:
         if alloc_id is not None:
             return self._persistent_tensor(size, stride, dtype, group_name, alloc_id)
-        nbytes = _storage_elements(size, stride) * dtype.itemsize
+        nbytes = storage_elements(size, stride) * dtype.itemsize
         alloc = self._new_allocation(nbytes, group_name, None)
         view = memoryview(alloc.map)[: max(nbytes, dtype.itemsize)]
         weakref.finalize(view, self._release, alloc)  # the last tensor over it died
@@ -646,7 +677,7 @@ class CpuAllocator:
         return torch.frombuffer(view, dtype=torch.uint8).view(dtype).as_strided(size, stride)
 
     def _new_allocation(self, nbytes, group_name, alloc_id) -> _CpuAllocation:
-        fd, segment = _open_segment(_pad_offset(nbytes) + SIGNAL_PAD_SIZE + DESCRIPTOR_SIZE)
+        fd, segment = _open_segment(pad_offset(nbytes) + SIGNAL_PAD_SIZE + DESCRIPTOR_SIZE)
         return _CpuAllocation(nbytes, group_name, alloc_id, _address_of(segment), map=segment,
                               fd=fd)
 
@@ -660,7 +691,7 @@ class CpuAllocator:
         layout = (size, stride, dtype)
         alloc = self._persistent.get(alloc_id)
         if alloc is None:
-            nbytes = _storage_elements(size, stride) * dtype.itemsize
+            nbytes = storage_elements(size, stride) * dtype.itemsize
             alloc = self._new_allocation(nbytes, group_name, alloc_id)
             view = memoryview(alloc.map)[: max(nbytes, 8)]
             alloc.storage = torch.frombuffer(view, dtype=torch.uint8).untyped_storage()
@@ -668,8 +699,8 @@ class CpuAllocator:
         else:
             alive = _storage_users(alloc.storage) > 1  # the owner is one user
             same = layout == alloc.layout  # then the byte size is the same too
-            nbytes = alloc.nbytes if same else _storage_elements(size, stride) * dtype.itemsize
-            _check_persistent(alloc, alive, nbytes, group_name, alloc_id)
+            nbytes = alloc.nbytes if same else storage_elements(size, stride) * dtype.itemsize
+            check_persistent(alloc, alive, nbytes, group_name, alloc_id)
             if same:
                 return alloc.owner.detach()
         with torch.inference_mode(False):  # it outlives the call: autograd may see it later
@@ -692,7 +723,7 @@ class CpuAllocator:
                 layout = alloc.layout  # ours again
                 return tensor
             if use_count() > 2:  # more users than the storage object and the owner
-                _check_persistent(alloc, True, alloc.nbytes, alloc.group_name, alloc_id)
+                check_persistent(alloc, True, alloc.nbytes, alloc.group_name, alloc_id)
             return alloc.owner.detach()
         return grant_again
 
@@ -712,7 +743,7 @@ class CpuAllocator:
     # ---- rendezvous (SM-5, SM-12)
     def rendezvous(self, alloc: _CpuAllocation, group_name: str,
                    timeout_ms: int) -> SymmetricMemory:
-        info = _group_info(group_name)
+        info = group_info(group_name)
         info.rendezvous_count += 1
         key = f"rdzv{info.rendezvous_count}"
         deadline_s = timeout_ms / 1000
@@ -722,13 +753,13 @@ class CpuAllocator:
             record = {"name": own_name, "nbytes": alloc.nbytes, "pid": os.getpid()}
             info.store.set(f"{key}/segment{info.rank}", json.dumps(record))
             what = f"rendezvous on group {group_name!r}"
-            records = _gather(info, f"{key}/segment", deadline_s, what)
+            records = gather(info, f"{key}/segment", deadline_s, what)
             published = [r["name"] for r in records]
-            _check_sizes(records, alloc.nbytes, info.rank)
+            check_sizes(records, alloc.nbytes, info.rank)
             maps = [alloc.map if r == info.rank else _map_peer(records[r], alloc.map.size())
                     for r in range(info.world_size)]
             info.store.set(f"{key}/mapped{info.rank}", "1")
-            _gather(info, f"{key}/mapped", deadline_s, what)
+            gather(info, f"{key}/mapped", deadline_s, what)
         except BaseException:
             # A peer may have died before unlinking its segment: unlink every one we know.
             for name in published:
@@ -745,8 +776,10 @@ class CpuAllocator:
         return handle
 
 
-def _gather(info: _GroupInfo, prefix: str, timeout_s: float, what: str) -> list:
-    """Wait for key `prefix<r>` of every rank r; name the ranks missing at the timeout."""
+def gather(info: GroupInfo, prefix: str, timeout_s: float, what: str) -> list:
+    """Wait for key `prefix<r>` of every rank r of the group in its store; their values,
+    JSON objects decoded. Raises `SymmMemTimeout` naming the ranks missing at the timeout,
+    `what` the wait (SM-11)."""
     keys = [f"{prefix}{r}" for r in range(info.world_size)]
     try:
         info.store.wait(keys, datetime.timedelta(seconds=timeout_s))
@@ -760,12 +793,15 @@ def _gather(info: _GroupInfo, prefix: str, timeout_s: float, what: str) -> list:
     return [json.loads(v) if v.startswith("{") else v for v in values]
 
 
-def _check_sizes(records: list[dict], nbytes: int, rank: int) -> None:
+def check_sizes(records: list[dict], nbytes: int, rank: int) -> None:
+    """SM-5: every rank's record (gathered by `gather`) has `"nbytes"` equal to this
+    rank's `nbytes`."""
     for peer, record in enumerate(records):
         if record["nbytes"] != nbytes:
             raise ValueError(f"tensor: rendezvous needs allocations of one size on every rank; "
                              f"rank {rank} has {nbytes} bytes, rank {peer} has "
                              f"{record['nbytes']} [SM-5]")
+
 
 
 def _map_peer(record: dict, size: int) -> mmap.mmap:
@@ -780,7 +816,7 @@ def _map_peer(record: dict, size: int) -> mmap.mmap:
         os.close(fd)
 
 
-_native_ops = None  # set once the op library is defined (below)
+_native_ops = None  # the C++ op kernels, loaded with the ops (below)
 _native_ops_path = None
 _cpu_allocator = CpuAllocator()
 register_allocator("cpu", _cpu_allocator)
@@ -892,24 +928,8 @@ def is_symm_mem_tensor(tensor: torch.Tensor) -> bool:
 
 
 # --------------------------------------------------------------------------------------
-# Ops (SM-13 .. SM-17)
+# Ops (SM-13 .. SM-18, SM-20, SM-24)
 # --------------------------------------------------------------------------------------
-SCHEMAS = {
-    "one_shot_all_reduce": "(Tensor input, str reduce_op, str group_name) -> Tensor",
-    "one_shot_all_reduce_out":
-        "(Tensor input, str reduce_op, str group_name, *, Tensor(a!) out) -> Tensor(a!)",
-    "two_shot_all_reduce_": "(Tensor(a!) input, str reduce_op, str group_name) -> Tensor(a!)",
-    "barrier": "(Tensor(a!) input, str group_name, int channel=0, int timeout_ms=0) -> ()",
-    "one_shot_all_reduce_pointwise":
-        "(Tensor(a!) symm_buffer, Tensor local_input, str reduce_op, str group_name, "
-        "str prologue='', str epilogue='') -> Tensor",
-}
-_oplib = torch.library.Library(LIBRARY, "DEF")
-for _name, _schema in SCHEMAS.items():
-    _oplib.define(_name + _schema)
-ops = getattr(torch.ops, LIBRARY)
-
-
 # Valid (reduce_op, dtype) pairs and their kernel codes, so the hot path is one lookup.
 _KERNEL_CODES = {(op, dtype): (op_code, dtype_code)
                  for op, op_code in REDUCE_OPS.items()
@@ -947,12 +967,6 @@ def _check_group_of(alloc, group_name, where: str, arg: str) -> None:
     if own is not None and own != group_name:
         raise ValueError(f"group_name: {where} was given group {group_name!r}, but its "
                          f"{arg}'s allocation is for group {own!r} [SM-14]")
-
-
-def _check_out(input, out) -> None:
-    if out.shape != input.shape or out.dtype != input.dtype or not out.is_contiguous():
-        raise ValueError(f"out: must be contiguous with the input's shape {tuple(input.shape)} "
-                         f"and dtype {input.dtype}, got {tuple(out.shape)} {out.dtype} [SM-14]")
 
 
 # ---- pointwise steps of one_shot_all_reduce_pointwise (SM-24) ----------------------------
@@ -1023,6 +1037,202 @@ def _apply_steps(source: torch.Tensor, steps: tuple, target: torch.Tensor) -> No
         POINTWISE_STEPS[op].out(target, value, out=target)
 
 
+# ---- what every op's kernels share ---------------------------------------------------------
+def _byte_offset(tensor: torch.Tensor, base: int) -> int:
+    """Bytes from `base` (the buffer of `tensor`'s allocation) to `tensor`'s first element.
+    From the storage, not `data_ptr()`, which is 0 for a tensor without elements."""
+    storage = tensor.untyped_storage().data_ptr()
+    return storage + tensor.storage_offset() * tensor.element_size() - base
+
+
+def _symmetric_input(input, group_name, where, arg="input") -> tuple[SymmetricMemory, int]:
+    """The handle of `input`'s allocation (rendezvous on first use), and its byte offset.
+
+    The hot path of an op is a few lookups and one kernel call: the kernel codes by
+    (reduce_op, dtype), then here the allocator of the input's device type (the ops'
+    dispatch keys are CPU and CUDA; looked up at every call, so the allocator registered
+    now serves, SM-1), the allocation by the input's storage and its handle.
+    """
+    allocator = _allocators.get("cuda" if input.is_cuda else "cpu")
+    alloc = allocator.allocation_of(input) if allocator is not None else None
+    if alloc is None or alloc.handle is None or alloc.handle.group_name != group_name:
+        _, alloc = _allocation(input, where, arg=arg)  # the checks, with their errors
+        _check_group_of(alloc, group_name, where, arg)
+        rendezvous(input, group_name)
+    handle = alloc.handle
+    if handle._failure is not None:
+        handle._usable(where)
+    return handle, _byte_offset(input, alloc.base)
+
+
+def _one_shot_into(input, codes, group_name, out, where):
+    handle, offset = _symmetric_input(input, group_name, where)
+    return _one_shot_on(handle, offset, input.numel(), codes, out, where)
+
+
+def _one_shot_on(handle, offset, numel, codes, out, where):
+    timeout = _default_timeout_ms
+    status, peer = handle._one_shot(offset, numel, codes, out, timeout)
+    if status:
+        handle._check(status, peer, where, OP_CHANNEL, timeout)
+    return out
+
+
+# ---- the C++ CPU kernels (kernels/cpu/symm_mem_ops.cpp, SM-18) ----------------------------
+def _load_native_ops() -> ctypes.CDLL | None:
+    """The C++ CPU kernels of NATIVE_OPS, or None: then the Python kernels serve CPU too.
+    REFIMPL_SYMM_MEM_NATIVE_OPS=0 keeps the Python kernels."""
+    if os.environ.get("REFIMPL_SYMM_MEM_NATIVE_OPS", "1") == "0":
+        return None
+    global _native_ops_path
+    try:
+        _native_ops_path = load_torch_op_library("symm_mem_ops")
+        native = ctypes.CDLL(str(_native_ops_path))
+    except Exception as exc:  # no compiler, or headers this torch cannot build with
+        warnings.warn(f"refimpl.symmetric_memory: the C++ CPU op kernels could not be built "
+                      f"({str(exc)[:300]}); the ops run their Python kernels [SM-18]",
+                      stacklevel=2)
+        return None
+    native.rsm_ops_init.argtypes = [_ptr, _ptr]
+    native.rsm_ops_set_timeout.argtypes = [_i64]
+    native.rsm_ops_register.argtypes = [ctypes.c_size_t, _ptr, _ptr, ctypes.c_char_p]
+    native.rsm_ops_forget.argtypes = [ctypes.c_size_t]
+    native.rsm_ops_enable.argtypes = [_i32]
+    native.rsm_ops_init(ctypes.cast(_lib.rsm_one_shot, _ptr), ctypes.cast(_lib.rsm_two_shot, _ptr))
+    native.rsm_ops_set_timeout(_default_timeout_ms * 1_000_000)
+    return native
+
+
+# Loading the library registers its CPU kernels of the ops `_define` below marks `native`.
+_native_ops = _load_native_ops()
+
+
+def kernel_build_info() -> dict:
+    """Which kernels serve the ops, and the source identities they were built from (SM-18)."""
+    source = _native.KERNEL_DIR / "symm_mem.c"
+    info = {"c_library": {"stamped": _native.stamped_hash(_lib),
+                          "source": _native.source_hash(source) if source.exists() else None},
+            "ops": "native" if _native_ops is not None else "python"}
+    if _native_ops is not None:
+        info["native_library"] = {"path": str(_native_ops_path),
+                                  "source": _native.torch_op_digest("symm_mem_ops")}
+    return info
+
+
+# ---- defining an op: schema, kernels per device, fake kernel (SM-13) ----------------------
+SCHEMAS: dict[str, str] = {}  # op name -> schema, filled by `_define`
+NATIVE_OPS: list[str] = []  # the ops the C++ kernels serve on CPU once loaded
+_oplib = torch.library.Library(LIBRARY, "DEF")
+ops = getattr(torch.ops, LIBRARY)
+
+
+def _define(name: str, schema: str, *, eager, fake, native: bool = False) -> None:
+    """Define op `name`. The Python kernel `eager` serves CUDA, and CPU unless the op is
+    `native` and the C++ kernels loaded; `fake` gives shapes without communication, after
+    the same argument checks (SM-13). A `native` op's C++ kernel hands every call it does
+    not run itself to `_python_<name>` (same schema), the Python kernel on CPU."""
+    SCHEMAS[name] = schema
+    _oplib.define(name + schema)
+    if native:
+        NATIVE_OPS.append(name)
+        _oplib.define(f"_python_{name}{schema}")
+        _oplib.impl(f"_python_{name}", eager, "CPU")
+    if not native or _native_ops is None:
+        _oplib.impl(name, eager, "CPU")
+    _oplib.impl(name, eager, "CUDA")
+    torch.library.register_fake(f"{LIBRARY}::{name}", fake, lib=_oplib)
+
+
+def _raise_status(input, group_name, where, status, peer):
+    """What the Python kernels raise for a kernel status the C++ kernel got."""
+    handle = get_allocator(input.device.type).allocation_of(input).handle
+    handle._check(status, peer, where, OP_CHANNEL, _default_timeout_ms)
+
+
+_oplib.define("_python_raise_status"
+              "(Tensor input, str group_name, str where, int status, int peer) -> ()")
+_oplib.impl("_python_raise_status", _raise_status, "CPU")
+
+
+# ---- one_shot_all_reduce (SM-15) -----------------------------------------------------------
+def _one_shot_all_reduce(input, reduce_op, group_name):
+    codes = _check_reduce_input(input, reduce_op, "one_shot_all_reduce")
+    out = torch.empty_like(input, memory_format=torch.contiguous_format)
+    return _one_shot_into(input, codes, group_name, out, "one_shot_all_reduce")
+
+
+def _one_shot_all_reduce_fake(input, reduce_op, group_name):
+    _check_reduce_input(input, reduce_op, "one_shot_all_reduce")
+    return input.new_empty(input.shape)
+
+
+_define("one_shot_all_reduce", "(Tensor input, str reduce_op, str group_name) -> Tensor",
+        eager=_one_shot_all_reduce, fake=_one_shot_all_reduce_fake, native=True)
+
+
+# ---- one_shot_all_reduce_out (SM-14, SM-15) ------------------------------------------------
+def _check_one_shot_all_reduce_out(input, reduce_op, out) -> tuple[int, int]:
+    codes = _check_reduce_input(input, reduce_op, "one_shot_all_reduce_out")
+    if out.shape != input.shape or out.dtype != input.dtype or not out.is_contiguous():
+        raise ValueError(f"out: must be contiguous with the input's shape {tuple(input.shape)} "
+                         f"and dtype {input.dtype}, got {tuple(out.shape)} {out.dtype} [SM-14]")
+    return codes
+
+
+def _one_shot_all_reduce_out(input, reduce_op, group_name, *, out):
+    codes = _check_one_shot_all_reduce_out(input, reduce_op, out)
+    if out.untyped_storage().data_ptr() == input.untyped_storage().data_ptr():
+        raise ValueError("out: one_shot_all_reduce_out must not write into the input's "
+                         "allocation, which peers are reading [SM-14]")
+    return _one_shot_into(input, codes, group_name, out, "one_shot_all_reduce_out")
+
+
+def _one_shot_all_reduce_out_fake(input, reduce_op, group_name, *, out):
+    _check_one_shot_all_reduce_out(input, reduce_op, out)
+    return out
+
+
+_define("one_shot_all_reduce_out",
+        "(Tensor input, str reduce_op, str group_name, *, Tensor(a!) out) -> Tensor(a!)",
+        eager=_one_shot_all_reduce_out, fake=_one_shot_all_reduce_out_fake, native=True)
+
+
+# ---- two_shot_all_reduce_ (SM-16) ----------------------------------------------------------
+def _two_shot_all_reduce_(input, reduce_op, group_name):
+    codes = _check_reduce_input(input, reduce_op, "two_shot_all_reduce_")
+    handle, offset = _symmetric_input(input, group_name, "two_shot_all_reduce_")
+    timeout = _default_timeout_ms
+    status, peer = handle._two_shot(offset, input.numel(), codes, timeout)
+    if status:
+        handle._check(status, peer, "two_shot_all_reduce_", OP_CHANNEL, timeout)
+    return input
+
+
+def _two_shot_all_reduce_fake(input, reduce_op, group_name):
+    _check_reduce_input(input, reduce_op, "two_shot_all_reduce_")
+    return input
+
+
+_define("two_shot_all_reduce_",
+        "(Tensor(a!) input, str reduce_op, str group_name) -> Tensor(a!)",
+        eager=_two_shot_all_reduce_, fake=_two_shot_all_reduce_fake, native=True)
+
+
+# ---- barrier (SM-17) -----------------------------------------------------------------------
+def _barrier_eager(input, group_name, channel=0, timeout_ms=0):
+    handle, _ = _symmetric_input(input, group_name, "barrier")
+    handle.barrier(channel, timeout_ms)
+
+
+def _barrier_fake(input, group_name, channel=0, timeout_ms=0):
+    return None  # channel and timeout are the handle's to check: a fake call has none
+
+
+_define("barrier", "(Tensor(a!) input, str group_name, int channel=0, int timeout_ms=0) -> ()",
+        eager=_barrier_eager, fake=_barrier_fake)
+
+
+# ---- one_shot_all_reduce_pointwise (SM-24) -------------------------------------------------
 def _check_local_input(symm_buffer, local_input, real: bool) -> None:
     if (local_input.shape != symm_buffer.shape or local_input.dtype != symm_buffer.dtype
             or local_input.device != symm_buffer.device):
@@ -1050,199 +1260,29 @@ def _check_pointwise(symm_buffer, local_input, reduce_op, prologue, epilogue,
             _parse_steps(epilogue, "epilogue", symm_buffer.dtype))
 
 
-def _byte_offset(tensor: torch.Tensor, base: int) -> int:
-    """Bytes from `base` (the buffer of `tensor`'s allocation) to `tensor`'s first element.
-    From the storage, not `data_ptr()`, which is 0 for a tensor without elements."""
-    storage = tensor.untyped_storage().data_ptr()
-    return storage + tensor.storage_offset() * tensor.element_size() - base
-
-
-def _kernels(device_type: str) -> dict:
-    """The op kernels of one dispatch key: they use the allocator of `device_type` (SM-1).
-
-    The hot path of an all-reduce is a few lookups and one kernel call: the allocation by
-    the input's storage, its handle, the kernel codes by (reduce_op, dtype).
-    """
-
-    def symmetric_input(input, group_name, where, arg="input") -> tuple[SymmetricMemory, int]:
-        """The handle of `input`'s allocation (rendezvous on first use), its byte offset."""
-        allocator = _allocators.get(device_type)
-        alloc = allocator.allocation_of(input) if allocator is not None else None
-        if alloc is None or alloc.handle is None or alloc.handle.group_name != group_name:
-            _, alloc = _allocation(input, where, arg=arg)  # the checks, with their errors
-            _check_group_of(alloc, group_name, where, arg)
-            rendezvous(input, group_name)
-        handle = alloc.handle
-        if handle._failure is not None:
-            handle._usable(where)
-        return handle, _byte_offset(input, alloc.base)
-
-    def one_shot_into(input, codes, group_name, out, where):
-        handle, offset = symmetric_input(input, group_name, where)
-        return one_shot_on(handle, offset, input.numel(), codes, out, where)
-
-    def one_shot_on(handle, offset, numel, codes, out, where):
-        timeout = _default_timeout_ms
-        status, peer = handle._one_shot(offset, numel, codes, out, timeout)
-        if status:
-            handle._check(status, peer, where, OP_CHANNEL, timeout)
-        return out
-
-    def one_shot_all_reduce(input, reduce_op, group_name):
-        codes = _check_reduce_input(input, reduce_op, "one_shot_all_reduce")
-        out = torch.empty_like(input, memory_format=torch.contiguous_format)
-        return one_shot_into(input, codes, group_name, out, "one_shot_all_reduce")
-
-    def one_shot_all_reduce_out(input, reduce_op, group_name, *, out):
-        codes = _check_reduce_input(input, reduce_op, "one_shot_all_reduce_out")
-        _check_out(input, out)
-        if out.untyped_storage().data_ptr() == input.untyped_storage().data_ptr():
-            raise ValueError("out: one_shot_all_reduce_out must not write into the input's "
-                             "allocation, which peers are reading [SM-14]")
-        return one_shot_into(input, codes, group_name, out, "one_shot_all_reduce_out")
-
-    def two_shot_all_reduce_(input, reduce_op, group_name):
-        codes = _check_reduce_input(input, reduce_op, "two_shot_all_reduce_")
-        handle, offset = symmetric_input(input, group_name, "two_shot_all_reduce_")
-        timeout = _default_timeout_ms
-        status, peer = handle._two_shot(offset, input.numel(), codes, timeout)
-        if status:
-            handle._check(status, peer, "two_shot_all_reduce_", OP_CHANNEL, timeout)
-        return input
-
-    def barrier(input, group_name, channel=0, timeout_ms=0):
-        handle, _ = symmetric_input(input, group_name, "barrier")
-        handle.barrier(channel, timeout_ms)
-
-    def one_shot_all_reduce_pointwise(symm_buffer, local_input, reduce_op, group_name,
-                                      prologue="", epilogue=""):
-        where = "one_shot_all_reduce_pointwise"
-        codes, before, after = _check_pointwise(symm_buffer, local_input, reduce_op,
-                                                prologue, epilogue, where)
-        # Refused (a plain tensor, another group) before the prologue writes into it.
-        handle, offset = symmetric_input(symm_buffer, group_name, where, "symm_buffer")
-        _apply_steps(local_input, before, symm_buffer)
-        out = torch.empty_like(symm_buffer, memory_format=torch.contiguous_format)
-        one_shot_on(handle, offset, symm_buffer.numel(), codes, out, where)
-        _apply_steps(out, after, out)
-        return out
-
-    return {"one_shot_all_reduce": one_shot_all_reduce,
-            "one_shot_all_reduce_out": one_shot_all_reduce_out,
-            "two_shot_all_reduce_": two_shot_all_reduce_, "barrier": barrier,
-            "one_shot_all_reduce_pointwise": one_shot_all_reduce_pointwise}
-
-
-# The ops run on every device type with an allocator: the kernels of each dispatch key
-# find the allocator of its device type at run time.
-DISPATCH_KEYS = {"CPU": "cpu", "CUDA": "cuda"}
-NATIVE_OPS = ("one_shot_all_reduce", "one_shot_all_reduce_out", "two_shot_all_reduce_",
-              "one_shot_all_reduce_pointwise")
-# The CPU fast path in C++ (kernels/cpu/symm_mem_ops.cpp, SM-18) hands every call it does
-# not run itself to these: the Python kernels under an internal name.
-INTERNAL_SCHEMAS = {
-    **{f"_python_{name}": SCHEMAS[name] for name in NATIVE_OPS},
-    "_python_raise_status":
-        "(Tensor input, str group_name, str where, int status, int peer) -> ()",
-}
-
-
-def _load_native_ops() -> ctypes.CDLL | None:
-    """The C++ CPU kernels of NATIVE_OPS, or None: then the Python kernels serve CPU too.
-    REFIMPL_SYMM_MEM_NATIVE_OPS=0 keeps the Python kernels."""
-    if os.environ.get("REFIMPL_SYMM_MEM_NATIVE_OPS", "1") == "0":
-        return None
-    global _native_ops_path
-    try:
-        _native_ops_path = load_torch_op_library("symm_mem_ops")
-        native = ctypes.CDLL(str(_native_ops_path))
-    except Exception as exc:  # no compiler, or headers this torch cannot build with
-        warnings.warn(f"refimpl.symmetric_memory: the C++ CPU op kernels could not be built "
-                      f"({str(exc)[:300]}); the ops run their Python kernels [SM-18]",
-                      stacklevel=2)
-        return None
-    native.rsm_ops_init.argtypes = [_ptr, _ptr]
-    native.rsm_ops_set_timeout.argtypes = [_i64]
-    native.rsm_ops_register.argtypes = [ctypes.c_size_t, _ptr, _ptr, ctypes.c_char_p]
-    native.rsm_ops_forget.argtypes = [ctypes.c_size_t]
-    native.rsm_ops_enable.argtypes = [_i32]
-    native.rsm_ops_init(ctypes.cast(_lib.rsm_one_shot, _ptr), ctypes.cast(_lib.rsm_two_shot, _ptr))
-    native.rsm_ops_set_timeout(_default_timeout_ms * 1_000_000)
-    return native
-
-
-for _name, _schema in INTERNAL_SCHEMAS.items():
-    _oplib.define(_name + _schema)
-_native_ops = _load_native_ops()
-for _key, _device_type in DISPATCH_KEYS.items():
-    for _name, _kernel in _kernels(_device_type).items():
-        if _key == "CPU" and _name in NATIVE_OPS:
-            _oplib.impl(f"_python_{_name}", _kernel, _key)
-            if _native_ops is not None:
-                continue  # the C++ kernel serves CPU
-        _oplib.impl(_name, _kernel, _key)
-
-
-def _raise_status(input, group_name, where, status, peer):
-    """What the Python kernels raise for a kernel status the C++ kernel got."""
-    handle = get_allocator(input.device.type).allocation_of(input).handle
-    handle._check(status, peer, where, OP_CHANNEL, _default_timeout_ms)
-
-
-_oplib.impl("_python_raise_status", _raise_status, "CPU")
-
-
-def kernel_build_info() -> dict:
-    """Which kernels serve the ops, and the source identities they were built from (SM-18)."""
-    source = _native.KERNEL_DIR / "symm_mem.c"
-    info = {"c_library": {"stamped": _native.stamped_hash(_lib),
-                          "source": _native.source_hash(source) if source.exists() else None},
-            "ops": "native" if _native_ops is not None else "python"}
-    if _native_ops is not None:
-        info["native_library"] = {"path": str(_native_ops_path),
-                                  "source": _native.torch_op_digest("symm_mem_ops")}
-    return info
-
-
-# Fake kernels: shapes without communication, after the same argument checks (SM-13).
-@torch.library.register_fake(f"{LIBRARY}::one_shot_all_reduce", lib=_oplib)
-def _(input, reduce_op, group_name):
-    _check_reduce_input(input, reduce_op, "one_shot_all_reduce")
-    return input.new_empty(input.shape)
-
-
-@torch.library.register_fake(f"{LIBRARY}::one_shot_all_reduce_out", lib=_oplib)
-def _(input, reduce_op, group_name, *, out):
-    _check_reduce_input(input, reduce_op, "one_shot_all_reduce_out")
-    _check_out(input, out)
+def _one_shot_all_reduce_pointwise(symm_buffer, local_input, reduce_op, group_name,
+                                   prologue="", epilogue=""):
+    where = "one_shot_all_reduce_pointwise"
+    codes, before, after = _check_pointwise(symm_buffer, local_input, reduce_op,
+                                            prologue, epilogue, where)
+    # Refused (a plain tensor, another group) before the prologue writes into it.
+    handle, offset = _symmetric_input(symm_buffer, group_name, where, "symm_buffer")
+    _apply_steps(local_input, before, symm_buffer)
+    out = torch.empty_like(symm_buffer, memory_format=torch.contiguous_format)
+    _one_shot_on(handle, offset, symm_buffer.numel(), codes, out, where)
+    _apply_steps(out, after, out)
     return out
 
 
-@torch.library.register_fake(f"{LIBRARY}::two_shot_all_reduce_", lib=_oplib)
-def _(input, reduce_op, group_name):
-    _check_reduce_input(input, reduce_op, "two_shot_all_reduce_")
-    return input
-
-
-@torch.library.register_fake(f"{LIBRARY}::one_shot_all_reduce_pointwise", lib=_oplib)
-def _(symm_buffer, local_input, reduce_op, group_name, prologue="", epilogue=""):
+def _one_shot_all_reduce_pointwise_fake(symm_buffer, local_input, reduce_op, group_name,
+                                        prologue="", epilogue=""):
     _check_pointwise(symm_buffer, local_input, reduce_op, prologue, epilogue,
                      "one_shot_all_reduce_pointwise", real=False)
     return symm_buffer.new_empty(symm_buffer.shape)
 
 
-@torch.library.register_fake(f"{LIBRARY}::barrier", lib=_oplib)
-def _(input, group_name, channel=0, timeout_ms=0):
-    return None
-
-
-def _register_cuda_backend() -> None:
-    """The CUDA allocator (refimpl/_symm_mem_cuda.py) serves "cuda" wherever torch sees a
-    GPU; a CPU-only machine imports nothing of it (SM-21)."""
-    if torch.cuda.is_available():
-        # That module registers its allocator as its last line: once here, or, when it was
-        # imported first (and is importing this one), once it is defined.
-        import refimpl._symm_mem_cuda  # noqa: F401
-
-
-_register_cuda_backend()
+_define("one_shot_all_reduce_pointwise",
+        "(Tensor(a!) symm_buffer, Tensor local_input, str reduce_op, str group_name, "
+        "str prologue='', str epilogue='') -> Tensor",
+        eager=_one_shot_all_reduce_pointwise, fake=_one_shot_all_reduce_pointwise_fake,
+        native=True)

@@ -29,6 +29,8 @@ COPIED = ["refimpl", "conformance", "kernels", "pyproject.toml", "conftest.py", 
 # Kernel libraries built earlier (refimpl/_native.py): found by the hash of their source,
 # so the copy reuses an unchanged kernel's library and compiles a mutated kernel afresh.
 KERNEL_BUILDS = "build/refimpl-kernels"
+# The operator catalogue: several sections' slips are a field of a row set wrong.
+COMM_OPS = "refimpl/comm_ops.py"
 
 
 @dataclass(frozen=True)
@@ -421,9 +423,9 @@ FC = [
 _CL = "refimpl/comm_lowering.py"
 CL = [
     Mutant("wait_in_place_though_written_later", "CL-9", _CL,
-           "                    and node.target.namespace == \"refimpl_c10d\"\n"
+           "                    and not row.in_place\n"
            "                    and not {node, _base(node.args[0])} & written_later):",
-           "                    and node.target.namespace == \"refimpl_c10d\"):",
+           "                    and not row.in_place):",
            "every kept wait completes in place, also one whose result or argument a later "
            "node writes: the write reaches both (found by --fuzz)"),
     Mutant("coalesced_kernel_from_refimpl_namespace", "CL-1", _CL,
@@ -666,6 +668,11 @@ CL = [
            "    graph = torch.fx.Graph()\n    outputs =",
            "the copy made bare, with FX's plain code generator: a program of a dict "
            "(make_fx's pytree code generator) takes flattened inputs and returns a list"),
+    Mutant("catalogue_row_missing", "CL-5", COMM_OPS,
+           '"all_reduce_coalesced", "all_reduce_coalesced_", "all_to_all_single",',
+           '"all_reduce_coalesced", "all_to_all_single",',
+           "an op of refimpl's library left out of the catalogue (a row deleted, or never "
+           "written for a new op): a pass that meets it must say so, not default it"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -685,7 +692,7 @@ BK = [
            "the key holds the element size, not the dtype: float16 and bfloat16 (or float32 "
            "and int32) members share a bucket"),
     Mutant("only_refimpl_waits_make_candidates", "BK-1", _BK,
-           "_WAITS = _fx.overloads(\"wait_tensor\")",
+           "_WAITS = comm_ops.targets(family=\"wait\")",
            "_WAITS = frozenset({torch.ops.refimpl_c10d.wait_tensor.default})",
            "a candidate's wait is looked for in refimpl's namespace only: collectives of "
            "upstream's _c10d_functional, waited by upstream's wait, are never merged"),
@@ -1020,9 +1027,9 @@ RO = [
            "the new graph made bare, with FX's plain code generator: a program of a dict "
            "(make_fx's pytree code generator) takes flattened inputs and returns a list"),
     Mutant("sym_functions_are_barriers", "RO-6", _RO,
-           "        if module in PURE_MODULES or (module, name) in SYMMETRIC_ALLOCATIONS or \\\n"
-           "                (module == \"torch\" and name.startswith(\"sym_\")):",
-           "        if module in PURE_MODULES or (module, name) in SYMMETRIC_ALLOCATIONS:",
+           "        if module in PURE_MODULES or (module, name) in comm_ops.SYMMETRIC_ALLOCATORS "
+           "or \\\n                (module == \"torch\" and name.startswith(\"sym_\")):",
+           "        if module in PURE_MODULES or (module, name) in comm_ops.SYMMETRIC_ALLOCATORS:",
            "torch.sym_max and the other torch.sym_* functions of a symbolic size taken for "
            "unknown Python functions: barriers"),
     Mutant("math_functions_are_barriers", "RO-6", _RO,
@@ -1034,6 +1041,17 @@ RO = [
            'PURE_MODULES = ("operator", "math")',
            "the operator module's functions say `_operator` in __module__: operator.floordiv "
            "on a symbolic size is a barrier"),
+    Mutant("comm_ops_broadcast_family_all_reduce", "RO-8", COMM_OPS,
+           '_BROADCAST = dict(family="broadcast", completes="wait",',
+           '_BROADCAST = dict(family="all_reduce", completes="wait",',
+           "broadcast's row copied from _ALL_REDUCE (both copy their input, FC-2) with "
+           "only the algorithm changed: broadcast becomes RO-8's all_reduce kind "
+           "(blind red team)"),
+    Mutant("comm_ops_find_only_collective_namespaces", "RO-5", COMM_OPS,
+           '    if key is None or key[0] not in NAMESPACES or key in NOT_MODELLED:',
+           '    if key is None or key[0] not in COLLECTIVE_NAMESPACES or key in NOT_MODELLED:',
+           "find filters on the functional-collective namespaces only, so the "
+           "symmetric-memory kernels get no row and read as plain compute (blind red team)"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -1065,8 +1083,8 @@ SM = [
            "rendezvous unlinks only its own, and a peer stopped or killed after it "
            "published leaves its segment in /dev/shm"),
     Mutant("rendezvous_sizes_checked_against_rank0_only", "SM-5", "refimpl/symmetric_memory.py",
-           "            _check_sizes(records, alloc.nbytes, info.rank)",
-           "            _check_sizes(records[:1], alloc.nbytes, info.rank)",
+           "            check_sizes(records, alloc.nbytes, info.rank)",
+           "            check_sizes(records[:1], alloc.nbytes, info.rank)",
            "Each rank compares its allocation size with rank 0's only (the 'reference' rank), so "
            "rank 0 itself never sees a mismatch: the ValueError is raised on the other ranks but "
            "not on every rank. (red team)"),
@@ -1276,7 +1294,7 @@ SM = [
            "a repeated request counts the allocator's tensor twice: one live holder passes"),
     Mutant("reissue_skips_the_alive_check", "SM-4", "refimpl/symmetric_memory.py",
            "            if use_count() > 2:  # more users than the storage object and the owner\n"
-           "                _check_persistent(alloc, True, alloc.nbytes, alloc.group_name, "
+           "                check_persistent(alloc, True, alloc.nbytes, alloc.group_name, "
            "alloc_id)\n", "",
            "the repeated request is a bare lookup: a live allocation is handed out twice"),
     Mutant("default_timeout_of_zero_accepted", "SM-11", "refimpl/symmetric_memory.py",
@@ -1316,7 +1334,7 @@ SM = [
            "if source.data_ptr() == target.data_ptr():",
            "the Python kernel's copy without steps inverted: the buffer keeps old data"),
     Mutant("op_group_named_as_rendezvous_names_it", "SM-14", "refimpl/symmetric_memory.py",
-           "            _check_group_of(alloc, group_name, where, arg)\n", "",
+           "        _check_group_of(alloc, group_name, where, arg)\n", "",
            "an op given another group is refused by rendezvous, naming its `group`, not the "
            "op's `group_name`"),
     Mutant("registry_keeps_earlier_grants", "SM-1", "refimpl/symmetric_memory.py",
@@ -1330,7 +1348,7 @@ SM = [
            "layout = (size, stride, dtype)", "layout = (size, stride)",
            "a request of another dtype and the same shape gets the previous dtype's tensor"),
     Mutant("persistent_reuse_skips_the_byte_size_check", "SM-4", "refimpl/symmetric_memory.py",
-           "nbytes = alloc.nbytes if same else _storage_elements(size, stride) * dtype.itemsize",
+           "nbytes = alloc.nbytes if same else storage_elements(size, stride) * dtype.itemsize",
            "nbytes = alloc.nbytes",
            "the kept byte size compared with itself: a request of another size passes"),
     Mutant("barrier_timeout_not_fail_stop", "SM-19", "refimpl/symmetric_memory.py",
@@ -1348,8 +1366,8 @@ SM = [
            "",
            "the size check left to empty_strided_p2p, after the strides failed on it"),
     Mutant("python_two_shot_status_ignored", "SM-20", "refimpl/symmetric_memory.py",
-           '''        if status:
-            handle._check(status, peer, "two_shot_all_reduce_", OP_CHANNEL, timeout)
+           '''    if status:
+        handle._check(status, peer, "two_shot_all_reduce_", OP_CHANNEL, timeout)
 ''', "",
            "the Python two-shot kernel (a call the C++ kernel hands over: the first on an "
            "allocation) drops the kernel's status: a mismatch between ranks returns "
@@ -1395,8 +1413,8 @@ SM = [
            "the byte offset from data_ptr(), which is null for a tensor without elements: "
            "empty calls at different offsets look alike (found by the first GPU run)"),
     Mutant("python_offset_from_data_ptr", "SM-20", "refimpl/symmetric_memory.py",
-           "        return handle, _byte_offset(input, alloc.base)",
-           "        return handle, input.data_ptr() - alloc.base",
+           "    return handle, _byte_offset(input, alloc.base)",
+           "    return handle, input.data_ptr() - alloc.base",
            "the Python kernels' byte offset from data_ptr(), 0 for a tensor without elements "
            "(the CUDA kernels then refused every empty call; found by the first GPU run)"),
 ]
@@ -1406,10 +1424,10 @@ SM = [
 # --------------------------------------------------------------------------------------
 MEMORY = "refimpl/memory.py"
 MEM = [
-    Mutant("coalesced_reduce_scatter_holds_results_only", "MEM-5", MEMORY,
-           'IN_FLIGHT_RESULT_ONLY = ("all_reduce", "broadcast", "all_reduce_coalesced")',
-           'IN_FLIGHT_RESULT_ONLY = ("all_reduce", "broadcast", "all_reduce_coalesced", '
-           '"reduce_scatter_tensor_coalesced")',
+    Mutant("coalesced_reduce_scatter_holds_results_only", "MEM-5", COMM_OPS,
+           '    "reduce_scatter_tensor_coalesced": dict(_REDUCE_SCATTER, coalesced=True),',
+           '    "reduce_scatter_tensor_coalesced": dict(_REDUCE_SCATTER, coalesced=True, '
+           'in_flight="result"),',
            "the coalesced reduce_scatter taken to copy its inputs at issue as the coalesced "
            "all_reduce does: its members' inputs are freed before their waits"),
     Mutant("second_collective_on_buffer_forgets_first", "MEM-5", MEMORY,
@@ -1451,7 +1469,7 @@ MEM = [
            "                if buffer.aliases[-1] is not node:\n",
            "                if buffer.aliases[-1] is node:\n",
            "a buffer's aliases stop at the allocating node"),
-    Mutant("autograd_wrappers_no_collectives", "MEM-5", "refimpl/_fx.py",
+    Mutant("autograd_wrappers_no_collectives", "MEM-5", COMM_OPS,
            'COLLECTIVE_NAMESPACES = ("refimpl_c10d", "_c10d_functional", '
            '"_c10d_functional_autograd")',
            'COLLECTIVE_NAMESPACES = ("refimpl_c10d", "_c10d_functional")',
@@ -1496,9 +1514,10 @@ MEM = [
            "                    if buffer.kind == INPUT:\n"
            "                        buffer.kind = OUTPUT\n",
            "outputs are not marked: a returned intermediate is freed at its last reader"),
-    Mutant("mem_wait_namespace", "MEM-4", MEMORY,
-           'UNANNOTATED_RENAMES = {("_c10d_functional", "wait_tensor"), ("aten", "_unsafe_view")}',
-           'UNANNOTATED_RENAMES = {("refimpl_c10d", "wait_tensor"), ("aten", "_unsafe_view")}',
+    Mutant("mem_wait_namespace", "MEM-4", COMM_OPS,
+           '    rows["_c10d_functional", "wait_tensor"] = CommOp("_c10d_functional", '
+           '"wait_tensor",',
+           '    rows["refimpl_c10d", "wait_tensor"] = CommOp("refimpl_c10d", "wait_tensor",',
            "the rename table names refimpl's wait instead of upstream's: refimpl's copy is "
            "not counted and upstream's rename is"),
     Mutant("mem_coalesced_holds_every_input", "MEM-5", MEMORY,
@@ -1539,6 +1558,17 @@ MEM = [
            "    hint = symbolic_shapes.hint_int",
            "the helper of older torch called on every torch: gone since 2.13, so a graph "
            "traced with symbolic sizes cannot be planned (nor reordered)"),
+    Mutant("comm_ops_all_reduce_coalesced_from_in_place_template", "MEM-5", COMM_OPS,
+           '"all_reduce_coalesced": dict(_ALL_REDUCE, coalesced=True),',
+           '"all_reduce_coalesced": dict(_ALL_REDUCE_, coalesced=True),',
+           "the out-of-place coalesced all_reduce built from the in-place template of "
+           "the next line: in place, holding its inputs until the waits (blind red team)"),
+    Mutant("comm_ops_broadcast_holds_its_input", "MEM-5", COMM_OPS,
+           '_BROADCAST = dict(family="broadcast", completes="wait", in_flight="result",',
+           '_BROADCAST = dict(family="broadcast", completes="wait", in_flight="inputs",',
+           "out-of-place broadcast given the in-flight set of the collectives that "
+           "communicate their input (all_gather's), forgetting it copies its input (FC-2) "
+           "(blind red team)"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -1554,7 +1584,7 @@ SIM = [
            "baddbmm's FLOPs copied from addmm's: the batch left out (no case costed a batched "
            "matmul)"),
     Mutant("unannotated_views_cost_compute", "SIM-4", SIMULATOR,
-           "UNANNOTATED_RENAMES or (bool(schema.returns)",
+           "renames_unannotated(target) or (bool(schema.returns)",
            "() or (bool(schema.returns)",
            "views told by their schema only: aten._unsafe_view, whose schema says no alias, "
            "costs a roofline"),
@@ -1566,13 +1596,13 @@ SIM = [
            "overlap = (comm - exposed) / comm if comm > 0 else 1.0",
            "overlap = (comm - exposed) / comm if comm > 0 else 0.0",
            "a program without communication reports 0 overlap instead of 1.0 (nothing to hide)"),
-    Mutant("broadcast_inplace_costed_as_ring", "SIM-2", SIMULATOR,
-           "    \"broadcast_\": (_input_bytes, _PIPELINE),",
-           "    \"broadcast_\": (_input_bytes, _RING),",
+    Mutant("broadcast_inplace_costed_as_ring", "SIM-2", COMM_OPS,
+           '_BROADCAST_ = dict(_BROADCAST, in_place=True, in_flight="inputs")',
+           '_BROADCAST_ = dict(_BROADCAST, in_place=True, in_flight="inputs", algorithm="ring")',
            "The in-place broadcast_ entry is copied from the ring rows, so only the out-of-place "
            "broadcast gets the pipelined (n-1) alpha + B / beta; broadcast_ gets (n-1) alpha + "
            "(n-1)/n B / beta. (red team)"),
-    Mutant("upstream_symm_mem_not_blocking", "SIM-7", SIMULATOR,
+    Mutant("upstream_symm_mem_not_blocking", "SIM-7", COMM_OPS,
            "SYMM_MEM_NAMESPACES = (\"refimpl_symm_mem\", \"symm_mem\")",
            "SYMM_MEM_NAMESPACES = (\"refimpl_symm_mem\",)",
            "Only refimpl's symmetric-memory namespace is recognised as blocking kernels; "
@@ -1596,8 +1626,9 @@ SIM = [
            "all_reduce moves no bytes and costs its latency alone (an outside red team's "
            "find)"),
     Mutant("one_shot_reads_every_buffer_over_the_link", "SIM-2", "refimpl/simulator.py",
-           "_ONE_SHOT = lambda link, n, b: link.alpha_us + (n - 1) * b / link.beta_bytes_per_us",
-           "_ONE_SHOT = lambda link, n, b: link.alpha_us + n * b / link.beta_bytes_per_us",
+           '    "one_shot": lambda link, n, b: link.alpha_us + (n - 1) * b / '
+           'link.beta_bytes_per_us,',
+           '    "one_shot": lambda link, n, b: link.alpha_us + n * b / link.beta_bytes_per_us,',
            "the one-shot's own buffer counted as read over the link"),
     Mutant("all_to_all_costs_the_smaller_side", "SIM-2", "refimpl/simulator.py",
            "return max(_input_bytes(node), _output_bytes(node))",
@@ -1614,9 +1645,9 @@ SIM = [
            "    return (n - 1) * link.alpha_us + (n - 1) / n * nbytes / link.beta_bytes_per_us\n",
            "    return (n - 1) * link.alpha_us + nbytes / link.beta_bytes_per_us\n",
            "ring bandwidth term without the (n-1)/n factor"),
-    Mutant("sim_all_reduce_one_ring", "SIM-2", SIMULATOR,
-           '    "all_reduce": (_input_bytes, _TWICE_RING),\n',
-           '    "all_reduce": (_input_bytes, _RING),\n',
+    Mutant("sim_all_reduce_one_ring", "SIM-2", COMM_OPS,
+           '    "all_reduce": _ALL_REDUCE,\n',
+           '    "all_reduce": dict(_ALL_REDUCE, algorithm="ring"),\n',
            "all_reduce costed as one ring pass instead of a reduce-scatter plus an all-gather"),
     Mutant("sim_wait_not_blocking", "SIM-7", SIMULATOR,
            "                compute = max(compute, ready) + d\n",
@@ -1687,6 +1718,24 @@ SIM = [
            "        return size_hint(by_shape(node))  # of symbolic shapes: the example's",
            "        return by_shape(node)",
            "a matmul's FLOPs from symbolic shapes left symbolic"),
+    Mutant("comm_ops_reduce_scatter_costed_on_output", "SIM-2", COMM_OPS,
+           '_REDUCE_SCATTER = dict(family="reduce_scatter", completes="wait", '
+           'in_flight="inputs",\n                       cost_bytes="input"',
+           '_REDUCE_SCATTER = dict(family="reduce_scatter", completes="wait", '
+           'in_flight="inputs",\n                       cost_bytes="output"',
+           "reduce_scatter's row copied from all_gather's, keeping cost_bytes=\"output\": "
+           "the ring charged on the 1/n result instead of the input (blind red team)"),
+    Mutant("comm_ops_two_shot_costed_one_shot", "SIM-2", COMM_OPS,
+           '"two_shot_all_reduce_": dict(_ONE_SHOT, in_place=True, algorithm="twice_ring"),',
+           '"two_shot_all_reduce_": dict(_ONE_SHOT, in_place=True),',
+           "two-shot derived from the one-shot row without overriding its algorithm: "
+           "charged alpha + (n-1) B / beta instead of twice the ring (blind red team)"),
+    Mutant("comm_ops_one_shot_completed_by_a_wait", "SIM-7", COMM_OPS,
+           '_ONE_SHOT = dict(family="all_reduce", completes="blocking", cost_bytes="input",',
+           '_ONE_SHOT = dict(family="all_reduce", completes="wait", cost_bytes="input",',
+           "the one-shot row written from the all_reduce template, keeping "
+           "completes=\"wait\": a blocking kernel treated as an issued collective "
+           "(blind red team)"),
 ]
 
 
@@ -1695,9 +1744,8 @@ SIM = [
 # --------------------------------------------------------------------------------------
 E2E = [
     Mutant("one_shot_kernels_not_counted", "E2E-5", "refimpl/compile.py",
-           "_COMM_NAMESPACES = (\"refimpl_c10d\", \"_c10d_functional\", \"refimpl_symm_mem\", "
-           "\"symm_mem\")",
-           "_COMM_NAMESPACES = (\"refimpl_c10d\", \"_c10d_functional\")",
+           'if row is not None and row.family not in ("wait", "barrier"):',
+           'if row is not None and row.is_collective:',
            "the stage counts look at the functional-collective namespaces only: a one-shot "
            "kernel on symmetric memory is not recorded"),
     Mutant("stage_files_numbered_by_the_stages_that_ran", "E2E-5", "refimpl/compile.py",
@@ -1720,8 +1768,8 @@ E2E = [
            "stages.append((\"lowered\", lambda gm: _lower_stage(gm, config.lowering)))\n",
            "reorder before lowering"),
     Mutant("debug_dir_concrete_path_only", "E2E-1", "refimpl/compile.py",
-           "not isinstance(self.debug_dir, (str, os.PathLike)):",
-           "not isinstance(self.debug_dir, (str, Path)):",
+           "(str, os.PathLike, type(None)), \"debug_dir\"",
+           "(str, Path, type(None)), \"debug_dir\"",
            "Accepts pathlib.Path instead of the os.PathLike protocol, so any other path-like "
            "object (anything with __fspath__) is rejected. (red team)"),
     Mutant("backend_none_takes_default", "E2E-1", "refimpl/compile.py",
@@ -1751,8 +1799,8 @@ E2E = [
            "a stage's text is written before the stage ran: every file shows the stage "
            "before"),
     Mutant("e2e_waits_counted_as_collectives", "E2E-5", "refimpl/compile.py",
-           'if not name.startswith("wait_tensor") and name != "barrier":',
-           'if name != "barrier":',
+           'if row is not None and row.family not in ("wait", "barrier"):',
+           'if row is not None and row.family != "barrier":',
            "the record of a graph's collectives counts its waits too"),
     Mutant("e2e_bool_cap_accepted", "E2E-1", "refimpl/compile.py",
            "if isinstance(cap, bool) or not isinstance(cap, (int, float)):",
@@ -1770,7 +1818,7 @@ E2E = [
            'logger.debug("%s after %s:\\n%s"', 'logger.info("%s after %s:\\n%s"',
            "every stage's canonical text logged at INFO: one INFO line per graph no more"),
     Mutant("e2e_zero_cap_accepted", "E2E-1", "refimpl/compile.py",
-           "if not math.isfinite(cap) or cap <= 0:", "if not math.isfinite(cap) or cap < 0:",
+           "require(math.isfinite(cap) and cap > 0,", "require(math.isfinite(cap) and cap >= 0,",
            "a cap of 0 MiB accepted: every bucket would close before its first member"),
     Mutant("e2e_rank_asked_without_a_group", "E2E-5", "refimpl/compile.py",
            "dist.is_available() and dist.is_initialized() else 0",
@@ -1889,6 +1937,14 @@ EQUIVALENTS: list[Mutant] = [
            "side effects through its overloads, so the packet's own mark changes nothing "
            "(test_dead_code_elimination_keeps_the_ops_packets_too passes with it); "
            "a torch that stops looking through packets would make it observable"),
+    Mutant("comm_ops_reduce_scatter_coalesced_not_coalesced", "BK-1", COMM_OPS,
+           '"reduce_scatter_tensor_coalesced": dict(_REDUCE_SCATTER, coalesced=True),',
+           '"reduce_scatter_tensor_coalesced": _REDUCE_SCATTER,',
+           "equivalent (blind red team): the row's `coalesced` is read by bucketing's "
+           "candidate targets and by lowering's all_reduce/broadcast rules only; the "
+           "coalesced reduce_scatter then joins bucket_reduce_scatter's targets, but its "
+           "users are `getitem`s, never its wait, so BK-1's one-user-its-wait test still "
+           "refuses it; costs and in-flight members are read from its list arguments"),
 ]
 
 

@@ -204,6 +204,24 @@ def test_coalesced_reduce_scatter_members_are_held_until_their_own_wait(backend,
 high-water 108 at %7""")
 
 
+# The out-of-place coalesced all_reduce copies its inputs at issue, as all_reduce does:
+# its members' inputs are freed at the op, only their results wait (MEM-5, FC-2).
+@pytest.mark.spec("MEM-5", "FC-2")
+def test_coalesced_all_reduce_frees_its_inputs_at_issue(backend, fake_world):
+    gm = mp.traced("all_reduce_coalesced_members")
+    assert_expected_inline(plan_text(backend, gm), """\
+%0 input                           +16 %0                       live 16
+%1 input                           +24 %1                       live 40
+%2 aten.mul.Tensor                 +16 %2                       live 56
+%3 aten.mul.Tensor                 +24 %3                       live 80
+%4 funcol.all_reduce_coalesced     +16 %4 +24 %4 -16 %2 -24 %3  live 80
+%7 funcol.wait_tensor              +16 %7 -16 %4                live 80
+%8 aten.add.Tensor                 +16 %8 -16 %7                live 80
+%9 funcol.wait_tensor              +24 %9 -24 %4                live 80
+%10 aten.add.Tensor                +24 %10 -24 %9               live 80
+high-water 120 at %4""")
+
+
 # all_to_all holds its input until the wait; broadcast (out of place) does not (MEM-5).
 @pytest.mark.spec("MEM-5")
 def test_all_to_all_holds_its_input_broadcast_does_not(backend, fake_world):

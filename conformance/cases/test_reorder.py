@@ -788,6 +788,54 @@ def test_a_blocking_kernel_keeps_its_place_in_its_groups_order(backend, world4):
 return [%6, %8]""")  # noqa: E501
 
 
+# The gather's wait sinks past the one-shot kernel, which is no barrier: the gather is in
+# flight while the kernel runs (RO-5 keeps their issue order only; RO-6).
+@pytest.mark.spec("RO-5", "RO-6")
+def test_a_wait_sinks_past_a_blocking_kernel(backend, world4):
+    assert_expected_inline(golden(backend, rp.Case("gather_then_blocking", math.inf)), """\
+%0 = input : f32[4]
+%1 = input : f32[2]
+%2 = funcol.all_gather_into_tensor(%1, 4, ranks[0,1,2,3]) : f32[8]
+%3 = symm_mem.empty_strided_p2p([4], [1], f32, device(cpu), ranks[0,1,2,3], 990845128342595621) : f32[4]
+%4 = aten.mul.out(%0, 2, out=%3) : f32[4]
+%5 = symm_mem.one_shot_all_reduce(%4, 'sum', ranks[0,1,2,3]) : f32[4]
+%6 = aten.add.Tensor(%5, 1) : f32[4]
+%7 = funcol.wait_tensor_(%2) : f32[8]
+%8 = aten.mul.Tensor(%7, 2) : f32[8]
+return [%6, %8]""")  # noqa: E501
+
+
+# One broadcast in flight: the second broadcast is issued only after the first one's
+# wait; the limit names the broadcasts' kind, not the all_reduce's (RO-8's kinds).
+@pytest.mark.spec("RO-8")
+def test_a_limit_counts_its_own_kind_only(backend, world4):
+    case = rp.Case("broadcasts_and_an_all_reduce", math.inf, (("broadcast", 1),))
+    assert_expected_inline(golden(backend, case), """\
+%0 = input : f32[4]
+%1 = input : f32[4]
+%2 = input : f32[4]
+%3 = input : f32[4]
+%4 = aten.mul.Tensor(%0, 2) : f32[4]
+%5 = aten.mul.Tensor(%1, 1) : f32[4]
+%6 = funcol.broadcast(%5, 0, ranks[0,1,2,3]) : f32[4]
+%7 = aten.mul.Tensor(%2, 1) : f32[4]
+%8 = funcol.wait_tensor(%6) : f32[4]
+%9 = funcol.broadcast(%7, 0, ranks[0,1,2,3]) : f32[4]
+%10 = aten.sum(%8) : f32[]
+%11 = aten.add.Tensor(%4, %10) : f32[4]
+%12 = aten.mul.Tensor(%11, 2) : f32[4]
+%13 = funcol.wait_tensor(%9) : f32[4]
+%14 = aten.sum(%13) : f32[]
+%15 = aten.add.Tensor(%12, %14) : f32[4]
+%16 = aten.mul.Tensor(%15, 2) : f32[4]
+%17 = aten.mul.Tensor(%3, 1) : f32[4]
+%18 = funcol.all_reduce(%17, 'sum', ranks[0,1,2,3]) : f32[4]
+%19 = funcol.wait_tensor(%18) : f32[4]
+%20 = aten.sum(%19) : f32[]
+%21 = aten.add.Tensor(%16, %20) : f32[4]
+return %21""")
+
+
 # Two barriers (record_ writes its argument, note returns nothing): the first wait stays
 # above the first, the second gather and wait between them, the third gather below the
 # second (RO-6).

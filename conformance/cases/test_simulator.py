@@ -217,6 +217,29 @@ def test_upstreams_blocking_one_shot_is_communication_too(backend, world4):
         assert tl.exposed_comm_us == pytest.approx(want) and tl.overlap == 0.0
 
 
+@pytest.mark.spec("SIM-2", "SIM-7")
+def test_a_two_shot_all_reduce_costs_twice_a_ring(backend, world4):
+    """refimpl's and upstream's `two_shot_all_reduce_`: a blocking kernel costed twice
+    `ring` of its bytes (a reduce-scatter and an all-gather), not as a one-shot."""
+    ns = sim(backend)
+    import refimpl.symmetric_memory  # noqa: F401  (defines refimpl_symm_mem)
+
+    def program(x):
+        return torch.ops.refimpl_symm_mem.two_shot_all_reduce_(x * 1, "sum", "0") + 1
+
+    gm = make_fx(program, tracing_mode="fake")(torch.ones(8, 16))
+    # Upstream's op (the same schema) has no fake kernel on a CPU build: swapped in.
+    for namespace in (torch.ops.refimpl_symm_mem, torch.ops.symm_mem):
+        for node in gm.graph.nodes:
+            if "two_shot" in str(node.target):
+                node.target = namespace.two_shot_all_reduce_.default
+        tl = ns.simulate(gm, ns.CostModel(_profile(ns)))
+        kernel = [e for e in tl.events if "two_shot" in str(e.node.target)][0]
+        want = 2 * ring(4, 512)
+        assert kernel.stream != "compute" and kernel.kind == "blocking", kernel
+        assert kernel.end_us - kernel.start_us == pytest.approx(want), namespace
+
+
 @pytest.mark.spec("SIM-7", "SIM-8")
 def test_a_wait_reached_late_still_takes_its_own_time(backend, world4):
     """The gather (10 us) ends under a matmul (30 us): its wait (2 us) then waits for
