@@ -1,13 +1,7 @@
 """refimpl: a reference implementation of the collectives, compiler passes and symmetric
-memory that SPEC.md specifies.
+memory that SPEC.md specifies, one flat module per concept (README.md, "Layout").
 
-Where torch sees a GPU, importing the package imports the CUDA backend of symmetric memory
-(refimpl/_symm_mem_cuda.py), which registers its allocator for "cuda" (SM-1, SM-21);
-refimpl.symmetric_memory finds it by device type and imports no backend. On a machine
-without CUDA the package imports nothing but torch here.
+Importing the package imports nothing: each module loads what it needs. Symmetric
+memory finds the backend of a device type when a program first asks for it
+(`refimpl.symmetric_memory.BACKEND_MODULES`, SM-1).
 """
-
-import torch
-
-if torch.cuda.is_available():
-    import refimpl._symm_mem_cuda  # noqa: F401  (registers the "cuda" allocator)

@@ -33,9 +33,9 @@ def refuse(argument: str, expected: str, got, rule: str, error: type = ValueErro
 
 def require(condition: bool, argument: str, expected: str, got, rule: str,
             error: type = ValueError) -> None:
-    """Refuse `argument` unless `condition` holds. `got` is formatted only on refusal."""
+    """Refuse `argument` unless `condition` holds (`got` is formatted only then)."""
     if not condition:
-        refuse(argument, expected, got() if callable(got) else got, rule, error)
+        refuse(argument, expected, got, rule, error)
 
 
 def require_type(value, types, argument: str, expected: str, rule: str) -> None:

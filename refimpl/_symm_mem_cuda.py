@@ -18,12 +18,12 @@ STATUS: run on an H100 (torch 2.11, 2 and 4 processes time-sliced on the one GPU
 tests/gpu/run_on_device.sh: tests/gpu and the SM conformance section on cuda pass,
 compute-sanitizer finds nothing (benchmarks/results/symm_mem_cuda.md). CI compiles it only.
 
-This module imports `refimpl.symmetric_memory` (never the other way round), uses only its
-backend interface (see `register_allocator` there), and registers `CudaAllocator` for "cuda"
-as it is imported where torch sees a CUDA device; `refimpl/__init__.py` imports it there, so
-any import of refimpl serves "cuda", and the ops' CUDA kernels find the allocator by device
-type. Importing it needs no GPU and builds nothing: the library is built and loaded on the
-first allocation (`library()`). Implements SM-21 .. SM-23 and, on CUDA, SM-3 .. SM-11,
+This module imports `refimpl.symmetric_memory` (which never imports it: it names it in
+`BACKEND_MODULES`, loaded the first time a program asks for "cuda"), uses only its backend
+interface (see `register_allocator` there), and registers `CudaAllocator` for "cuda" as it
+is imported where torch sees a CUDA device; the ops' CUDA kernels find the allocator by
+device type. Importing it needs no GPU and builds nothing: the library is built and loaded
+on the first allocation (`library()`). Implements SM-21 .. SM-23 and, on CUDA, SM-3 .. SM-11,
 SM-15 .. SM-17, SM-19 and SM-20.
 """
 
@@ -367,11 +367,11 @@ class CudaSymmetricMemory(sm.SymmetricMemory):
 
 def register() -> None:
     """Serve symmetric memory on CUDA devices (SM-1): done as this module is imported where
-    torch sees a CUDA device, which importing refimpl does (refimpl/__init__.py)."""
+    torch sees a CUDA device (symmetric memory imports it on the first request for "cuda",
+    or a program imports it itself)."""
     sm.register_allocator("cuda", CudaAllocator())
 
 
-# The one registration: this module runs once, whichever refimpl module a program imports
-# first (the package imports this one before it where torch sees a GPU).
+# The one registration: a module runs once, however it was first imported.
 if torch.cuda.is_available():
     register()

@@ -50,7 +50,7 @@ BLOCK_META = "refimpl_block"
 
 # Collectives are recognized in refimpl's namespaces and in upstream's, so one pass can be
 # compared with upstream's on the same graphs (BK-1); merged collectives are refimpl's.
-_WAITS = comm_ops.targets(family="wait")
+_WAITS = comm_ops.targets(family="wait", in_place=False)  # wait_tensor of either (BK-1)
 _CASTS = frozenset({aten._to_copy.default, torch.ops.prims.convert_element_type.default})
 
 

@@ -628,7 +628,7 @@ class _Lowering:
 
     def rule_of(self, node):
         row = comm_ops.node_op(node)
-        if row is None or not row.is_collective or row.namespace not in _fx.COLLECTIVE_NAMESPACES:
+        if row is None or not row.is_collective:
             return None
         if row.family in self.OUT_OF_PLACE_FAMILIES:
             return _Lowering.out_of_place

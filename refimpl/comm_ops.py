@@ -56,7 +56,7 @@ SYMMETRIC_ALLOCATORS = (("refimpl.symmetric_memory", "empty_strided_p2p"),
 # What an op does; the collective families are also reorder's kinds (RO-8).
 COLLECTIVE_FAMILIES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast",
                        "point_to_point")
-FAMILIES = COLLECTIVE_FAMILIES + ("wait", "barrier")
+FAMILIES = COLLECTIVE_FAMILIES + ("wait",)
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class CommOp:
     in_flight: str = ""
     # The cost model (SIM-2): the bytes it moves ("input", "output" or "larger" of the
     # two) and the algorithm charged for them ("ring", "twice_ring", "pipeline",
-    # "one_shot", "direct", "latency"); "" for what costs nothing (a wait).
+    # "one_shot", "direct"); "" for what costs nothing (a wait).
     cost_bytes: str = ""
     algorithm: str = ""
     # It returns its argument although its schema says `-> Tensor` (MEM-2): upstream's
@@ -159,7 +159,6 @@ _SYMMETRIC = {
     "one_shot_all_reduce_out": dict(_ONE_SHOT, out=True),
     "one_shot_all_reduce_pointwise": _ONE_SHOT,
     "two_shot_all_reduce_": dict(_ONE_SHOT, in_place=True, algorithm="twice_ring"),
-    "barrier": dict(family="barrier", completes="blocking", algorithm="latency"),
 }
 _SYMMETRIC_OF = {
     "refimpl_symm_mem": tuple(_SYMMETRIC),
@@ -189,8 +188,9 @@ ROWS: dict[tuple[str, str], CommOp] = _rows()
 _OPAQUE = ("a CUDA-only device op of upstream's symmetric memory that no refimpl pass emits "
            "or models: reorder keeps it a barrier (RO-6), memory reads its schema, the "
            "simulator costs it as compute")
-_INTERNAL = ("refimpl's internal op: the C++ CPU kernel hands the calls it does not run "
-             "itself to the Python kernels under this name (SM-18); never in a graph")
+_INTERNAL = ("refimpl's internal op: the C++ CPU kernels hand the calls they do not run "
+             "themselves, and the statuses they cannot explain, to Python under this name "
+             "(SM-18); never in a graph")
 _UPSTREAM_SYMM = (
     "_async_input_mm", "_barrier", "_low_contention_all_gather",
     "_low_contention_all_gather_ce_multicast", "_low_contention_all_gather_ce_multicast_out",
@@ -209,6 +209,9 @@ _UPSTREAM_SYMM = (
 NOT_MODELLED: dict[tuple[str, str], str] = {
     ("_c10d_functional", "_wrap_tensor_autograd"):
         "upstream's eager autograd wrapper of an in-flight tensor: never in a traced graph",
+    ("refimpl_symm_mem", "barrier"):
+        "a synchronisation of the ranks that moves no data (SM-17), which no pass emits: "
+        "reorder keeps it a barrier (RO-6), the simulator costs it as compute (SIM-3)",
     **{("refimpl_symm_mem", f"_python_{name}"): _INTERNAL
        for name in ("one_shot_all_reduce", "one_shot_all_reduce_out", "two_shot_all_reduce_",
                     "one_shot_all_reduce_pointwise", "raise_status")},
@@ -252,13 +255,17 @@ def not_modelled(target) -> str | None:
     return NOT_MODELLED.get(key) if key is not None else None
 
 
-@functools.cache
 def find(target) -> CommOp | None:
     """The row of a graph node's target; None for what is not a communication op of the
     catalogue (ATen, Python functions) and for an op deliberately not modelled. An op of
     a catalogued namespace with neither a row nor a reason raises NotModelled."""
-    key = qualified_name(target) if isinstance(target, torch._ops.OpOverload) else None
-    if key is None or key[0] not in NAMESPACES or key in NOT_MODELLED:
+    return _find(target) if isinstance(target, torch._ops.OpOverload) else None
+
+
+@functools.cache  # op overloads only: a cache of every Python callable would keep them
+def _find(target: torch._ops.OpOverload) -> CommOp | None:
+    key = qualified_name(target)
+    if key[0] not in NAMESPACES or key in NOT_MODELLED:
         return None
     return comm_op(target)
 

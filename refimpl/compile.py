@@ -133,13 +133,23 @@ def _stages(config: CompileConfig) -> list[tuple[str, object]]:
 # What a compiled graph looks like at each stage
 # --------------------------------------------------------------------------------------
 def collective_counts(gm: torch.fx.GraphModule) -> dict[str, int]:
-    """How many of each communicating op `gm` issues per run, by op name (no waits)."""
+    """How many of each communicating op `gm` issues per run, by op name (no waits): the
+    collectives and blocking kernels of the catalogue (refimpl/comm_ops.py), and the
+    symmetric-memory kernels of upstream that it leaves out, which communicate too."""
     counts: Counter = Counter()
     for node in gm.graph.nodes:
-        row = comm_ops.node_op(node)  # collectives and blocking kernels, any namespace
-        if row is not None and row.family not in ("wait", "barrier"):
+        if node.op != "call_function":
+            continue
+        row = comm_ops.find(node.target)
+        if row is not None and row.family != "wait":
             counts[row.name] += 1
+        elif row is None and _upstream_symm_mem_kernel(node.target):
+            counts[comm_ops.qualified_name(node.target)[1]] += 1
     return dict(sorted(counts.items()))
+
+
+def _upstream_symm_mem_kernel(target) -> bool:
+    return comm_ops.not_modelled(target) is not None and target.namespace == "symm_mem"
 
 
 @dataclass
@@ -206,8 +216,9 @@ def _partition(joint_module, joint_inputs, **kwargs):
     The partitioner copies into the backward every forward node whose inputs the backward
     has, and keeps there what has side effects: every refimpl_c10d op does (FC-33), so a
     forward collective on a value the backward recomputes (a logged loss) would be issued
-    twice per step. A collective or wait the joint graph tagged as forward, and that
-    nothing in the backward reads, is dropped from the backward: the forward issues it.
+    twice per step. A collective, wait or blocking kernel (any op with a row in
+    refimpl/comm_ops.py) the joint graph tagged as forward, and that nothing in the
+    backward reads, is dropped from the backward: the forward issues it.
     """
     from torch._functorch.partitioners import default_partition
 

@@ -55,7 +55,7 @@ class MemoryLifecycleError(AssertionError):
 
 
 # --------------------------------------------------------------------------------------
-# Node classification: collectives and waits (refimpl/_fx.py, shared with every pass),
+# Node classification: collectives and waits (refimpl/comm_ops.py, read by every pass),
 # and the renames a schema does not state.
 # --------------------------------------------------------------------------------------
 # What a communication op is (a collective, a wait, what it holds in flight: MEM-5, and

@@ -149,10 +149,7 @@ def barrier_reason(node: torch.fx.Node) -> str | None:
             return None
         return f"the Python function {name or target!r} may do anything"
     namespace = target.namespace
-    row = comm_ops.node_op(node)
-    if row is not None and row.family == "barrier":
-        return f"{target} synchronises the ranks of its group"
-    if row is not None:
+    if comm_ops.node_op(node) is not None:
         return None  # modelled (upstream registers its wait as side-effectful for DCE)
     if _has_registered_effect(target):
         return f"{target} is registered as side-effectful"

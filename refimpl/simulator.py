@@ -1,15 +1,16 @@
 """Schedule simulator: what a node order of an FX program costs in time and memory.
 
 A `CostModel` gives every node a duration in microseconds: collectives by an alpha-beta
-model per group size (ring algorithms), compute by a roofline over a `HardwareProfile`
-(FLOPs counted from shapes, bytes read and written), views, waits and bookkeeping nodes
-nothing; any node's duration can be pinned by name (SIM-1..SIM-4). `simulate(gm,
-cost_model, order)` replays an order on one compute stream and one comm stream per
-group: a collective is issued when the compute stream reaches it, collectives of one
-group run one after another, and a wait blocks the compute stream until its collective
-finished (SIM-5..SIM-8). The `Timeline` says how long the step took, how much of the
-communication was exposed, and the peak memory of the same order (refimpl.memory); it
-draws itself as a Chrome / Perfetto trace and as an SVG Gantt chart (SIM-9, SIM-10).
+model per group size (the algorithm refimpl/comm_ops.py names for the op), compute by a
+roofline over a `HardwareProfile` (FLOPs counted from shapes, bytes read and written),
+views, waits and bookkeeping nodes nothing; any node's duration can be pinned by name
+(SIM-1..SIM-4). `simulate(gm, cost_model, order)` replays an order on one compute stream
+and one comm stream per group: a collective is issued when the compute stream reaches
+it, collectives of one group run one after another, and a wait blocks the compute stream
+until its collective finished (SIM-5..SIM-8). The `Timeline` says how long the step
+took, how much of the communication was exposed, and the peak memory of the same order
+(refimpl.memory); it draws itself as a Chrome / Perfetto trace and as an SVG Gantt chart
+(SIM-9, SIM-10).
 
 Profiles: `H100_NVLINK_8` (published numbers, cited on the preset) and one measured on
 this machine by `python -m refimpl.simulator calibrate` (SIM-11).
@@ -206,7 +207,6 @@ ALGORITHMS = {
     # SIM-7: every rank reads every peer's buffer once, after one signal round.
     "one_shot": lambda link, n, b: link.alpha_us + (n - 1) * b / link.beta_bytes_per_us,
     "direct": lambda link, n, b: link.alpha_us + b / link.beta_bytes_per_us,  # one peer
-    "latency": lambda link, n, b: (n - 1) * link.alpha_us,  # a signal to every peer
 }
 # The bytes a row names: its input's, its output's or the larger of the two (SIM-2).
 COST_BYTES = {"input": _input_bytes, "output": _output_bytes, "larger": _larger_bytes}

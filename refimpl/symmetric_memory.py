@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import datetime
 import functools
+import importlib
 import json
 import math
 import mmap
@@ -230,14 +231,24 @@ def register_allocator(device_type: str, allocator) -> None:
         _native_ops.rsm_ops_enable(int(allocator is _cpu_allocator))
 
 
+# The backend module of a device type, imported the first time a program asks for that
+# type (SM-1): it registers its allocator as it is imported, where its device exists.
+# Importing this module loads no other backend, and a machine that never asks for "cuda"
+# never loads the CUDA one. Another backend adds its entry here, or calls
+# `register_allocator` itself.
+BACKEND_MODULES = {"cuda": "refimpl._symm_mem_cuda"}
+
+
 def get_allocator(device_type) -> object:
-    device_type = getattr(device_type, "type", device_type)
-    try:
-        return _allocators[str(device_type)]
-    except KeyError:
+    device_type = str(getattr(device_type, "type", device_type))
+    allocator = _allocators.get(device_type)
+    if allocator is None and device_type in BACKEND_MODULES:
+        importlib.import_module(BACKEND_MODULES[device_type])  # registers where it can
+        allocator = _allocators.get(device_type)
+    if allocator is None:
         raise ValueError(f"device: symmetric memory has no allocator for device type "
-                         f"{str(device_type)!r} (registered: {sorted(_allocators)}) "
-                         f"[SM-1]") from None
+                         f"{device_type!r} (registered: {sorted(_allocators)}) [SM-1]")
+    return allocator
 
 
 # --------------------------------------------------------------------------------------
@@ -923,6 +934,7 @@ def get_symmetric_memory(tensor: torch.Tensor) -> SymmetricMemory:
 
 
 def is_symm_mem_tensor(tensor: torch.Tensor) -> bool:
+    # A backend not loaded yet allocated nothing: no import for this question.
     allocator = _allocators.get(tensor.device.type)
     return allocator is not None and allocator.allocation_of(tensor) is not None
 

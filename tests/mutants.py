@@ -692,7 +692,7 @@ BK = [
            "the key holds the element size, not the dtype: float16 and bfloat16 (or float32 "
            "and int32) members share a bucket"),
     Mutant("only_refimpl_waits_make_candidates", "BK-1", _BK,
-           "_WAITS = comm_ops.targets(family=\"wait\")",
+           "_WAITS = comm_ops.targets(family=\"wait\", in_place=False)",
            "_WAITS = frozenset({torch.ops.refimpl_c10d.wait_tensor.default})",
            "a candidate's wait is looked for in refimpl's namespace only: collectives of "
            "upstream's _c10d_functional, waited by upstream's wait, are never merged"),
@@ -940,7 +940,8 @@ RO = [
            "an all_gather of its group"),
     Mutant("ro_custom_op_not_a_barrier", "RO-6", _RO,
            '    if namespace in ("aten", "prims"):\n',
-           '    if namespace not in COMMUNICATING_NAMESPACES:\n',
+           '    if namespace not in comm_ops.NAMESPACES + '
+           'comm_ops.OTHER_COMMUNICATING_NAMESPACES:\n',
            "only ops of communicating namespaces are barriers: a side-effecting custom op "
            "is moved across"),
     Mutant("ro_prologue_left_behind", "RO-7", _RO,
@@ -1048,8 +1049,8 @@ RO = [
            "only the algorithm changed: broadcast becomes RO-8's all_reduce kind "
            "(blind red team)"),
     Mutant("comm_ops_find_only_collective_namespaces", "RO-5", COMM_OPS,
-           '    if key is None or key[0] not in NAMESPACES or key in NOT_MODELLED:',
-           '    if key is None or key[0] not in COLLECTIVE_NAMESPACES or key in NOT_MODELLED:',
+           '    if key[0] not in NAMESPACES or key in NOT_MODELLED:',
+           '    if key[0] not in COLLECTIVE_NAMESPACES or key in NOT_MODELLED:',
            "find filters on the functional-collective namespaces only, so the "
            "symmetric-memory kernels get no row and read as plain compute (blind red team)"),
 ]
@@ -1736,6 +1737,11 @@ SIM = [
            "the one-shot row written from the all_reduce template, keeping "
            "completes=\"wait\": a blocking kernel treated as an issued collective "
            "(blind red team)"),
+    Mutant("p2p_costed_as_a_ring", "SIM-2", COMM_OPS,
+           '    "isend": _P2P,\n',
+           '    "isend": dict(_P2P, algorithm="ring"),\n',
+           "isend given the default every other collective has, a ring over the group, "
+           "though it moves its bytes to one peer once"),
 ]
 
 
@@ -1744,7 +1750,7 @@ SIM = [
 # --------------------------------------------------------------------------------------
 E2E = [
     Mutant("one_shot_kernels_not_counted", "E2E-5", "refimpl/compile.py",
-           'if row is not None and row.family not in ("wait", "barrier"):',
+           'if row is not None and row.family != "wait":',
            'if row is not None and row.is_collective:',
            "the stage counts look at the functional-collective namespaces only: a one-shot "
            "kernel on symmetric memory is not recorded"),
@@ -1799,8 +1805,8 @@ E2E = [
            "a stage's text is written before the stage ran: every file shows the stage "
            "before"),
     Mutant("e2e_waits_counted_as_collectives", "E2E-5", "refimpl/compile.py",
-           'if row is not None and row.family not in ("wait", "barrier"):',
-           'if row is not None and row.family != "barrier":',
+           'if row is not None and row.family != "wait":',
+           'if row is not None:',
            "the record of a graph's collectives counts its waits too"),
     Mutant("e2e_bool_cap_accepted", "E2E-1", "refimpl/compile.py",
            "if isinstance(cap, bool) or not isinstance(cap, (int, float)):",

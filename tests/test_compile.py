@@ -30,6 +30,8 @@ ONE_SHOT = {"bucket_cap_mb": 25.0, "lowering": {"auto_select": True}}
 
 
 def _train(options, symm_mem=False, steps=5):
+    import torch._functorch.config  # not loaded by `import torch` alone
+
     assert torch._functorch.config.error_on_custom_op_aliasing  # the strict check is on
     return compare_on_rank("refimpl", TRANSFORMER, steps, options, symm_mem=symm_mem)
 

@@ -266,3 +266,26 @@ def test_either_module_imported_first_registers_one_cuda_allocator_SM_21(first):
                          cwd=_native.REPO_ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["CudaAllocator"]
+
+
+def test_the_cuda_backend_is_found_by_device_type_on_first_use_SM_1():
+    """Symmetric memory imports no backend; the first request for "cuda" loads the one
+    BACKEND_MODULES names, which registers itself where torch sees a GPU (pretended)."""
+    code = ("import torch, sys; torch.cuda.is_available = lambda: True; "
+            "import refimpl.symmetric_memory as sm; "
+            "print('refimpl._symm_mem_cuda' in sys.modules, end=' '); "
+            "print(type(sm.get_allocator('cuda')).__name__, "
+            "'refimpl._symm_mem_cuda' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=_native.REPO_ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "CudaAllocator", "True"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_asking_for_cuda_without_a_gpu_names_the_device_type_SM_1():
+    import refimpl.symmetric_memory as sm
+
+    with pytest.raises(ValueError, match=r"device: symmetric memory has no allocator for "
+                                         r"device type 'cuda'.*\[SM-1\]"):
+        sm.get_allocator("cuda")

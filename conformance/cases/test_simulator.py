@@ -240,6 +240,25 @@ def test_a_two_shot_all_reduce_costs_twice_a_ring(backend, world4):
         assert kernel.end_us - kernel.start_us == pytest.approx(want), namespace
 
 
+@pytest.mark.spec("SIM-2")
+def test_point_to_point_ops_cost_one_transfer(backend, world4):
+    """Upstream's isend and irecv: one peer, one transfer of the larger of their input and
+    result, `alpha + B / beta` on the group's link, not a ring; each wait completes its op."""
+    ns = sim(backend)
+    p2p = torch.ops._c10d_functional
+
+    def program(x):
+        sent = p2p.isend(x * 1, 1, 0, "0")
+        received = p2p.irecv(x * 2, 1, 0, "0")
+        return p2p.wait_tensor(sent), p2p.wait_tensor(received)
+
+    gm = make_fx(program, tracing_mode="fake")(torch.ones(8, 16))
+    tl = ns.simulate(gm, ns.CostModel(_profile(ns)))
+    durations = [e.end_us - e.start_us for e in tl.events if e.stream != "compute"]
+    want = ALPHA[4] + 512 / BETA[4]
+    assert durations == pytest.approx([want, want]), durations
+
+
 @pytest.mark.spec("SIM-7", "SIM-8")
 def test_a_wait_reached_late_still_takes_its_own_time(backend, world4):
     """The gather (10 us) ends under a matmul (30 us): its wait (2 us) then waits for
