@@ -244,6 +244,12 @@ def comm_trace_of_graph(gm: torch.fx.GraphModule) -> list[CommEvent]:
             buffers.alias(node, source)
             events.append(CommEvent("wait", inputs=[f"b{buffers.id(source)}"]))
             continue
+        if name == "wait_tensors":  # torch 2.15: one wait for a list, which it returns
+            sources = _tensor_nodes(node.args[0])
+            buffers.ids[node] = [buffers.id(source) for source in sources]
+            # a wait line per tensor, as separate waits print: the trace stays neutral
+            events.extend(CommEvent("wait", inputs=[f"b{i}"]) for i in buffers.ids[node])
+            continue
         events.append(_collective_event(node, name, buffers))
     return events
 

@@ -28,7 +28,7 @@ import torch.fx
 from conformance.canonical import COLLECTIVE_NAMESPACES
 from conformance.canonical import SYMM_MEM_NAMESPACES as SYMM_MEM
 
-WAITS = ("wait_tensor", "wait_tensor_")
+WAITS = ("wait_tensor", "wait_tensor_", "wait_tensors")  # the last: torch 2.15, a list
 KIND = {"all_gather_into_tensor": "all_gather", "all_gather_into_tensor_out": "all_gather",
         "all_gather_into_tensor_coalesced": "all_gather",
         "reduce_scatter_tensor": "reduce_scatter",

@@ -177,6 +177,10 @@ def _rows() -> dict[tuple[str, str], CommOp]:
                                                   in_place=True)
     rows["_c10d_functional", "wait_tensor"] = CommOp("_c10d_functional", "wait_tensor",
                                                      **_WAIT, returns_argument=True)
+    # torch 2.15: one wait for every tensor of a list (a coalesced collective's results),
+    # returning them.
+    rows["_c10d_functional", "wait_tensors"] = CommOp(
+        "_c10d_functional", "wait_tensors", **_WAIT, coalesced=True, returns_argument=True)
     return rows
 
 

@@ -180,7 +180,8 @@ class _CodeReader:
             self.track_buffers(line)
             call = _CALL.match(line)
             if call is not None:
-                events.append(self.event(*call.groups()))
+                found = self.event(*call.groups())
+                events.extend(found if isinstance(found, list) else [found])
         return [e for e in events if e is not None]
 
     def track_buffers(self, line: str) -> None:
@@ -212,6 +213,11 @@ class _CodeReader:
         bound.update({k.arg: k.value for k in call.keywords})
         if name == "wait_tensor":
             return CommEvent("wait", inputs=[f"b{self.id(bound['tensor'].id)}"])
+        if name == "wait_tensors":  # torch 2.15: one wait for a list, which it returns
+            ids = [self.id(n) for n in _names(bound["tensors"])]
+            self.ids[result] = ids
+            # a wait line per tensor, as separate waits print: the trace stays neutral
+            return [CommEvent("wait", inputs=[f"b{i}"]) for i in ids]
         return self.collective(result, name, schema, bound)
 
     def collective(self, result, name, schema, bound) -> CommEvent:
