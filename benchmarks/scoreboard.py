@@ -1,11 +1,14 @@
 """The conformance scoreboard: refimpl and upstream PyTorch versions, section by section.
 
-    python benchmarks/scoreboard.py run [--upstream PYTHON]... [-o OUT]
+    python benchmarks/scoreboard.py run [--release X.Y.Z]... [--upstream PYTHON]... [-o OUT]
     python benchmarks/scoreboard.py make REPORT.json... [-o OUT]
 
 `run` runs `python -m conformance` against `refimpl` (with this Python) and against
 `torch` with each `--upstream` Python (default: this one; a virtual environment holding
-another torch version, this checkout on its PYTHONPATH), writes each JSON report to
+another torch version, this checkout on its PYTHONPATH) and with each `--release`, whose
+venv it builds first under build/scoreboard/venvs/ when it is missing (`venv_for`: the
+release from pip as configured here, else torch 2.14.1's dependencies, which this
+machine serves, and the release itself from the registry), writes each JSON report to
 `build/scoreboard/`, then does what `make` does. `make` turns JSON reports (`--json` of
 `python -m conformance`) into a markdown scoreboard (default benchmarks/results/
 scoreboard.md): a table per SPEC section with, per rule, the cases naming it that
@@ -34,6 +37,33 @@ REPORTS_DIR = ROOT / "build" / "scoreboard"
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "scoreboard.md"
 SHORT = {"failed": "fail", "xfailed": "xfail", "xpassed": "XPASS",
          "not_implemented": "n/i", "skipped": "skip"}
+
+
+VENVS_DIR = REPORTS_DIR / "venvs"
+TOOLS = ["pytest", "pytest-xdist", "expecttest", "hypothesis", "numpy"]
+# What a release needs besides torch 2.14.1's dependencies (its CUDA libraries, which load
+# on a CPU host): torch 2.15.0 links a newer NVSHMEM.
+EXTRAS = {"2.15.0": ["nvidia-nvshmem-cu13==3.7.2"]}
+
+
+def venv_for(release: str) -> str:
+    """The Python of a venv holding torch `release` (built when missing); never this one.
+
+    pip here serves 2.13.0 (the CPU wheel) and 2.14.1 from local disk and is capped at
+    2.14.1 by its configuration; another release is installed over 2.14.1's dependencies
+    from the registry (PIP_CONFIG_FILE=/dev/null for that one command)."""
+    home = VENVS_DIR / f"torch-{release}"
+    python = home / "bin" / "python"
+    if python.exists():
+        return str(python)
+    subprocess.run([sys.executable, "-m", "venv", str(home)], check=True)
+    pip = [str(python), "-m", "pip", "install", "-q"]
+    if subprocess.run(pip + [f"torch=={release}", *TOOLS]).returncode != 0:
+        subprocess.run(pip + ["torch==2.14.1", *TOOLS], check=True)
+        registry = {**os.environ, "PIP_CONFIG_FILE": os.devnull}
+        subprocess.run(pip + ["--no-deps", "--force-reinstall", f"torch=={release}",
+                              *EXTRAS.get(release, [])], env=registry, check=True)
+    return str(python)
 
 
 def run_suite(python: str, backend: str) -> Path:
@@ -117,16 +147,13 @@ def _outcome(case) -> str:
 
 
 COMMANDS = """\
-Remade, from the repository root, by these commands (the last two lines, once the venv exists):
+Remade, from the repository root, by one command (each release's venv is built under
+build/scoreboard/venvs/ when missing, never the project's; the JSON reports land in
+build/scoreboard/):
 
 ```bash
-# torch 2.14.1 (a CUDA build that runs on the CPU) in its own venv, never the project's:
-python -m venv /work/venvs/torch214 && /work/venvs/torch214/bin/pip install \\
-    /opt/pypi-more/files/torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl \\
-    pytest pytest-xdist expecttest hypothesis numpy
-# the three runs (JSON reports in build/scoreboard/) and this file, in one command:
-python benchmarks/scoreboard.py run \\
-    --upstream python --upstream /work/venvs/torch214/bin/python
+python benchmarks/scoreboard.py run --release 2.11.0 --release 2.12.1 --release 2.13.0 \\
+    --release 2.14.1 --release 2.15.0
 # or this file alone, from reports made earlier:
 python benchmarks/scoreboard.py make build/scoreboard/*.json
 ```
@@ -182,6 +209,9 @@ def main(argv=None) -> int:
     run = sub.add_parser("run", help="run the suite on each backend, then make the table")
     run.add_argument("--upstream", action="append", metavar="PYTHON",
                      help="a Python whose torch is the upstream to score (repeatable)")
+    run.add_argument("--release", action="append", metavar="X.Y.Z", default=[],
+                     help="an upstream release to score in a venv of its own, built when "
+                          "missing (repeatable)")
     mk = sub.add_parser("make", help="make the table from JSON reports")
     mk.add_argument("reports", nargs="+")
     for command in (run, mk):
@@ -190,7 +220,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.command == "run":
         paths = [run_suite(sys.executable, "refimpl")]
-        paths += [run_suite(python, "torch") for python in args.upstream or [sys.executable]]
+        pythons = (args.upstream or ([] if args.release else [sys.executable]))
+        pythons += [venv_for(release) for release in args.release]
+        paths += [run_suite(python, "torch") for python in pythons]
     else:
         paths = [Path(p) for p in args.reports]
     reports = sorted((json.loads(Path(p).read_text()) for p in paths),

@@ -44,7 +44,9 @@ __all__ = [
     "all_gather_tensor_autograd", "all_gather_into_tensor_coalesced",
     "reduce_scatter_tensor", "reduce_scatter_tensor_autograd",
     "reduce_scatter_tensor_coalesced", "all_to_all_single", "all_to_all_single_autograd",
-    "broadcast", "wait_tensor", "resolve_group_name", "group_ranks", "group_size",
+    "broadcast", "wait_tensor", "wait_tensors", "all_gather_single", "reduce_scatter_single",
+    "all_gather_single_coalesced", "reduce_scatter_single_coalesced", "resolve_group_name",
+    "group_ranks", "group_size",
     "work_registry_size", "set_collective_checks", "collective_checks_enabled",
     "CollectiveMismatch", "PeerTimeout", "PeerFailure", "LIBRARY", "SCHEMAS",
 ]
@@ -1320,3 +1322,16 @@ def wait_tensor(tensor: torch.Tensor) -> torch.Tensor:
     if isinstance(tensor, AsyncCollectiveTensor):
         return tensor.wait()
     return _waited(tensor)
+
+
+def wait_tensors(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Wait for each tensor of a list, in order, as `wait_tensor` does (FC-37)."""
+    return [wait_tensor(t) for t in tensors]
+
+
+# torch 2.15's names of the gathers and scatters of one tensor a rank (FC-37); the names
+# before them stay, the same functions (upstream's now warn that they are deprecated).
+all_gather_single = all_gather_tensor
+reduce_scatter_single = reduce_scatter_tensor
+all_gather_single_coalesced = all_gather_into_tensor_coalesced
+reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced

@@ -415,6 +415,11 @@ FC = [
 """, "",
            "the in-place coalesced all_reduce communicates without the check its out-of-place "
            "twin makes: mismatched shapes reach gloo"),
+    Mutant("wait_tensors_waits_the_first_only", "FC-37", F,
+           "    return [wait_tensor(t) for t in tensors]",
+           "    return [wait_tensor(tensors[0]), *tensors[1:]]",
+           "the list's wait written for its first tensor, the others returned still "
+           "pending (AsyncCollectiveTensors)"),
 ]
 
 # --------------------------------------------------------------------------------------

@@ -128,3 +128,34 @@ def test_targets_select_by_fields_across_namespaces():
     assert torch.ops._c10d_functional.all_gather_into_tensor.default in plain
     assert torch.ops._c10d_functional_autograd.all_gather_into_tensor.default in plain
     assert torch.ops.refimpl_c10d.all_gather_into_tensor_out.default not in plain
+
+
+@pytest.mark.skipif(not hasattr(torch.ops._c10d_functional, "wait_tensors"),
+                    reason="torch 2.15's one wait for a list")
+def test_a_wait_of_a_list_plans_and_costs_as_its_separate_waits():
+    """Upstream 2.15's `wait_tensors([r0, r1])` is read as `wait_tensor(r0)`,
+    `wait_tensor(r1)` by the passes: the same memory plan (MEM-5) and timeline (SIM-8)."""
+    import functools
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from refimpl.memory import plan_memory
+    from refimpl.simulator import simulate
+
+    ops = torch.ops._c10d_functional
+
+    def program(a, b, *, together):
+        r0, r1 = ops.all_gather_into_tensor_coalesced([a * 1, b * 1], 2, "0")
+        w0, w1 = ops.wait_tensors([r0, r1]) if together else \
+            (ops.wait_tensor(r0), ops.wait_tensor(r1))
+        return w0 + 1, w1 * 2
+
+    inputs = (torch.ones(4), torch.ones(2, 3))
+    plans, steps = [], []
+    for together in (True, False):
+        gm = make_fx(functools.partial(program, together=together),
+                     tracing_mode="fake")(*inputs)
+        assert ("wait_tensors" in str(gm.graph)) == together
+        plans.append(plan_memory(gm).peak_bytes)
+        steps.append(simulate(gm).step_time_us)
+    assert plans[0] == plans[1] and steps[0] == pytest.approx(steps[1]), (plans, steps)

@@ -32,6 +32,10 @@ def _functional_collectives():
              "reduce_scatter_tensor_coalesced", "wait_tensor", "AsyncCollectiveTensor",
              "all_gather_tensor_autograd", "reduce_scatter_tensor_autograd",
              "all_to_all_single_autograd"]
+    # torch 2.15's names (FC-37), where the installed torch has them
+    names += [n for n in ("all_gather_single", "reduce_scatter_single",
+                          "all_gather_single_coalesced", "reduce_scatter_single_coalesced",
+                          "wait_tensors") if hasattr(ufc, n)]
     ns = types.SimpleNamespace(**{n: getattr(ufc, n) for n in names})
     ns.ops = torch.ops._c10d_functional
     ns.resolve_group_name = ufc._resolve_group_name

@@ -817,10 +817,15 @@ def test_the_lowered_program_is_called_as_any_module(backend, fake_world):
     graph = KeepsTheProgram().trace(Parent(lowered))
     assert [n.target for n in graph.nodes if n.op == "call_module"] == ["program"]
 
-    with torch.profiler.profile(with_stack=True) as prof:  # records module calls
-        lowered(x.clone())
-    names = [event.name for event in prof.events()]
-    assert any(name.startswith("nn.Module:") for name in names), names[:20]
+    # The profiler records module calls where its Python tracer runs (not in every build:
+    # torch 2.11's CUDA wheel on a CPU host records none): as it does a plain module's.
+    assert _profiled_module_call(lowered, x) == _profiled_module_call(torch.nn.Identity(), x)
+
+
+def _profiled_module_call(module, x) -> bool:
+    with torch.profiler.profile(with_stack=True) as prof:
+        module(x.clone())
+    return any(event.name.startswith("nn.Module:") for event in prof.events())
 
 
 @pytest.mark.spec("CL-2")

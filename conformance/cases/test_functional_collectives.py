@@ -1460,3 +1460,45 @@ def test_a_member_that_does_not_ask_for_the_list_again_is_named(backend):
     # The agreement's error, not a later one (a collective on a group made without it).
     assert "[FC-31]" in message, f"rank 0: not the group agreement's error: {message}"
     assert seconds < 15, f"rank 0: took {seconds:.1f} s"
+
+
+# torch 2.15's names (FC-37): each gives what its older name gives, on every rank.
+def _single_names(spec):
+    fc = funcol_api(spec)
+    group, me = dist.group.WORLD, dist.get_rank()
+    x = oracle.rank_input(me, (2, 3), torch.float32, salt=37)
+    y = oracle.rank_input(me, (4, 1), torch.float32, salt=38)
+    pairs = {
+        "all_gather": lambda f: [f.all_gather_single(x, 0, group)] if f else
+        [fc.all_gather_tensor(x, 0, group)],
+        "reduce_scatter": lambda f: [f.reduce_scatter_single(x, "sum", 0, group)] if f else
+        [fc.reduce_scatter_tensor(x, "sum", 0, group)],
+        "all_gather_coalesced": lambda f: f.all_gather_single_coalesced([x, y], group) if f
+        else fc.all_gather_into_tensor_coalesced([x, y], group),
+        "reduce_scatter_coalesced": lambda f: f.reduce_scatter_single_coalesced(
+            [x, y], "sum", [0, 0], group) if f else
+        fc.reduce_scatter_tensor_coalesced([x, y], "sum", [0, 0], group),
+    }
+    facts = {}
+    for name, call in pairs.items():
+        new = [waited(t).tolist() for t in call(fc)]
+        old = [waited(t).tolist() for t in call(None)]
+        facts[name] = new == old and bool(new)
+    pending = [fc.all_reduce(x, "sum", group), fc.all_reduce(y * 3, "sum", group)]
+    done = fc.wait_tensors(pending)
+    want = [waited(fc.all_reduce(x, "sum", group)).tolist(),
+            waited(fc.all_reduce(y * 3, "sum", group)).tolist()]
+    facts["wait_tensors"] = [waited(t).tolist() for t in done] == want
+    facts["all_waited"] = not any(isinstance(t, fc.AsyncCollectiveTensor) for t in done)
+    return facts
+
+
+@pytest.mark.spec("FC-37")
+def test_the_2_15_names_give_what_the_older_names_give(backend):
+    backend.require("functional_collectives", "all_gather_single", "reduce_scatter_single",
+                    "all_gather_single_coalesced", "reduce_scatter_single_coalesced",
+                    "wait_tensors")
+    want = {"all_gather": True, "reduce_scatter": True, "all_gather_coalesced": True,
+            "reduce_scatter_coalesced": True, "wait_tensors": True, "all_waited": True}
+    for rank, facts in enumerate(run(backend, _single_names, 2)):
+        assert facts == want, f"rank {rank}: {facts}"

@@ -246,6 +246,8 @@ def test_point_to_point_ops_cost_one_transfer(backend, world4):
     result, `alpha + B / beta` on the group's link, not a ring; each wait completes its op."""
     ns = sim(backend)
     p2p = torch.ops._c10d_functional
+    if not hasattr(p2p, "isend"):
+        pytest.skip(f"torch {torch.__version__} has no functional isend / irecv")
 
     def program(x):
         sent = p2p.isend(x * 1, 1, 0, "0")
