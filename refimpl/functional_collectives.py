@@ -78,7 +78,9 @@ _REDUCE_OPS = {
     "band": dist.ReduceOp.BAND, "bor": dist.ReduceOp.BOR, "bxor": dist.ReduceOp.BXOR,
 }
 _BITWISE = ("band", "bor", "bxor")
-DIFFERENTIABLE_REDUCE_OPS = ("sum", "avg")
+DIFFERENTIABLE_REDUCE_OPS = ("sum", "avg")  # reduce_scatter_tensor's (FC-24)
+# all_reduce's: min and max too, their gradient going to the extremum's holders (FC-23)
+DIFFERENTIABLE_ALL_REDUCE_OPS = DIFFERENTIABLE_REDUCE_OPS + ("min", "max")
 
 
 def _check_reduce_op(reduce_op: str, dtype: torch.dtype) -> str:
@@ -96,11 +98,15 @@ def _check_reduce_op(reduce_op: str, dtype: torch.dtype) -> str:
     return op
 
 
+def _differentiable(what: str) -> tuple[str, ...]:
+    return DIFFERENTIABLE_ALL_REDUCE_OPS if what == "all_reduce" else DIFFERENTIABLE_REDUCE_OPS
+
+
 def _check_differentiable(reduce_op: str, what: str) -> str:
     op = reduce_op.lower()
-    if op not in DIFFERENTIABLE_REDUCE_OPS:
+    if op not in _differentiable(what):
         raise RuntimeError(f"reduce_op: {what} with {reduce_op!r} has no gradient; only "
-                           f"{DIFFERENTIABLE_REDUCE_OPS} are differentiable [FC-24]")
+                           f"{_differentiable(what)} are differentiable [FC-24]")
     return op
 
 
@@ -845,13 +851,30 @@ def _all_reduce_coalesced_inplace_fake(tensors, reduce_op, group_name):
 def _setup_all_reduce(ctx, inputs, output):
     _setup_reduction(ctx, output, inputs[1], "all_reduce")
     ctx.group_name = inputs[2]
+    if ctx.reduce_op in ("min", "max"):
+        ctx.save_for_backward(inputs[0], output)
 
 
 def _backward_all_reduce(ctx, grad):
     # d(sum_j x_j)/dx_i = 1 on every rank, so the gradient is the sum of the gradients
     # of every rank's output; avg scales the same sum by 1/size (FC-23).
-    g = _waited(ops.all_reduce(grad.contiguous(), ctx.reduce_op, ctx.group_name))
-    return g, None, None
+    if ctx.reduce_op not in ("min", "max"):
+        return _waited(ops.all_reduce(grad.contiguous(), ctx.reduce_op, ctx.group_name)), \
+            None, None
+    return _extremum_gradient(ctx, grad), None, None
+
+
+def _extremum_gradient(ctx, grad):
+    """min / max (FC-23): every rank's output is the extremum, so the summed gradient goes
+    to the elements that hold it, split equally among the holders of every rank (ties);
+    an element holds it when it equals the result, or both are NaN. The holders are
+    counted in float32, exact where the gradient's dtype (f16, bf16) is not."""
+    x, y = ctx.saved_tensors
+    y = _waited(y)
+    total = _waited(ops.all_reduce(grad.contiguous(), "sum", ctx.group_name))
+    holds = (x == y) | (x.isnan() & y.isnan())
+    holders = _waited(ops.all_reduce(holds.to(torch.float32), "sum", ctx.group_name))
+    return torch.where(holds, (total / holders).to(total.dtype), 0)
 
 
 _define("all_reduce", "(Tensor input, str reduce_op, str group_name) -> Tensor",

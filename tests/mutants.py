@@ -95,8 +95,8 @@ FC = [
            "    peers = [i for i, r in enumerate(ranks) if r != me]",
            "the candidates named by their index in the group instead of their global rank"),
     Mutant("grad_check_case_sensitive", "FC-17", F,
-           "    if op not in DIFFERENTIABLE_REDUCE_OPS:",
-           "    if reduce_op not in DIFFERENTIABLE_REDUCE_OPS:",
+           "    if op not in _differentiable(what):",
+           "    if reduce_op not in _differentiable(what):",
            "The differentiability check (grad path only) compares the raw reduce_op string "
            "instead of its lowered form, so case-insensitivity holds on the no-grad path but not "
            "when the input requires grad. (red team)"),
@@ -420,6 +420,16 @@ FC = [
            "    return [wait_tensor(tensors[0]), *tensors[1:]]",
            "the list's wait written for its first tensor, the others returned still "
            "pending (AsyncCollectiveTensors)"),
+    Mutant("extremum_ties_counted_on_this_rank_only", "FC-23", F,
+           '    holders = _waited(ops.all_reduce(holds.to(torch.float32), "sum", ctx.group_name))',
+           '    holders = holds.to(torch.float32)',
+           "the holders of a min/max counted on the rank itself: a tie across ranks gives "
+           "each holder the whole gradient"),
+    Mutant("extremum_gradient_to_every_element", "FC-23", F,
+           "    return torch.where(holds, (total / holders).to(total.dtype), 0)",
+           "    return (total / holders).to(total.dtype)",
+           "the min/max gradient given as sum's: every element gets its share, extremum "
+           "or not"),
 ]
 
 # --------------------------------------------------------------------------------------

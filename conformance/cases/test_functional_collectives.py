@@ -645,9 +645,9 @@ BAD_INPUTS = {
     "all_reduce_coalesced_on_meta": ("FC-30", V, ["meta"]),
     "all_reduce_in_place_not_contiguous": ("FC-4", V, ["contiguous"]),
     "broadcast_in_place_not_contiguous": ("FC-4", V, ["contiguous"]),
-    "non_differentiable_reduction": ("FC-24", (RuntimeError,), ["max"]),
+    "non_differentiable_reduction": ("FC-24", (RuntimeError,), ["product"]),
     "non_differentiable_reduce_scatter": ("FC-24", (RuntimeError,), ["product"]),
-    "non_differentiable_raw_op": ("FC-24", (RuntimeError,), ["min"]),
+    "non_differentiable_raw_op": ("FC-24", (RuntimeError,), ["product"]),
     "coalesced_second_member_bad": ("FC-27", VTR, ["avg"]),
     "coalesced_in_place_second_member_bad": ("FC-27", VTR, ["avg"]),
     "coalesced_in_place_second_not_contiguous": ("FC-27", V, ["contiguous"]),
@@ -749,10 +749,10 @@ def _bad_call(fc, name):
             torch.ones(4, 2).t(), "sum", g),
         "broadcast_in_place_not_contiguous": lambda: fc.ops.broadcast_(
             torch.ones(4, 2).t(), 0, g),
-        "non_differentiable_reduction": lambda: fc.all_reduce(grad, "max", world) * 1,
+        "non_differentiable_reduction": lambda: fc.all_reduce(grad, "product", world) * 1,
         "non_differentiable_reduce_scatter": lambda: fc.reduce_scatter_tensor(
             grad, "product", 0, world) * 1,
-        "non_differentiable_raw_op": lambda: fc.ops.all_reduce(grad, "min", g),
+        "non_differentiable_raw_op": lambda: fc.ops.all_reduce(grad, "product", g),
         "coalesced_second_member_bad": lambda: fc.ops.all_reduce_coalesced([x, xi], "avg", g),
         "coalesced_in_place_second_member_bad": lambda: fc.ops.all_reduce_coalesced_(
             [x.clone(), xi.clone()], "avg", g),
@@ -1502,3 +1502,38 @@ def test_the_2_15_names_give_what_the_older_names_give(backend):
             "reduce_scatter_coalesced": True, "wait_tensors": True, "all_waited": True}
     for rank, facts in enumerate(run(backend, _single_names, 2)):
         assert facts == want, f"rank {rank}: {facts}"
+
+
+# all_reduce(min / max)'s gradient (FC-23): the summed output gradient goes to the holders
+# of the extremum, split equally among ties across ranks. Rank r's input: element 0 is r
+# (max held by the last rank alone, min by rank 0), element 1 is 5 on every rank (a tie of
+# all), element 2 is 7 on ranks 0 and 1, 0 elsewhere (a tie of two for max), element 3
+# is -r.
+def _extremum_gradient(spec, op):
+    fc = funcol_api(spec)
+    me = dist.get_rank()
+    x = torch.tensor([float(me), 5.0, 7.0 if me < 2 else 0.0, float(-me)],
+                     dtype=torch.float64, requires_grad=True)
+    w = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64) * (me + 1)
+    (fc.all_reduce(x, op, dist.group.WORLD) * w).sum().backward()
+    return x.grad
+
+
+@pytest.mark.spec("FC-23", "FC-24")
+@pytest.mark.parametrize("op", ["max", "min", "MAX"])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_min_and_max_gradients_go_to_the_extremum_shared_among_ties(backend, op, world_size):
+    backend.require("functional_collectives")
+    n = world_size
+    total = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64) * sum(range(1, n + 1))
+    for rank, grad in enumerate(run(backend, _extremum_gradient, n, op)):
+        x = [float(rank), 5.0, 7.0 if rank < 2 else 0.0, float(-rank)]
+        xs = [[float(r), 5.0, 7.0 if r < 2 else 0.0, float(-r)] for r in range(n)]
+        pick = max if op.lower() == "max" else min
+        want = []
+        for i in range(4):
+            extremum = pick(row[i] for row in xs)
+            holders = sum(row[i] == extremum for row in xs)
+            want.append(float(total[i]) / holders if x[i] == extremum else 0.0)
+        assert grad is not None, f"{op} rank {rank}: no gradient reached the input"
+        assert grad.tolist() == want, f"{op} rank {rank}: {grad.tolist()} != {want}"
