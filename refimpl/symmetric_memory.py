@@ -232,18 +232,23 @@ def register_allocator(device_type: str, allocator) -> None:
 
 
 # The backend module of a device type, imported the first time a program asks for that
-# type (SM-1): it registers its allocator as it is imported, where its device exists.
-# Importing this module loads no other backend, and a machine that never asks for "cuda"
-# never loads the CUDA one. Another backend adds its entry here, or calls
+# type where torch sees such a device (SM-1, SM-21): it registers its allocator as it is
+# imported. Importing this module loads no other backend, and a machine without the
+# device never loads its backend. Another backend adds its entry here, or calls
 # `register_allocator` itself.
 BACKEND_MODULES = {"cuda": "refimpl._symm_mem_cuda"}
+
+
+def _device_present(device_type: str) -> bool:
+    available = getattr(getattr(torch, device_type, None), "is_available", None)
+    return bool(available()) if callable(available) else False
 
 
 def get_allocator(device_type) -> object:
     device_type = str(getattr(device_type, "type", device_type))
     allocator = _allocators.get(device_type)
-    if allocator is None and device_type in BACKEND_MODULES:
-        importlib.import_module(BACKEND_MODULES[device_type])  # registers where it can
+    if allocator is None and device_type in BACKEND_MODULES and _device_present(device_type):
+        importlib.import_module(BACKEND_MODULES[device_type])  # registers itself
         allocator = _allocators.get(device_type)
     if allocator is None:
         raise ValueError(f"device: symmetric memory has no allocator for device type "
