@@ -2165,7 +2165,8 @@ CATCHING_CASE: dict[str, str] = {
     "src_bound_off_by_one": "test_bad_input_is_refused[src_is_group_size]",
     "all_to_all_gradient_splits_not_swapped": "test_gradient[2-all_to_all_uneven]",
     "broadcast_gradient_reaches_every_rank": "test_gradient[2-broadcast]",
-    "no_grad_refused_too": "test_inputs_at_the_edge_of_a_refusal_are_accepted[max_under_no_grad]",
+    "no_grad_refused_too":
+        "test_inputs_at_the_edge_of_a_refusal_are_accepted[product_under_no_grad]",
     "coalesced_starts_before_checking":
         "test_bad_input_is_refused[coalesced_in_place_second_not_contiguous]",
     "mismatch_check_skips_rank_one": "test_mismatched_calls_raise_on_every_rank[shapes]",

@@ -798,8 +798,8 @@ def test_bad_input_is_refused(backend, name):
 
 # Inputs at the edge of a refusal that MUST be accepted: (rule, dtype, the call, oracle).
 ACCEPTED = {
-    "max_under_no_grad": ("FC-24", torch.float32, lambda fc, x, g: fc.all_reduce(
-        x.clone().requires_grad_(), "max", g), lambda xs, r: oracle.reduce(xs, "max")),
+    "product_under_no_grad": ("FC-24", torch.float32, lambda fc, x, g: fc.all_reduce(
+        x.clone().requires_grad_(), "product", g), lambda xs, r: oracle.reduce(xs, "product")),
     "product_without_grad": ("FC-24", torch.float32, lambda fc, x, g: fc.reduce_scatter_tensor(
         x, "product", 0, g), lambda xs, r: oracle.reduce_scatter(xs, "product", r)),
     "avg_of_complex": ("FC-18", torch.complex64, lambda fc, x, g: fc.all_reduce(x, "avg", g),
@@ -811,7 +811,7 @@ def _accepted(spec, name):
     fc = funcol_api(spec)
     _, dtype, call, _ = ACCEPTED[name]
     x = oracle.rank_input(dist.get_rank(), (4,), torch.float32, salt=29).to(dtype)
-    with torch.no_grad():  # max_under_no_grad: no autograd graph is recorded
+    with torch.no_grad():  # product_under_no_grad: no autograd graph is recorded
         return waited(call(fc, x, dist.group.WORLD))
 
 
