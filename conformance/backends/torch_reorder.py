@@ -26,6 +26,7 @@ simulator is the one cost model both backends are scored with (SPEC section 8).
 
 from __future__ import annotations
 
+import inspect
 import math
 import types
 from contextlib import contextmanager
@@ -44,6 +45,10 @@ def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 def _roofline(durations_ms: dict):
     from torch._inductor.fx_passes import overlap_scheduling as upstream
 
+    if not hasattr(upstream, "estimate_roofline_runtime_ms"):
+        # torch 2.11 asks custom_runtime_estimation for compute nodes too
+        yield
+        return
     saved = upstream.estimate_roofline_runtime_ms
     upstream.estimate_roofline_runtime_ms = lambda node: durations_ms.get(node, 0.0)
     try:
@@ -81,16 +86,20 @@ def reorder(gm: torch.fx.GraphModule, config) -> torch.fx.GraphModule:
     cost_model = config.cost_model or CostModel()
     durations_ms = {n: us / 1000 for n, us in cost_model.durations(gm).items()}
     budget = config.memory_budget
+    options = dict(
+        max_in_flight_gb=_in_flight_gb(gm, dict(config.max_in_flight)),
+        custom_runtime_estimation=lambda node, size: durations_ms.get(node)
+        if size is None else None,
+        collective_estimator="analytical", compute_estimator="analytical",
+        # no bound: a cap nothing reaches (with both limits None upstream fails, 2.13)
+        max_memory_increase_gb=1e6 if math.isinf(budget) else None,
+        max_memory_increase_ratio=None if math.isinf(budget) else budget,
+        collective_bucketing=False, pre_bucketing_fsdp_collectives=False)
+    # torch 2.11's pass has neither compute_estimator nor pre_bucketing_fsdp_collectives
+    accepted = inspect.signature(schedule_overlap_bucketing).parameters
     with _roofline(durations_ms):
         return schedule_overlap_bucketing(
-            gm, max_in_flight_gb=_in_flight_gb(gm, dict(config.max_in_flight)),
-            custom_runtime_estimation=lambda node, size: durations_ms.get(node)
-            if size is None else None,
-            collective_estimator="analytical", compute_estimator="analytical",
-            # no bound: a cap nothing reaches (with both limits None upstream fails, 2.13)
-            max_memory_increase_gb=1e6 if math.isinf(budget) else None,
-            max_memory_increase_ratio=None if math.isinf(budget) else budget,
-            collective_bucketing=False, pre_bucketing_fsdp_collectives=False)
+            gm, **{k: v for k, v in options.items() if k in accepted})
 
 
 def concept():
