@@ -10,9 +10,7 @@ implementation's tables could not fail them (conformance/README.md, "Who owns wh
 
 from __future__ import annotations
 
-import torch
-
-from refimpl.canonical import canonical_graph, group_label, tensor_label
+from refimpl.canonical import canonical_graph, folded_op_name, group_label, tensor_label
 
 __all__ = ["canonical_graph", "group_label", "tensor_label", "op_name",
            "COLLECTIVE_NAMESPACES", "SYMM_MEM_NAMESPACES"]
@@ -21,23 +19,9 @@ __all__ = ["canonical_graph", "group_label", "tensor_label", "op_name",
 # and of symmetric-memory ops, as the judge reads them.
 COLLECTIVE_NAMESPACES = ("refimpl_c10d", "_c10d_functional", "_c10d_functional_autograd")
 SYMM_MEM_NAMESPACES = ("refimpl_symm_mem", "symm_mem")
-_SYMM_MEM_MODULES = ("refimpl.symmetric_memory", "torch.distributed._symmetric_memory")
 
 
 def op_name(target) -> str:
     """`funcol.all_reduce` for any backend's collective, `aten.add.Tensor` for the rest
-    (the names canonical text prints, read with the judge's own namespaces)."""
-    if isinstance(target, torch._ops.OpOverload):
-        namespace, name = target.namespace, target._schema.name.split("::", 1)[1]
-        namespace = "funcol" if namespace in COLLECTIVE_NAMESPACES else \
-            "symm_mem" if namespace in SYMM_MEM_NAMESPACES else namespace
-        overload = target._overloadname
-        return f"{namespace}.{name}" + ("" if overload == "default" else f".{overload}")
-    if callable(target):
-        module = getattr(target, "__module__", "") or ""
-        if module in ("", "_operator", "operator", "builtins"):
-            return target.__name__
-        if module in _SYMM_MEM_MODULES:
-            return f"symm_mem.{target.__name__}"
-        return f"{module.split('.')[-1]}.{target.__name__}"
-    return str(target)
+    (the names canonical text prints, folded by the judge's own namespaces)."""
+    return folded_op_name(target, COLLECTIVE_NAMESPACES, SYMM_MEM_NAMESPACES)

@@ -80,7 +80,8 @@ _REDUCE_OPS = {
 _BITWISE = ("band", "bor", "bxor")
 DIFFERENTIABLE_REDUCE_OPS = ("sum", "avg")  # reduce_scatter_tensor's (FC-24)
 # all_reduce's: min and max too, their gradient going to the extremum's holders (FC-23)
-DIFFERENTIABLE_ALL_REDUCE_OPS = DIFFERENTIABLE_REDUCE_OPS + ("min", "max")
+_EXTREMA = ("min", "max")
+DIFFERENTIABLE_ALL_REDUCE_OPS = DIFFERENTIABLE_REDUCE_OPS + _EXTREMA
 
 
 def _check_reduce_op(reduce_op: str, dtype: torch.dtype) -> str:
@@ -851,14 +852,14 @@ def _all_reduce_coalesced_inplace_fake(tensors, reduce_op, group_name):
 def _setup_all_reduce(ctx, inputs, output):
     _setup_reduction(ctx, output, inputs[1], "all_reduce")
     ctx.group_name = inputs[2]
-    if ctx.reduce_op in ("min", "max"):
+    if ctx.reduce_op in _EXTREMA:
         ctx.save_for_backward(inputs[0], output)
 
 
 def _backward_all_reduce(ctx, grad):
     # d(sum_j x_j)/dx_i = 1 on every rank, so the gradient is the sum of the gradients
     # of every rank's output; avg scales the same sum by 1/size (FC-23).
-    if ctx.reduce_op not in ("min", "max"):
+    if ctx.reduce_op not in _EXTREMA:
         return _waited(ops.all_reduce(grad.contiguous(), ctx.reduce_op, ctx.group_name)), \
             None, None
     return _extremum_gradient(ctx, grad), None, None
