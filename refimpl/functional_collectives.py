@@ -1350,6 +1350,11 @@ def wait_tensor(tensor: torch.Tensor) -> torch.Tensor:
 
 def wait_tensors(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """Wait for each tensor of a list, in order, as `wait_tensor` does (FC-37)."""
+    # A tensor is iterable too: waiting its rows would be a silent wrong answer.
+    if not isinstance(tensors, (list, tuple)) or \
+            not all(isinstance(t, torch.Tensor) for t in tensors):
+        raise TypeError(f"tensors: expected a list of tensors, got "
+                        f"{type(tensors).__name__} [FC-37]")
     return [wait_tensor(t) for t in tensors]
 
 

@@ -197,6 +197,8 @@ def _bad_inputs():
         "in_place_contiguous": lambda: fc.ops.broadcast_(torch.ones(4, 2).t(), 0, WORLD),
         "coalesced_member": lambda: fc.ops.all_reduce_coalesced(
             [x, torch.ones(2, dtype=torch.int64)], "avg", WORLD),
+        "wait_tensors_of_a_tensor": lambda: fc.wait_tensors(x),
+        "wait_tensors_of_a_number": lambda: fc.wait_tensors([x, 2]),
     }
     errors = {name: _error_of(fn) for name, fn in checks.items()}
     # FC-27: nothing above communicated, so the group is still in step.
@@ -235,11 +237,13 @@ EXPECTED_ERRORS = {
     "out_contiguous": ("ValueError", "out", "FC-4"),
     "in_place_contiguous": ("ValueError", "input", "FC-4"),
     "coalesced_member": ("ValueError", "reduce_op", "FC-18"),
+    "wait_tensors_of_a_tensor": ("TypeError", "tensors", "FC-37"),
+    "wait_tensors_of_a_number": ("TypeError", "tensors", "FC-37"),
 }
 
 
 def test_bad_input_raises_naming_argument_and_rule_and_nothing_hangs():
-    """FC-4, FC-13, FC-15, FC-17..FC-22, FC-24, FC-27, FC-30."""
+    """FC-4, FC-13, FC-15, FC-17..FC-22, FC-24, FC-27, FC-30, FC-37."""
     for rank, errors in enumerate(run_on_ranks(_bad_inputs, 2)):
         for name, (exc_type, arg, rule) in EXPECTED_ERRORS.items():
             message = errors[name]
