@@ -13,6 +13,6 @@ import sys
 def require_native_ops(script: str) -> None:
     import refimpl.symmetric_memory as symm
 
-    if symm._native_ops is None:
+    if symm.load_kernels()["ops"] != "native":
         sys.exit(f"{script}: refimpl's C++ op kernels are not loaded (see the warning "
                  "above); the ops would run their Python kernels")

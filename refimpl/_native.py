@@ -16,12 +16,13 @@ this order:
 A checkout that was never pip-installed therefore works too, and an edited kernel is
 rebuilt on the next import instead of running stale code.
 
-`load_torch_op_library` builds the one C++ file that registers op kernels with torch's
-dispatcher (`kernels/cpu/*_ops.cpp`). It needs torch's headers, so it is built on first
-import against the torch that is installed (never by `pip install`, whose build
-environment has no torch), under a hash of its source, its flags and that torch's
-version, into the user's cache first (a copy of the checkout finds it there), one
-process at a time (a file lock). When it cannot be built, the caller keeps its Python
+`build_torch_op_library` builds the one C++ file that registers op kernels with torch's
+dispatcher (`kernels/cpu/*_ops.cpp`; `load_torch_op_library` builds and loads it). It
+needs torch's headers, so it is built on first use (symmetric memory's first CPU
+rendezvous, never at import) against the torch that is installed (never by `pip
+install`, whose build environment has no torch), under a hash of its source, its flags
+and that torch's version, into the user's cache first (a copy of the checkout finds it
+there), one process at a time (a file lock). When it cannot be built, the caller keeps its Python
 kernels.
 """
 
@@ -38,7 +39,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["load_kernel_library", "load_torch_op_library", "torch_op_digest", "source_hash",
+__all__ = ["load_kernel_library", "load_torch_op_library", "build_torch_op_library",
+           "torch_op_digest", "source_hash",
            "compile_library", "stamped_hash", "CFLAGS", "CXXFLAGS", "load_cuda_library",
            "compile_cuda_library", "NVCC_FLAGS", "nvcc_flags", "nvcc_path"]
 
@@ -237,6 +239,14 @@ def load_torch_op_library(name: str) -> Path:
     `torch.ops.load_library`; returns its path. Raises when it cannot be built."""
     import torch
 
+    target = build_torch_op_library(name)
+    torch.ops.load_library(str(target))
+    return target
+
+
+def build_torch_op_library(name: str) -> Path:
+    """Build `kernels/cpu/<name>.cpp` (once per source and torch) without loading it;
+    returns its path. Raises when it cannot be built."""
     source = _cxx_source(name)
     flags, libs, _ = _torch_build()
     filename = f"lib{name}-{torch_op_digest(name)}.so"
@@ -251,7 +261,6 @@ def load_torch_op_library(name: str) -> Path:
         except OSError as exc:  # a read-only place: try the next one
             errors.append(f"{directory}: {exc}")
             continue
-        torch.ops.load_library(str(target))
         return target
     raise RuntimeError(f"cannot build op library {name!r}: " + "; ".join(errors))
 

@@ -41,7 +41,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from refimpl import _native
-from refimpl._native import load_kernel_library, load_torch_op_library
+from refimpl._native import build_torch_op_library, load_kernel_library
 
 __all__ = [
     "SymmetricMemory", "SymmMemTimeout", "register_allocator", "get_allocator",
@@ -50,7 +50,7 @@ __all__ = [
     "set_default_timeout", "leaked_segments", "ops", "LIBRARY", "SIGNAL_PAD_SIZE",
     "SEGMENT_PREFIX", "SUPPORTED_DTYPES", "REDUCE_OPS", "DEVICE", "device_for_rank",
     "SymmetricAllocation", "CpuAllocator", "CpuSymmetricMemory", "OP_CHANNEL",
-    "kernel_build_info", "POINTWISE_STEPS", "POINTWISE_DTYPES", "pointwise_steps",
+    "kernel_build_info", "load_kernels", "POINTWISE_STEPS", "POINTWISE_DTYPES", "pointwise_steps",
     # the backend interface (see `register_allocator`)
     "GroupInfo", "pad_offset", "storage_elements", "check_persistent", "group_info",
     "gather", "check_sizes",
@@ -105,7 +105,6 @@ class SymmMemTimeout(TimeoutError):
 # --------------------------------------------------------------------------------------
 # The C kernels (SM-18)
 # --------------------------------------------------------------------------------------
-_lib = load_kernel_library("symm_mem")
 _i32, _i64, _ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
 MAX_WORLD_SIZE = 64  # the C kernels' limit
 
@@ -119,12 +118,19 @@ class _CGroup(ctypes.Structure):
                 ("mismatch", ctypes.c_int64 * 6)]
 
 
-_lib.rsm_put_signal.argtypes = [_ptr, _i32, _i32, _i32, _i64]
-_lib.rsm_wait_signal.argtypes = [_ptr, _i32, _i32, _i32, _i64]
-_lib.rsm_group_barrier.argtypes = [_ptr, _i32, _i64]
-_lib.rsm_one_shot.argtypes = [_ptr, _i32, _i64, _i64, _i32, _i32, _ptr, _i64]
-_lib.rsm_two_shot.argtypes = [_ptr, _i32, _i64, _i64, _i32, _i32, _i64]
-_lib.rsm_reduce.argtypes = [_ptr, _ptr, _i32, _i64, _i32, _i32]
+@functools.cache
+def c_kernels() -> ctypes.CDLL:
+    """The C kernels of kernels/cpu/symm_mem.c, loaded on first use (the first CPU
+    rendezvous), never at import: a checkout that was not pip-installed compiles them
+    then (SM-18)."""
+    lib = load_kernel_library("symm_mem")
+    lib.rsm_put_signal.argtypes = [_ptr, _i32, _i32, _i32, _i64]
+    lib.rsm_wait_signal.argtypes = [_ptr, _i32, _i32, _i32, _i64]
+    lib.rsm_group_barrier.argtypes = [_ptr, _i32, _i64]
+    lib.rsm_one_shot.argtypes = [_ptr, _i32, _i64, _i64, _i32, _i32, _ptr, _i64]
+    lib.rsm_two_shot.argtypes = [_ptr, _i32, _i64, _i64, _i32, _i32, _i64]
+    lib.rsm_reduce.argtypes = [_ptr, _ptr, _i32, _i64, _i32, _i32]
+    return lib
 
 # Statuses of a backend's primitives (the C kernels return the same numbers).
 STATUS_OK, STATUS_PUT_TIMEOUT, STATUS_WAIT_TIMEOUT, STATUS_BAD_ARGUMENT = 0, 1, 2, 3
@@ -502,6 +508,7 @@ class CpuSymmetricMemory(SymmetricMemory):
         super().__init__(group_name, rank, world_size, buffer_size,
                          [_address_of(m) for m in maps], pad_offset(buffer_size))
         self._maps = maps  # keeps every rank's segment mapped while the handle lives
+        self._c = c_kernels()
         group = self._group = _CGroup(rank=rank, world=world_size, peer=-1)
         for r in range(world_size):
             group.bufs[r] = self.buffer_ptrs[r]
@@ -517,24 +524,24 @@ class CpuSymmetricMemory(SymmetricMemory):
         return torch.frombuffer(view, dtype=dtype)
 
     def _put_signal(self, dst_rank, channel, timeout_ms):
-        return _lib.rsm_put_signal(self.signal_pad_ptrs[dst_rank], self.rank, self.world_size,
+        return self._c.rsm_put_signal(self.signal_pad_ptrs[dst_rank], self.rank, self.world_size,
                                    channel, timeout_ms * 1_000_000)
 
     def _wait_signal(self, src_rank, channel, timeout_ms):
-        return _lib.rsm_wait_signal(self.signal_pad_ptrs[self.rank], src_rank, self.world_size,
+        return self._c.rsm_wait_signal(self.signal_pad_ptrs[self.rank], src_rank, self.world_size,
                                     channel, timeout_ms * 1_000_000)
 
     def _barrier(self, channel, timeout_ms):
-        status = _lib.rsm_group_barrier(self._group_ptr, channel, timeout_ms * 1_000_000)
+        status = self._c.rsm_group_barrier(self._group_ptr, channel, timeout_ms * 1_000_000)
         return status, self._group.peer
 
     def _one_shot(self, offset, numel, codes, out, timeout_ms):
-        status = _lib.rsm_one_shot(self._group_ptr, OP_CHANNEL, offset, numel, codes[1],
+        status = self._c.rsm_one_shot(self._group_ptr, OP_CHANNEL, offset, numel, codes[1],
                                    codes[0], out.data_ptr(), timeout_ms * 1_000_000)
         return status, self._group.peer
 
     def _two_shot(self, offset, numel, codes, timeout_ms):
-        status = _lib.rsm_two_shot(self._group_ptr, OP_CHANNEL, offset, numel, codes[1],
+        status = self._c.rsm_two_shot(self._group_ptr, OP_CHANNEL, offset, numel, codes[1],
                                    codes[0], timeout_ms * 1_000_000)
         return status, self._group.peer
 
@@ -785,6 +792,7 @@ class CpuAllocator:
         os.close(alloc.fd)
         alloc.fd = None
         handle = CpuSymmetricMemory(group_name, info.rank, info.world_size, alloc.nbytes, maps)
+        _load_native_ops_once()
         if _native_ops is not None:  # the C++ kernels may run ops on it from now on
             _native_ops.rsm_ops_register(alloc.base, handle._group_ptr,
                                          handle._group_ptr + _CGroup.peer.offset,
@@ -832,7 +840,7 @@ def _map_peer(record: dict, size: int) -> mmap.mmap:
         os.close(fd)
 
 
-_native_ops = None  # the C++ op kernels, loaded with the ops (below)
+_native_ops = None  # the C++ op kernels, once the first CPU rendezvous loaded them
 _native_ops_path = None
 _cpu_allocator = CpuAllocator()
 register_allocator("cpu", _cpu_allocator)
@@ -1096,6 +1104,54 @@ def _one_shot_on(handle, offset, numel, codes, out, where):
 
 
 # ---- the C++ CPU kernels (kernels/cpu/symm_mem_ops.cpp, SM-18) ----------------------------
+# Nothing is built or loaded at import. The Python kernels of NATIVE_OPS serve CPU until
+# the first CPU rendezvous (an op needs one to communicate) loads the C++ kernels, building
+# them first if need be. They are registered in a library of their own, which that load
+# removes just before the C++ library registers its kernels, so that no kernel ever
+# overrides another; they serve CPU for good where the C++ kernels cannot be built, or
+# with REFIMPL_SYMM_MEM_NATIVE_OPS=0.
+class _PythonCpuKernels:
+    """The Python CPU kernels of NATIVE_OPS, while no C++ kernel serves them."""
+
+    def __init__(self):
+        self._kernels: dict[str, object] = {}
+        self._library: torch.library.Library | None = None
+
+    def add(self, name: str, kernel) -> None:
+        self._kernels[name] = kernel
+        self._register(name, kernel)
+
+    def withdraw(self) -> None:
+        if self._library is not None:
+            self._library._destroy()
+            self._library = None
+
+    def restore(self) -> None:
+        for name, kernel in self._kernels.items():
+            self._register(name, kernel)
+
+    def _register(self, name: str, kernel) -> None:
+        if self._library is None:
+            self._library = torch.library.Library(LIBRARY, "IMPL")
+        self._library.impl(name, kernel, "CPU")
+
+
+_python_cpu_kernels = _PythonCpuKernels()
+_native_ops_tried = False
+
+
+def _load_native_ops_once() -> None:
+    """Load the C++ kernels on the first call (the first CPU rendezvous); later calls do
+    nothing, whatever the first found."""
+    global _native_ops, _native_ops_tried
+    if _native_ops_tried:
+        return
+    _native_ops_tried = True
+    _native_ops = _load_native_ops()
+    if _native_ops is not None:  # they serve only refimpl's own CPU allocator (SM-1)
+        _native_ops.rsm_ops_enable(int(_allocators.get("cpu") is _cpu_allocator))
+
+
 def _load_native_ops() -> ctypes.CDLL | None:
     """The C++ CPU kernels of NATIVE_OPS, or None: then the Python kernels serve CPU too.
     REFIMPL_SYMM_MEM_NATIVE_OPS=0 keeps the Python kernels."""
@@ -1103,33 +1159,49 @@ def _load_native_ops() -> ctypes.CDLL | None:
         return None
     global _native_ops_path
     try:
-        _native_ops_path = load_torch_op_library("symm_mem_ops")
-        native = ctypes.CDLL(str(_native_ops_path))
+        _native_ops_path = build_torch_op_library("symm_mem_ops")
+        _python_cpu_kernels.withdraw()
+        try:  # loading registers its CPU kernels
+            torch.ops.load_library(str(_native_ops_path))
+            native = ctypes.CDLL(str(_native_ops_path))
+        except BaseException:
+            _python_cpu_kernels.restore()
+            raise
     except Exception as exc:  # no compiler, or headers this torch cannot build with
         warnings.warn(f"refimpl.symmetric_memory: the C++ CPU op kernels could not be built "
                       f"({str(exc)[:300]}); the ops run their Python kernels [SM-18]",
-                      stacklevel=2)
+                      stacklevel=3)
         return None
     native.rsm_ops_init.argtypes = [_ptr, _ptr]
     native.rsm_ops_set_timeout.argtypes = [_i64]
     native.rsm_ops_register.argtypes = [ctypes.c_size_t, _ptr, _ptr, ctypes.c_char_p]
     native.rsm_ops_forget.argtypes = [ctypes.c_size_t]
     native.rsm_ops_enable.argtypes = [_i32]
-    native.rsm_ops_init(ctypes.cast(_lib.rsm_one_shot, _ptr), ctypes.cast(_lib.rsm_two_shot, _ptr))
+    c = c_kernels()
+    native.rsm_ops_init(ctypes.cast(c.rsm_one_shot, _ptr), ctypes.cast(c.rsm_two_shot, _ptr))
     native.rsm_ops_set_timeout(_default_timeout_ms * 1_000_000)
     return native
 
 
-# Loading the library registers its CPU kernels of the ops `_define` below marks `native`.
-_native_ops = _load_native_ops()
+def load_kernels() -> dict:
+    """Load (building if need be) the kernels now, as the first CPU rendezvous would;
+    returns `kernel_build_info()`."""
+    c_kernels()
+    _load_native_ops_once()
+    return kernel_build_info()
 
 
 def kernel_build_info() -> dict:
-    """Which kernels serve the ops, and the source identities they were built from (SM-18)."""
+    """Which kernels serve the ops, and the source identities they were built from (SM-18);
+    asking loads nothing. `ops` is "unloaded" until the first CPU rendezvous (the Python
+    kernels serve meanwhile), then "native" or "python" for good; the C library's `stamped`
+    hash is None until its first use."""
     source = _native.KERNEL_DIR / "symm_mem.c"
-    info = {"c_library": {"stamped": _native.stamped_hash(_lib),
+    loaded = c_kernels() if c_kernels.cache_info().currsize else None
+    ops = "unloaded" if not _native_ops_tried else "python" if _native_ops is None else "native"
+    info = {"c_library": {"stamped": _native.stamped_hash(loaded) if loaded else None,
                           "source": _native.source_hash(source) if source.exists() else None},
-            "ops": "native" if _native_ops is not None else "python"}
+            "ops": ops}
     if _native_ops is not None:
         info["native_library"] = {"path": str(_native_ops_path),
                                   "source": _native.torch_op_digest("symm_mem_ops")}
@@ -1145,16 +1217,17 @@ ops = getattr(torch.ops, LIBRARY)
 
 def _define(name: str, schema: str, *, eager, fake, native: bool = False) -> None:
     """Define op `name`. The Python kernel `eager` serves CUDA, and CPU unless the op is
-    `native` and the C++ kernels loaded; `fake` gives shapes without communication, after
-    the same argument checks (SM-13). A `native` op's C++ kernel hands every call it does
-    not run itself to `_python_<name>` (same schema), the Python kernel on CPU."""
+    `native` and the C++ kernels are loaded; `fake` gives shapes without communication,
+    after the same argument checks (SM-13). A `native` op's C++ kernel hands every call it
+    does not run itself to `_python_<name>` (same schema), the Python kernel on CPU."""
     SCHEMAS[name] = schema
     _oplib.define(name + schema)
     if native:
         NATIVE_OPS.append(name)
         _oplib.define(f"_python_{name}{schema}")
         _oplib.impl(f"_python_{name}", eager, "CPU")
-    if not native or _native_ops is None:
+        _python_cpu_kernels.add(name, eager)
+    else:
         _oplib.impl(name, eager, "CPU")
     _oplib.impl(name, eager, "CUDA")
     torch.library.register_fake(f"{LIBRARY}::{name}", fake, lib=_oplib)

@@ -1388,6 +1388,21 @@ SM = [
            "the Python two-shot kernel (a call the C++ kernel hands over: the first on an "
            "allocation) drops the kernel's status: a mismatch between ranks returns "
            "whatever the buffer holds"),
+    Mutant("kernel_query_loads_the_op_kernels", "SM-18", "refimpl/symmetric_memory.py",
+           '''    source = _native.KERNEL_DIR / "symm_mem.c"
+    loaded = c_kernels() if c_kernels.cache_info().currsize else None
+''', '''    _load_native_ops_once()
+    source = _native.KERNEL_DIR / "symm_mem.c"
+    loaded = c_kernels()
+''',
+           "asking which kernels serve the ops loads them: a program that asks before its "
+           "first rendezvous builds and loads both libraries as if at import"),
+    Mutant("first_rendezvous_leaves_the_op_kernels_unloaded", "SM-18",
+           "refimpl/symmetric_memory.py",
+           "        _load_native_ops_once()\n        if _native_ops is not None:",
+           "        if _native_ops is not None:",
+           "the CPU rendezvous registers its allocation only with C++ kernels already "
+           "loaded, and nothing loads them: the Python kernels serve every call for good"),
     Mutant("python_kernels_switch_ignored", "SM-18", "refimpl/symmetric_memory.py",
            '''    if os.environ.get("REFIMPL_SYMM_MEM_NATIVE_OPS", "1") == "0":
         return None
@@ -2393,6 +2408,9 @@ CATCHING_CASE: dict[str, str] = {
     "python_two_shot_status_ignored":
         "test_a_call_that_differs_between_ranks_fails_on_every_rank_naming_the_rank",
     "python_kernels_switch_ignored": "test_the_python_kernels_serve_cpu_with_the_same_results",
+    "kernel_query_loads_the_op_kernels": "test_the_kernels_in_use_are_built_from_this_source",
+    "first_rendezvous_leaves_the_op_kernels_unloaded":
+        "test_the_kernels_in_use_are_built_from_this_source",
     "view_sizes_checked_on_all_dims_at_once":
         "test_buffer_and_signal_pad_views_end_exactly_at_their_bounds",
     "strides_checked_on_all_dims_at_once": "test_allocation_arguments_are_refused_naming_them",

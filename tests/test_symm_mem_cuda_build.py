@@ -112,7 +112,7 @@ def test_element_code_gives_the_cpu_kernels_bits_for_every_16_bit_pattern_SM_21(
         code, op_code = sm.SUPPORTED_DTYPES[dtype], sm.REDUCE_OPS[op]
         assert lib.rsmc_reduce_host(cuda_out.data_ptr(), sources, 2, every.numel(), code,
                                     op_code) == 0
-        assert sm._lib.rsm_reduce(ctypes.c_void_p(cpu_out.data_ptr()), sources, 2,
+        assert sm.c_kernels().rsm_reduce(ctypes.c_void_p(cpu_out.data_ptr()), sources, 2,
                                   ctypes.c_int64(every.numel()), code, op_code) == 0
         assert same_bits(cuda_out, cpu_out, op), (value, op)
 
@@ -140,7 +140,7 @@ def test_element_code_gives_the_cpu_kernels_bits_for_every_dtype_and_group_size_
                 assert status == sm.STATUS_BAD_ARGUMENT
                 continue
             assert status == 0
-            assert sm._lib.rsm_reduce(ctypes.c_void_p(cpu_out.data_ptr()), sources, nsrc,
+            assert sm.c_kernels().rsm_reduce(ctypes.c_void_p(cpu_out.data_ptr()), sources, nsrc,
                                       ctypes.c_int64(500), code, op_code) == 0
             assert same_bits(cuda_out, cpu_out, op), (dtype, op, nsrc)
 

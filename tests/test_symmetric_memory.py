@@ -226,7 +226,7 @@ def test_16_bit_kernels_round_like_torch_for_every_bit_pattern_SM_15(dtype, nsrc
             if nsrc == 3 and op in ("max", "min"):
                 inputs[2] = other  # a repeat changes nothing: max(x, y, y) = max(x, y)
             sources = (ctypes.c_void_p * nsrc)(*(t.data_ptr() for t in inputs))
-            assert sm._lib.rsm_reduce(ctypes.c_void_p(out.data_ptr()), sources, nsrc,
+            assert sm.c_kernels().rsm_reduce(ctypes.c_void_p(out.data_ptr()), sources, nsrc,
                                       ctypes.c_int64(every.numel()),
                                       sm.SUPPORTED_DTYPES[dtype], sm.REDUCE_OPS[op]) == 0
             want = reference(every.float(), other.float()).to(dtype)
@@ -629,3 +629,74 @@ def test_one_shot_results_reuse_only_storage_nobody_holds_SM_18():
                                                           2, 1 << 16):
         assert kept and first_intact and third
         assert reused, "a dropped result of 256 KiB is reused (no page faults)"
+
+
+_IMPORT_EVERYTHING = """
+import ctypes, importlib, pathlib, warnings
+warnings.simplefilter("error")  # a kernel overriding another warns in the dispatcher
+import refimpl
+from refimpl import _native
+def refuse(*args, **kwargs):
+    raise AssertionError(f"compiled at import: {args[:2]}")
+_native._build = _native._compile_cxx = refuse
+original_cdll = ctypes.CDLL.__init__
+def no_library(self, name, *args, **kwargs):
+    if "refimpl" in str(name) or "symm_mem" in str(name):
+        raise AssertionError(f"loaded at import: {name}")
+    original_cdll(self, name, *args, **kwargs)
+ctypes.CDLL.__init__ = no_library
+for source in pathlib.Path(refimpl.__path__[0]).glob("*.py"):  # not the built C library
+    importlib.import_module("refimpl." + source.stem)
+import refimpl.symmetric_memory as sm
+print(sm.kernel_build_info()["ops"])
+"""
+
+
+def test_importing_refimpl_builds_and_loads_no_kernel_SM_18():
+    """Every module of refimpl imports without compiling or loading a kernel library; the
+    ops' Python kernels serve until the first CPU rendezvous."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(_native.REPO_ROOT)}
+    done = subprocess.run([sys.executable, "-c", _IMPORT_EVERYTHING], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["unloaded"]
+
+
+def _kernels_serving_cpu_around_the_first_rendezvous():
+    import warnings
+
+    group = _world()
+    name = f"{sm.LIBRARY}::one_shot_all_reduce"
+
+    def cpu_kernel():
+        dump = torch._C._dispatch_dump(name).splitlines()
+        return [line.split(" :: ")[0] for line in dump if line.startswith("CPU:")]
+
+    before = cpu_kernel()
+    x = sm.empty(64, dtype=torch.float32)
+    x.fill_(dist.get_rank() + 1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sm.rendezvous(x, group)
+    value = sm.ops.one_shot_all_reduce(x, "sum", group)
+    return before, cpu_kernel(), [str(w.message) for w in caught], float(value[0])
+
+
+def test_the_first_rendezvous_hands_cpu_to_the_cpp_kernels_SM_18():
+    """Exactly one CPU kernel at a time: the Python one before, the C++ one after, and the
+    switch overrides nothing (the dispatcher would warn)."""
+    from refimpl.multiprocess import shutdown
+
+    shutdown(2)  # ranks that never rendezvoused
+    try:
+        results = run_on_ranks(_kernels_serving_cpu_around_the_first_rendezvous, 2)
+    finally:
+        shutdown(2)
+    for before, after, warned, value in results:
+        assert len(before) == 1 and "symmetric_memory.py" in before[0], before
+        assert len(after) == 1 and "symm_mem_ops.cpp" in after[0], after
+        assert warned == []
+        assert value == 3.0

@@ -820,8 +820,8 @@ def test_the_python_kernels_serve_cpu_with_the_same_results(backend, monkeypatch
     world, numel = 3, 4099
     fresh_ranks(world)
     try:
-        in_use = run(backend, _ops_in_use, world)
         values = run(backend, _all_reduces, world, "float32", numel)
+        in_use = run(backend, _ops_in_use, world)  # the rendezvous above decided
         empty = run(backend, _all_reduces, world, "float32", 0)  # data_ptr() is 0 there
         mismatches = run(backend, _mismatched_calls, world)
     finally:
@@ -1497,14 +1497,33 @@ def test_op_schemas_and_fake_kernels(backend):
             make_fx(bad, tracing_mode="fake")(torch.ones(3))
 
 
+def _build_info_around_a_first_rendezvous(spec: str):
+    sm, group, device = _setup(spec, "kernel_build_info", "empty", "rendezvous")
+    before = sm.kernel_build_info()
+    t = sm.empty(4, dtype=torch.float32, device=device)
+    sm.rendezvous(t, group)
+    return before, sm.kernel_build_info()
+
+
 @pytest.mark.spec("SM-18")
 def test_the_kernels_in_use_are_built_from_this_source(backend):
-    sm = backend.require(CONCEPT, "kernel_build_info")
-    info = sm.kernel_build_info()
-    assert info["c_library"]["stamped"] == info["c_library"]["source"]
-    assert info["ops"] in ("native", "python")
-    if info["ops"] == "native":
-        assert info["native_library"]["source"] in info["native_library"]["path"]
+    """Fresh ranks: nothing is built or loaded at import (the Python kernels serve until
+    then); the first rendezvous loads the C kernels, built from this very source, and
+    decides for good which kernels serve the ops on CPU."""
+    backend.require(CONCEPT, "kernel_build_info", "empty", "rendezvous")
+    world = 2
+    fresh_ranks(world)
+    try:
+        results = run(backend, _build_info_around_a_first_rendezvous, world)
+    finally:
+        fresh_ranks(world)
+    for rank, (before, after) in enumerate(results):
+        assert before["c_library"]["stamped"] is None, (rank, "a C library loaded at import")
+        assert before["ops"] == "unloaded", (rank, f"op kernels loaded at import: {before}")
+        assert after["c_library"]["stamped"] == after["c_library"]["source"], (rank, after)
+        assert after["ops"] in ("native", "python"), (rank, "a rendezvous did not load them")
+        if after["ops"] == "native":
+            assert after["native_library"]["source"] in after["native_library"]["path"]
 
 
 # ---- SM-15 at the edge of the 16-bit floats' range ---------------------------------------

@@ -2,7 +2,7 @@
  * The CPU kernels of the refimpl_symm_mem all-reduce ops, registered with torch's
  * dispatcher in C++ so that a call costs the dispatch and the C kernel, not a trip
  * through Python (SPEC.md SM-18). Built against the installed torch's headers by
- * refimpl/_native.py on first import (kernels/cpu/symm_mem.c stays plain C).
+ * refimpl/_native.py at the first CPU rendezvous (kernels/cpu/symm_mem.c stays plain C).
  *
  * This file decides nothing that refimpl/symmetric_memory.py does not decide too: it
  * runs the kernel only when the call is plainly valid and its allocation is already

@@ -113,7 +113,7 @@ def _cpu_kernel(inputs: list[torch.Tensor], op: str) -> torch.Tensor:
     inputs = [x.contiguous() for x in inputs]
     out = torch.empty_like(inputs[0])
     sources = (ctypes.c_void_p * len(inputs))(*[x.data_ptr() for x in inputs])
-    status = sm._lib.rsm_reduce(ctypes.c_void_p(out.data_ptr()), sources, len(inputs),
+    status = sm.c_kernels().rsm_reduce(ctypes.c_void_p(out.data_ptr()), sources, len(inputs),
                                 ctypes.c_int64(out.numel()), sm.SUPPORTED_DTYPES[out.dtype],
                                 sm.REDUCE_OPS[op])
     assert status == 0
