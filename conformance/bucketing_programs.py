@@ -300,6 +300,38 @@ def waited_twice(fc, dtype, group=WORLD):
     return step, xs
 
 
+def chain_of_waits(fc, dtype, group=WORLD):
+    """One all_gather waited three times: a wait of a wait of a wait, and once more
+    directly; one wait serves them all (BK-18)."""
+    pg = group_of(group)
+    me, n = dist.get_rank(), pg.size()
+    xs = [rank_input(me, (2, 2), dtype, salt=160)]
+
+    def step(a):
+        gathered = fc.ops.all_gather_into_tensor(a, n, pg.group_name)
+        chained = fc.ops.wait_tensor(fc.ops.wait_tensor(fc.ops.wait_tensor(gathered)))
+        return chained + 1, fc.ops.wait_tensor(gathered) * 3
+
+    return step, xs
+
+
+def written_between_waits(fc, dtype, group=WORLD):
+    """The result of a first wait is written in place before a second wait of the same
+    all_gather: with a wait that returns a copy the second result is not the first one
+    (BK-18); a backend whose wait aliases its argument sees the write in both."""
+    pg = group_of(group)
+    me, n = dist.get_rank(), pg.size()
+    xs = [rank_input(me, (2, 2), dtype, salt=170)]
+
+    def step(a):
+        gathered = fc.ops.all_gather_into_tensor(a, n, pg.group_name)
+        first = fc.ops.wait_tensor(gathered)
+        first.mul_(2)
+        return first + 0, fc.ops.wait_tensor(gathered) + 0
+
+    return step, xs
+
+
 def ops_on_transposed_views(fc, dtype, group=WORLD):
     """The ops themselves (the API copies its input first, the ops do not) on transposed
     views: dim 0 of each input is a column of the tensor in memory."""
@@ -324,7 +356,8 @@ PROGRAMS = {f.__name__: f for f in (fsdp_all_gather, fsdp_reduce_scatter, interl
                                     mixed_dtypes, other_dims, all_reduces, keyed,
                                     cross_key_cycle, three_key_chain, with_out_variant,
                                     waited_through_a_view, ops_on_transposed_views,
-                                    upstream_namespace, waited_twice)}
+                                    upstream_namespace, waited_twice, chain_of_waits,
+                                    written_between_waits)}
 
 
 # --------------------------------------------------------------------------------------
@@ -604,6 +637,29 @@ def bad_arguments(spec: str) -> dict:
         except Exception as exc:  # the case judges the type and the message
             outcomes[name] = (type(exc).__name__, str(exc))
     return outcomes
+
+
+def wait_count(gm: torch.fx.GraphModule) -> int:
+    return sum(1 for n in gm.graph.nodes
+               if n.op == "call_function" and op_name(n.target).endswith(".wait_tensor"))
+
+
+def deduplicated(spec: str, program: str) -> dict:
+    """On a rank: trace `program`, run the backend's `deduplicate_waits` on a copy, run
+    both for real (BK-18)."""
+    from conformance.harness import backend_in_rank
+
+    backend = backend_in_rank(spec)
+    fc = backend.require("functional_collectives")
+    bucketing = backend.require("bucketing", "deduplicate_waits")
+    fn, inputs = PROGRAMS[program](fc, torch.float32)
+    original, deduped = trace(fn, inputs), trace(fn, inputs)
+    removed = bucketing.deduplicate_waits(deduped)
+    before = original(*[t.clone() for t in inputs])
+    after = deduped(*[t.clone() for t in inputs])
+    return {"mismatch": compare(before, after), "removed": removed,
+            "waits": (wait_count(original), wait_count(deduped)),
+            "collectives": (collective_count(original), collective_count(deduped))}
 
 
 def log_records(spec: str) -> list:

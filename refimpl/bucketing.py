@@ -37,7 +37,7 @@ from refimpl import _fx, comm_ops
 from refimpl._errors import InternalError, require, require_type
 
 __all__ = ["bucket_all_gather", "bucket_reduce_scatter", "bucket_all_reduce", "plan_buckets",
-           "Bucket", "KINDS", "BLOCK_META"]
+           "deduplicate_waits", "Bucket", "KINDS", "BLOCK_META"]
 
 logger = logging.getLogger("refimpl.bucketing")
 
@@ -740,3 +740,64 @@ def bucket_all_reduce(gm: torch.fx.GraphModule, bucket_cap_mb_by_bucket_idx: Cap
     _refuse_mixed(mixed_dtypes, "all_reduce")
     _bucket(gm, KINDS["all_reduce"], bucket_cap_mb_by_bucket_idx, _MergeOptions(),
             recompile)
+
+
+# --------------------------------------------------------------------------------------
+# Repeated waits (BK-18)
+# --------------------------------------------------------------------------------------
+# Waits of one tensor: refimpl's and upstream's wait_tensor (not the list form, nor
+# refimpl's in-place wait_tensor_).
+_SINGLE_WAITS = comm_ops.targets(family="wait", in_place=False, coalesced=False)
+
+
+def _is_single_wait(node) -> bool:
+    return (isinstance(node, torch.fx.Node) and node.op == "call_function"
+            and node.target in _SINGLE_WAITS)
+
+
+def _may_write(node: torch.fx.Node) -> bool:
+    """Whether `node` may write a tensor in place: an op whose schema marks an argument
+    written, or anything whose schema is unknown (a Python function, a method, a module)."""
+    if node.op in ("placeholder", "output", "get_attr"):
+        return False
+    if node.op != "call_function":
+        return True
+    if node.target is operator.getitem:
+        return False
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return True
+    return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
+def deduplicate_waits(gm: torch.fx.GraphModule, *, recompile: bool = True) -> int:
+    """Remove the waits that wait for nothing, in place; returns how many (BK-18).
+
+    A wait is redundant when an earlier wait already waited for the same value: the same
+    argument, or the result of that wait (a wait of a wait). Its users then read the
+    earlier wait. A wait stays when any node after the earlier wait may write a tensor in
+    place: refimpl's wait returns a copy (FC-5), so a write could tell the two results
+    apart, and a collective that writes its argument makes it pending again.
+    """
+    require_type(gm, torch.fx.GraphModule, "gm", "a torch.fx.GraphModule", "BK-18")
+    nodes = list(gm.graph.nodes)
+    last_write = max((i for i, n in enumerate(nodes) if _may_write(n)), default=-1)
+    first_wait: dict[torch.fx.Node, tuple[int, torch.fx.Node]] = {}  # value: (at, wait)
+    removed = 0
+    for position, node in enumerate(nodes):
+        if not _is_single_wait(node):
+            continue
+        waited = node.args[0]
+        while _is_single_wait(waited):  # a wait of a wait waits for the first one's value
+            waited = waited.args[0]
+        earlier = first_wait.setdefault(waited, (position, node))
+        if earlier[1] is node or last_write > earlier[0]:
+            continue
+        node.replace_all_uses_with(earlier[1])
+        gm.graph.erase_node(node)
+        removed += 1
+    if removed:
+        logger.debug("deduplicate_waits: removed %d repeated waits", removed)
+        if recompile:
+            gm.recompile()
+    return removed

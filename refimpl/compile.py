@@ -39,7 +39,7 @@ import torch.fx
 
 from refimpl import comm_ops
 from refimpl._errors import refuse, require, require_type
-from refimpl.bucketing import bucket_all_gather, bucket_reduce_scatter
+from refimpl.bucketing import bucket_all_gather, bucket_reduce_scatter, deduplicate_waits
 from refimpl.comm_lowering import CommLoweringConfig, lower
 from refimpl.memory import plan_memory
 from refimpl.reorder import ReorderConfig, reorder
@@ -97,12 +97,14 @@ def _check_cap(cap) -> None:
 # The stages (E2E-2). Each takes a GraphModule with fake values and returns the next one.
 # --------------------------------------------------------------------------------------
 def _bucket_stage(gm: torch.fx.GraphModule, cap_mb: float) -> torch.fx.GraphModule:
-    """Both bucketing passes, in place: all_gathers first, then reduce_scatters (BK).
+    """Repeated waits removed (BK-18: a collective waited twice becomes a candidate), then
+    both bucketing passes, in place: all_gathers first, then reduce_scatters (BK).
 
     The code is regenerated once, after both passes: AOTAutograd's lazy GraphModules
     would do it at their first call, a make_fx graph would keep running its old code.
     """
     cap = lambda bucket_index: cap_mb
+    deduplicate_waits(gm, recompile=False)
     bucket_all_gather(gm, cap, recompile=False)
     bucket_reduce_scatter(gm, cap, recompile=False)
     gm.recompile()

@@ -164,6 +164,26 @@ def test_stages_on_a_make_fx_graph_regenerate_its_code():
         assert (issued, bucketed_code, equal) == (2, True, True)
 
 
+def _waited_twice_through_the_bucketed_stage():
+    """A collective waited twice is no candidate (BK-1) until its second wait goes (BK-18):
+    the bucketed stage removes it first, then merges all three all_gathers."""
+    import refimpl.functional_collectives as fc
+    from conformance.bucketing_programs import collective_count, trace, waited_twice
+
+    step, inputs = waited_twice(fc, torch.float32)
+    gm = trace(step, inputs)
+    want = gm(*[t.clone() for t in inputs])
+    program = backend(CompileConfig(lowering=None, reorder=None)).run_stages(gm, "graph0")
+    got = program(*[t.clone() for t in inputs])
+    return collective_count(program), all(torch.equal(w, g) for w, g in zip(want, got,
+                                                                             strict=True))
+
+
+def test_the_bucketed_stage_removes_repeated_waits_before_bucketing():
+    for merged, equal in run_on_ranks(_waited_twice_through_the_bucketed_stage, 2):
+        assert (merged, equal) == (1, True)
+
+
 def _logged_records():
     records = []
 

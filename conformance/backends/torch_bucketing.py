@@ -4,6 +4,9 @@ Upstream's passes take the same graph and cap callback. The only option mapped i
 `mixed_dtypes=True`, which is upstream's "custom_ops_multidtype" bucket mode for
 all_gather; any other refimpl option is reported as not implemented.
 
+`deduplicate_waits` is 2.15's post-grad pass `deduplicate_wait_tensors` (BK-18), which
+returns nothing: the adapter counts the waits it removed. Older releases have none.
+
 Upstream's passes leave users of an earlier member's wait before the merged wait and
 rely on Inductor running `stable_topological_sort` right after them (post_grad.py);
 the adapter does the same, so the graph it returns is the one Inductor goes on with.
@@ -29,6 +32,7 @@ def _sorted(gm) -> None:
 
 
 def concept():
+    import torch
     from torch._inductor.fx_passes import bucketing as upstream
 
     def bucket_all_gather(gm, bucket_cap_mb_by_bucket_idx, *, mixed_dtypes=False, **options):
@@ -47,6 +51,18 @@ def concept():
         upstream.bucket_all_reduce(gm, bucket_cap_mb_by_bucket_idx)
         _sorted(gm)
 
-    return types.SimpleNamespace(bucket_all_gather=bucket_all_gather,
-                                 bucket_reduce_scatter=bucket_reduce_scatter,
-                                 bucket_all_reduce=bucket_all_reduce)
+    passes = types.SimpleNamespace(bucket_all_gather=bucket_all_gather,
+                                   bucket_reduce_scatter=bucket_reduce_scatter,
+                                   bucket_all_reduce=bucket_all_reduce)
+    dedup = getattr(upstream, "deduplicate_wait_tensors", None)  # torch 2.15 on
+    if dedup is not None:
+        def deduplicate_waits(gm, *, recompile=True):
+            wait = torch.ops._c10d_functional.wait_tensor.default
+            before = len(gm.graph.find_nodes(op="call_function", target=wait))
+            dedup(gm.graph)
+            if recompile:
+                gm.recompile()
+            return before - len(gm.graph.find_nodes(op="call_function", target=wait))
+
+        passes.deduplicate_waits = deduplicate_waits
+    return passes

@@ -24,6 +24,7 @@ from conformance.bucketing_programs import (
     bad_arguments,
     bad_graph,
     conformance_case,
+    deduplicated,
     log_records,
     padded_reduce_scatter,
     symbolic_candidates,
@@ -736,3 +737,37 @@ def test_all_reduce(backend):
     assert_expected_inline(result["comm_trace"], """\
 all_reduce out-of-place ranks[0,1] sum in=b0:f32[12]=computed out=b1:f32[12]
 wait b1""")
+
+
+# ---- BK-18: repeated waits ----------------------------------------------------------------
+def _deduplicated(backend, program: str, world_size: int = 2) -> list[dict]:
+    backend.require("functional_collectives")
+    backend.require("bucketing", "deduplicate_waits")
+    results = harness.run(backend, deduplicated, world_size, program)
+    for rank, result in enumerate(results):
+        assert result["mismatch"] == "", f"rank {rank}: {result['mismatch']} [BK-18]"
+        assert result["collectives"][0] == result["collectives"][1], (rank, result)
+        assert result["removed"] == result["waits"][0] - result["waits"][1], (rank, result)
+    return results
+
+
+@pytest.mark.spec("BK-18", "BK-1")
+def test_a_second_wait_of_one_collective_is_removed(backend):
+    """Three all_gathers, the middle one waited twice: its second wait goes, its users
+    read the first; the others' waits stay. Every rank computes what it did before."""
+    for rank, result in enumerate(_deduplicated(backend, "waited_twice")):
+        assert result["waits"] == (4, 3), (rank, result)
+
+
+@pytest.mark.spec("BK-18")
+def test_a_chain_of_waits_collapses_onto_its_first(backend):
+    for rank, result in enumerate(_deduplicated(backend, "chain_of_waits")):
+        assert result["waits"] == (4, 1), (rank, result)
+
+
+@pytest.mark.spec("BK-18", "FC-5")
+def test_a_wait_stays_where_a_write_tells_the_results_apart(backend):
+    """The first wait's result is written in place before the second wait: the values
+    every rank computes decide (a wait that returns a copy must stay; one that aliases
+    its argument sees the write through both)."""
+    _deduplicated(backend, "written_between_waits")
