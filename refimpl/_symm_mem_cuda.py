@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 import refimpl.symmetric_memory as sm
+from refimpl._errors import refuse
 from refimpl._native import load_cuda_library
 
 __all__ = ["CudaAllocator", "CudaSymmetricMemory", "library", "STATUS_CUDA_ERROR",
@@ -114,8 +115,8 @@ def _check_device_room(device: torch.device, size: int) -> None:
     total = (torch.cuda.get_device_properties(device).total_memory
              if torch.cuda.is_available() else 2**63 - 1)
     if size > total:
-        raise ValueError(f"size: the allocation needs {size} bytes (buffer, signal pad and "
-                         f"descriptor); {device} has {total} bytes [SM-3]")
+        refuse("size", f"an allocation that fits on {device}, which has {total} bytes",
+               f"one that needs {size} bytes (buffer, signal pad and descriptor)", "SM-3")
 
 
 class _Segment:
@@ -227,8 +228,8 @@ class CudaAllocator:
         alive = alloc.holder is not None and alloc.holder() is not None
         sm.check_persistent(alloc, alive, nbytes, group_name, alloc_id)
         if alloc.segment.device != device:
-            raise ValueError(f"alloc_id: alloc_id {alloc_id} lives on {alloc.segment.device}, "
-                             f"not {device} [SM-21]")
+            refuse("alloc_id", f"a request on {alloc.segment.device}, where alloc_id "
+                   f"{alloc_id} lives", f"one on {device}", "SM-21")
         return alloc
 
     def _release(self, base: int, alloc: _CudaAllocation) -> None:
@@ -346,8 +347,8 @@ class CudaSymmetricMemory(sm.SymmetricMemory):
 
     def _one_shot(self, offset, numel, codes, out, timeout_ms):
         if out.device != self.device:
-            raise ValueError(f"out: must be on the input's device {self.device}, got "
-                             f"{out.device} [SM-22]")
+            refuse("out", f"a tensor on the input's device {self.device}", out.device,
+                   "SM-22")
         status = library().rsmc_one_shot_all_reduce(
             self._live_context(), self._stream(), sm.OP_CHANNEL, offset, numel, codes[1],
             codes[0], out.data_ptr(), timeout_ms * 1_000_000, self._report)

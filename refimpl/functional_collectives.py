@@ -39,6 +39,8 @@ import torch.distributed.distributed_c10d as c10d
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_map_only
 
+from refimpl._errors import expected_got, refuse, require_type
+
 __all__ = [
     "AsyncCollectiveTensor", "all_reduce", "all_reduce_coalesced", "all_gather_tensor",
     "all_gather_tensor_autograd", "all_gather_into_tensor_coalesced",
@@ -87,15 +89,14 @@ DIFFERENTIABLE_ALL_REDUCE_OPS = DIFFERENTIABLE_REDUCE_OPS + _EXTREMA
 def _check_reduce_op(reduce_op: str, dtype: torch.dtype) -> str:
     """Normalize a reduce op name and check it fits the dtype (FC-17, FC-18)."""
     if not isinstance(reduce_op, str) or reduce_op.lower() not in _REDUCE_OPS:
-        raise ValueError(
-            f"reduce_op: expected one of {sorted(_REDUCE_OPS)} as a str (case-insensitive), "
-            f"got {reduce_op!r} of type {type(reduce_op).__name__} [FC-17]")
+        refuse("reduce_op", f"one of {sorted(_REDUCE_OPS)} as a str (case-insensitive)",
+               f"{reduce_op!r} of type {type(reduce_op).__name__}", "FC-17")
     op = reduce_op.lower()
     floating = dtype.is_floating_point or dtype.is_complex
     if op == "avg" and not floating:
-        raise ValueError(f"reduce_op: 'avg' needs a floating dtype, got {dtype} [FC-18]")
+        refuse("reduce_op", "a floating dtype for 'avg'", dtype, "FC-18")
     if op in _BITWISE and floating:
-        raise ValueError(f"reduce_op: {op!r} needs an integer or bool dtype, got {dtype} [FC-18]")
+        refuse("reduce_op", f"an integer or bool dtype for {op!r}", dtype, "FC-18")
     return op
 
 
@@ -106,8 +107,8 @@ def _differentiable(what: str) -> tuple[str, ...]:
 def _check_differentiable(reduce_op: str, what: str) -> str:
     op = reduce_op.lower()
     if op not in _differentiable(what):
-        raise RuntimeError(f"reduce_op: {what} with {reduce_op!r} has no gradient; only "
-                           f"{_differentiable(what)} are differentiable [FC-24]")
+        refuse("reduce_op", f"one of {_differentiable(what)}, the differentiable ones",
+               f"{reduce_op!r}, with which {what} has no gradient", "FC-24", RuntimeError)
     return op
 
 
@@ -136,8 +137,8 @@ def _check_has_data(tensor: torch.Tensor, arg: str) -> None:
     Tracing runs the fake kernels on FakeTensors (meta underneath), which are fine."""
     if tensor.device.type == "meta" and not isinstance(tensor, FakeTensor) \
             and not _are_we_tracing():
-        raise ValueError(f"{arg}: an eager collective needs a tensor with data, got a tensor "
-                         f"on the meta device [FC-30]")
+        refuse(arg, "a tensor with data (an eager collective sends it)",
+               "a tensor on the meta device", "FC-30")
 
 
 def _check_contiguous(tensor: torch.Tensor, arg: str, op: str) -> None:
@@ -145,20 +146,19 @@ def _check_contiguous(tensor: torch.Tensor, arg: str, op: str) -> None:
     Fake kernels do not ask: lowering turns an in-place op on a non-contiguous view into
     a clone and a copy back (CL-4), so a traced graph may hold one (FC-3, FC-4)."""
     if not tensor.is_contiguous():
-        raise ValueError(f"{arg}: {op} writes into its argument, which must be contiguous; "
-                         f"got strides {list(tensor.stride())} for shape {list(tensor.shape)} "
-                         f"[FC-4]")
+        refuse(arg, f"a contiguous tensor ({op} writes into its argument)",
+               f"strides {list(tensor.stride())} for shape {list(tensor.shape)}", "FC-4")
 
 
 def _check_has_dims(tensor: torch.Tensor, arg: str, op: str, rule: str = "FC-20") -> None:
     if tensor.dim() == 0:
-        raise ValueError(f"{arg}: {op} needs at least one dim, got a 0-d tensor [{rule}]")
+        refuse(arg, f"a tensor of at least one dim for {op}", "a 0-d tensor", rule)
 
 
 def _dim(dim: int, ndim: int, arg: str) -> int:
     if isinstance(dim, bool) or not isinstance(dim, int) or not -ndim <= dim < ndim:
-        raise ValueError(f"{arg}: {dim!r} is not a dim of a {ndim}-d tensor (expected "
-                         f"{-ndim} <= {arg} < {ndim}) [FC-20]")
+        refuse(arg, f"a dim of a {ndim}-d tensor, an int with {-ndim} <= {arg} < {ndim}",
+               repr(dim), "FC-20")
     return dim % ndim
 
 
@@ -171,13 +171,13 @@ _groups_by_ranks: dict[tuple[int, ...], dist.ProcessGroup] = {}
 
 
 def _process_group(group_name: str) -> dist.ProcessGroup:
-    if not isinstance(group_name, str):
-        raise TypeError(f"group_name: expected a str, got {type(group_name).__name__} [FC-13]")
+    require_type(group_name, str, "group_name", "a str", "FC-13")
     try:
         return c10d._resolve_process_group(group_name)
     except Exception as exc:
-        raise ValueError(f"group_name: no process group is registered as {group_name!r} "
-                         f"[FC-13]") from exc
+        raise ValueError(expected_got(
+            "group_name", "the name of a registered process group",
+            f"{group_name!r}, as which no process group is registered", "FC-13")) from exc
 
 
 def group_ranks(group_name: str) -> list[int]:
@@ -189,22 +189,23 @@ def _check_group_size(group_name: str, group_size: int) -> dist.ProcessGroup:
     """The named group, whose size must be `group_size` (FC-19)."""
     pg = _process_group(group_name)
     if group_size != pg.size():
-        raise ValueError(f"group_size: {group_size} does not match the size {pg.size()} of "
-                         f"group {group_name!r} [FC-19]")
+        refuse("group_size", f"the size {pg.size()} of group {group_name!r}", group_size,
+               "FC-19")
     return pg
 
 
 def _check_rank_list(ranks, arg: str = "group") -> tuple[int, ...]:
     if not ranks:
-        raise ValueError(f"{arg}: a rank list must not be empty [FC-15]")
+        refuse(arg, "a non-empty rank list", "an empty rank list", "FC-15")
     world = dist.get_world_size()
     for r in ranks:
         if isinstance(r, bool) or not isinstance(r, int):
-            raise TypeError(f"{arg}: ranks must be ints, got {r!r} [FC-15]")
+            refuse(arg, "ranks that are ints", repr(r), "FC-15", TypeError)
         if not 0 <= r < world:
-            raise ValueError(f"{arg}: rank {r} is outside the world of size {world} [FC-15]")
+            refuse(arg, f"ranks in 0..{world - 1}", f"rank {r}, outside the world of size {world}",
+                   "FC-15")
     if len(set(ranks)) != len(ranks):
-        raise ValueError(f"{arg}: duplicate ranks in {list(ranks)} [FC-15]")
+        refuse(arg, "distinct ranks", f"duplicate ranks in {list(ranks)}", "FC-15")
     return tuple(sorted(ranks))
 
 
@@ -285,27 +286,29 @@ def _resolve_rank_lists(group) -> dist.ProcessGroup:
     if group and all(isinstance(row, (list, tuple)) for row in group):
         sizes = {len(row) for row in group}
         if len(sizes) != 1:
-            raise ValueError(f"group: rows of a 2-D rank list must have equal sizes, got "
-                             f"{[len(row) for row in group]} [FC-15]")
+            refuse("group", "rows of a 2-D rank list of equal sizes",
+                   f"rows of sizes {[len(row) for row in group]}", "FC-15")
         _check_rank_list([r for row in group for r in row])
         mine = [row for row in group if me in row]
         if not mine:
-            raise ValueError(f"group: rank {me} is in no row of {group} [FC-15]")
+            refuse("group", f"a 2-D rank list with a row holding rank {me}",
+                   f"{group}, where rank {me} is in no row", "FC-15")
         return _group_of_ranks(tuple(sorted(mine[0])))
     ranks = _check_rank_list(list(group))
     if me not in ranks:
-        raise ValueError(f"group: rank {me} is not in the rank list {list(group)} [FC-15]")
+        refuse("group", f"a rank list holding rank {me}",
+               f"{list(group)}, where rank {me} is not in the rank list", "FC-15")
     return _group_of_ranks(ranks)
 
 
 def _resolve_mesh(mesh, dim) -> dist.ProcessGroup:
     if dim is None:
         if mesh.ndim != 1:
-            raise ValueError(f"group: a DeviceMesh of {mesh.ndim} dims needs a dim; pass "
-                             f"(mesh, dim) [FC-16]")
+            refuse("group", "a 1-D DeviceMesh, or (mesh, dim)",
+                   f"a DeviceMesh of {mesh.ndim} dims without a dim", "FC-16")
         dim = 0
     if isinstance(dim, bool) or not isinstance(dim, (int, str)):
-        raise ValueError(f"group: mesh dim must be an int or a dim name, got {dim!r} [FC-16]")
+        refuse("group", "a mesh dim that is an int or a dim name", repr(dim), "FC-16")
     return mesh.get_group(dim)
 
 
@@ -349,9 +352,8 @@ def _resolve_group_name_constant(group) -> str:
         return _resolve_mesh(*group).group_name
     if isinstance(group, tuple):
         return _resolve_rank_lists(group).group_name
-    raise TypeError(
-        f"group: expected a group name, ProcessGroup, rank list, 2-D rank list, DeviceMesh "
-        f"or (DeviceMesh, dim), got {type(group).__name__} [FC-13]")
+    refuse("group", "a group name, ProcessGroup, rank list, 2-D rank list, DeviceMesh or "
+           "(DeviceMesh, dim)", type(group).__name__, "FC-13", TypeError)
 
 
 @_assume_constant_result
@@ -485,7 +487,7 @@ def set_collective_checks(enabled: bool | None, timeout_s: float | None = None) 
     _checks["enabled"] = enabled
     if timeout_s is not None:
         if not timeout_s > 0:
-            raise ValueError(f"timeout_s: must be positive, got {timeout_s!r} [FC-28]")
+            refuse("timeout_s", "a positive number of seconds", repr(timeout_s), "FC-28")
         _checks["timeout_s"] = float(timeout_s)
 
 
@@ -917,11 +919,11 @@ def _check_all_gather(tensor, group_size, group_name, out=None):
     shape = [tensor.shape[0] * group_size, *tensor.shape[1:]]
     if out is not None:
         if out.device != tensor.device:
-            raise ValueError(f"out: expected a tensor on the input's device {tensor.device}, "
-                             f"got {out.device} [FC-30]")
+            refuse("out", f"a tensor on the input's device {tensor.device}", out.device,
+                   "FC-30")
         if list(out.shape) != shape or out.dtype != tensor.dtype:
-            raise ValueError(f"out: expected a {tensor.dtype} tensor of shape {shape}, got "
-                             f"{out.dtype} {list(out.shape)} [FC-20]")
+            refuse("out", f"a {tensor.dtype} tensor of shape {shape}",
+                   f"{out.dtype} {list(out.shape)}", "FC-20")
     return shape, pg
 
 
@@ -1029,8 +1031,8 @@ def _check_reduce_scatter(tensor, reduce_op, group_size, group_name):
     _check_has_data(tensor, "input")
     _check_has_dims(tensor, "input", "reduce_scatter_tensor")
     if tensor.shape[0] % group_size:
-        raise ValueError(f"input: reduce_scatter_tensor needs dim 0 divisible by the group "
-                         f"size {group_size}, got shape {list(tensor.shape)} [FC-20]")
+        refuse("input", f"dim 0 divisible by the group size {group_size} for "
+               "reduce_scatter_tensor", f"shape {list(tensor.shape)}", "FC-20")
     return op, [tensor.shape[0] // group_size, *tensor.shape[1:]], pg
 
 
@@ -1095,8 +1097,8 @@ _define("reduce_scatter_tensor_coalesced",
 def _scatter_dim_to_front(self: torch.Tensor, scatter_dim: int, n: int) -> torch.Tensor:
     dim = _dim(scatter_dim, self.dim(), "scatter_dim")
     if self.shape[dim] % n:
-        raise ValueError(f"scatter_dim: size {self.shape[dim]} of dim {dim} is not divisible "
-                         f"by the group size {n} [FC-20]")
+        refuse("scatter_dim", f"a dim whose size is divisible by the group size {n}",
+               f"dim {dim} of size {self.shape[dim]}", "FC-20")
     if dim == 0:
         return self.contiguous()
     # Lay the chunks of `dim` one after another on dim 0, so that the reduce_scatter on
@@ -1126,8 +1128,8 @@ def reduce_scatter_tensor_coalesced(inputs: list[torch.Tensor], reduceOp: str,
                                     tag: str = "") -> list[torch.Tensor]:
     """`reduce_scatter_tensor` of each tensor along its own scatter dim, started together."""
     if len(scatter_dim) != len(inputs):
-        raise ValueError(f"scatter_dim: need one dim per input ({len(inputs)}), got "
-                         f"{len(scatter_dim)} [FC-20]")
+        refuse("scatter_dim", f"one dim per input ({len(inputs)})", f"{len(scatter_dim)} dims",
+               "FC-20")
     for t in inputs:
         _check_reduce_op(reduceOp, t.dtype)
     name = resolve_group_name(group, tag)
@@ -1143,12 +1145,12 @@ def _check_splits(splits, size: int, group_size: int, arg: str) -> list[int]:
     """The explicit split sizes: `splits`, or equal ones when it is empty (FC-21)."""
     if len(splits) == 0:
         if size % group_size:
-            raise ValueError(f"{arg}: empty splits need dim 0 ({size}) divisible by the group "
-                             f"size {group_size} [FC-21]")
+            refuse(arg, f"dim 0 divisible by the group size {group_size} for empty splits",
+                   f"dim 0 of size {size}", "FC-21")
         return [size // group_size] * group_size
     if len(splits) != group_size or any(s < 0 for s in splits) or sum(splits) != size:
-        raise ValueError(f"{arg}: need {group_size} non-negative sizes summing to {size}, got "
-                         f"{list(splits)} [FC-21]")
+        refuse(arg, f"{group_size} non-negative sizes summing to {size}", list(splits),
+               "FC-21")
     return list(splits)
 
 
@@ -1229,9 +1231,8 @@ def _check_src(src, size: int, group_name: str) -> int:
     # `src` is a rank *within the group*, as upstream's c10d_functional kernels take it
     # (torch.distributed.broadcast takes a global rank instead).
     if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < size:
-        raise ValueError(f"src: {src!r} is not a group rank of group {group_name!r} of size "
-                         f"{size} (expected an int, 0 <= src < {size}; src counts ranks "
-                         f"within the group) [FC-22]")
+        refuse("src", f"a group rank of group {group_name!r} of size {size}: an int, "
+               f"0 <= src < {size} (src counts ranks within the group)", repr(src), "FC-22")
     return src
 
 
@@ -1353,8 +1354,7 @@ def wait_tensors(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     # A tensor is iterable too: waiting its rows would be a silent wrong answer.
     if not isinstance(tensors, (list, tuple)) or \
             not all(isinstance(t, torch.Tensor) for t in tensors):
-        raise TypeError(f"tensors: expected a list of tensors, got "
-                        f"{type(tensors).__name__} [FC-37]")
+        refuse("tensors", "a list of tensors", type(tensors).__name__, "FC-37", TypeError)
     return [wait_tensor(t) for t in tensors]
 
 

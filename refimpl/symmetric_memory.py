@@ -41,6 +41,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from refimpl import _native
+from refimpl._errors import expected_got, refuse, require_type
 from refimpl._native import build_torch_op_library, load_kernel_library
 
 __all__ = [
@@ -71,7 +72,7 @@ def set_default_timeout(timeout_ms: int) -> int:
     """Set the timeout used when a call passes none (or 0); returns the previous one."""
     global _default_timeout_ms
     if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or timeout_ms <= 0:
-        raise ValueError(f"timeout_ms: must be a positive int, got {timeout_ms!r} [SM-11]")
+        refuse("timeout_ms", "a positive int", repr(timeout_ms), "SM-11")
     previous, _default_timeout_ms = _default_timeout_ms, timeout_ms
     if _native_ops is not None:
         _native_ops.rsm_ops_set_timeout(timeout_ms * 1_000_000)
@@ -90,7 +91,7 @@ def device_for_rank(rank: int) -> torch.device:
 def _timeout_ms(timeout_ms) -> int:
     """0 (upstream's default) means the module default: no wait in refimpl is unbounded."""
     if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or timeout_ms < 0:
-        raise ValueError(f"timeout_ms: must be a non-negative int, got {timeout_ms!r} [SM-11]")
+        refuse("timeout_ms", "a non-negative int (0: the default)", repr(timeout_ms), "SM-11")
     return timeout_ms or _default_timeout_ms
 
 
@@ -281,17 +282,15 @@ _groups: dict[str, GroupInfo] = {}
 
 def set_group_info(group_name: str, rank: int, world_size: int, store: dist.Store) -> None:
     """Register the rank, size and rendezvous store of the group `group_name`, once."""
-    if not isinstance(group_name, str):
-        raise TypeError(f"group_name: expected a str, got {type(group_name).__name__} [SM-2]")
+    require_type(group_name, str, "group_name", "a str", "SM-2")
     if group_name in _groups:
-        raise ValueError(f"group_name: group info for {group_name!r} is already set [SM-2]")
+        refuse("group_name", "a group without group info",
+               f"{group_name!r}, whose group info is already set", "SM-2")
     if not isinstance(world_size, int) or not 1 <= world_size <= MAX_WORLD_SIZE:
-        raise ValueError(f"world_size: must be in 1..{MAX_WORLD_SIZE}, got {world_size!r} [SM-2]")
+        refuse("world_size", f"an int in 1..{MAX_WORLD_SIZE}", repr(world_size), "SM-2")
     if not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ValueError(f"rank: must be in 0..{world_size - 1}, got {rank!r} [SM-2]")
-    if not isinstance(store, dist.Store):
-        raise TypeError(f"store: expected a torch.distributed.Store, got "
-                        f"{type(store).__name__} [SM-2]")
+        refuse("rank", f"an int in 0..{world_size - 1}", repr(rank), "SM-2")
+    require_type(store, dist.Store, "store", "a torch.distributed.Store", "SM-2")
     _groups[group_name] = GroupInfo(rank, world_size, store)
 
 
@@ -300,8 +299,7 @@ def _group_name_of(group) -> str:
         return group
     if isinstance(group, dist.ProcessGroup):
         return group.group_name
-    raise TypeError(f"group: expected a group name or a ProcessGroup, got "
-                    f"{type(group).__name__} [SM-2]")
+    refuse("group", "a group name or a ProcessGroup", type(group).__name__, "SM-2", TypeError)
 
 
 def enable_symm_mem_for_group(group) -> None:
@@ -312,8 +310,10 @@ def enable_symm_mem_for_group(group) -> None:
     try:
         pg = c10d._resolve_process_group(group_name)
     except Exception as exc:
-        raise ValueError(f"group: no process group is registered as {group_name!r} "
-                         f"[SM-2]") from exc
+        raise ValueError(expected_got(
+            "group", "the name of a registered process group",
+            f"{group_name!r}, but no process group is registered as {group_name!r}",
+            "SM-2")) from exc
     global_ranks = "_".join(map(str, dist.get_process_group_ranks(pg)))
     # Groups with the same ranks share the same store keys only under the same name.
     store = dist.PrefixStore(f"{SEGMENT_PREFIX}{global_ranks}-{group_name}",
@@ -338,7 +338,7 @@ def group_info(group_name: str) -> GroupInfo:
 # --------------------------------------------------------------------------------------
 def _check_index(name: str, value, limit: int, rule: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < limit:
-        raise ValueError(f"{name}: must be an int in 0..{limit - 1}, got {value!r} [{rule}]")
+        refuse(name, f"an int in 0..{limit - 1}", repr(value), rule)
     return value
 
 
@@ -372,17 +372,16 @@ class SymmetricMemory:
         _check_index("rank", rank, self.world_size, "SM-8")
         sizes = tuple(sizes)
         if any(not isinstance(s, int) or s < 0 for s in sizes):
-            raise ValueError(f"sizes: must be non-negative ints, got {sizes} [SM-8]")
+            refuse("sizes", "non-negative ints", sizes, "SM-8")
         if not isinstance(storage_offset, int) or storage_offset < 0:
-            raise ValueError(f"storage_offset: must be a non-negative int, got "
-                             f"{storage_offset!r} [SM-8]")
+            refuse("storage_offset", "a non-negative int", repr(storage_offset), "SM-8")
         element = torch.empty((), dtype=dtype).element_size()
         numel = math.prod(sizes)
         end = (storage_offset + numel) * element
         if end > limit:
-            raise ValueError(
-                f"sizes/storage_offset: {what} of rank {rank} holds {limit} bytes; "
-                f"{sizes} of {dtype} at offset {storage_offset} needs {end} [SM-8]")
+            refuse("sizes/storage_offset",
+                   f"a view within {what} of rank {rank}, which holds {limit} bytes",
+                   f"{sizes} of {dtype} at offset {storage_offset}, which needs {end}", "SM-8")
         flat = self._tensor_at(rank, base + storage_offset * element, numel, dtype)
         return flat.view(sizes)
 
@@ -399,9 +398,9 @@ class SymmetricMemory:
             element = torch.empty((), dtype=dtype).element_size()
             elements = self.signal_pad_size // element
             if not isinstance(storage_offset, int) or not 0 <= storage_offset <= elements:
-                raise ValueError(f"storage_offset: the signal pad of rank {rank} holds "
-                                 f"{elements} elements of {dtype}; got {storage_offset!r} "
-                                 f"[SM-8]")
+                refuse("storage_offset", f"an int in 0..{elements}: the signal pad of rank "
+                       f"{rank} holds {elements} elements of {dtype}", repr(storage_offset),
+                       "SM-8")
             sizes = (elements - storage_offset,)
         return self._view(rank, sizes, dtype, storage_offset, self.pad_offset,
                           self.signal_pad_size, "the signal pad")
@@ -600,8 +599,8 @@ def _check_room(size: int) -> None:
     fs = os.statvfs(SHM_DIR)
     free = fs.f_bavail * fs.f_frsize
     if size > free:
-        raise ValueError(f"size: the allocation needs {size} bytes of shared memory (buffer "
-                         f"and signal pad); {SHM_DIR} has {free} bytes free [SM-3]")
+        refuse("size", f"an allocation that fits in {SHM_DIR}, which has {free} bytes free",
+               f"one that needs {size} bytes of shared memory (buffer and signal pad)", "SM-3")
 
 
 def _open_segment(size: int) -> tuple[int, mmap.mmap]:
@@ -668,14 +667,15 @@ def check_persistent(alloc: SymmetricAllocation, alive: bool, nbytes: int, group
     """SM-4, for every allocator: may persistent `alloc` be handed out again for a request
     of `nbytes` for `group_name`, `alive` whether a tensor of its last grant lives?"""
     if alive:
-        raise RuntimeError(f"alloc_id: cannot allocate alloc_id {alloc_id} while the "
-                           f"previous allocation with this id is still alive [SM-4]")
+        refuse("alloc_id", f"no live tensor of the previous allocation with alloc_id {alloc_id}",
+               f"a request for alloc_id {alloc_id} while the previous allocation with this id "
+               f"is still alive", "SM-4", RuntimeError)
     if alloc.nbytes != nbytes:
-        raise ValueError(f"alloc_id: alloc_id {alloc_id} was allocated with {alloc.nbytes} "
-                         f"bytes; this request needs {nbytes} [SM-4]")
+        refuse("alloc_id", f"a request of {alloc.nbytes} bytes, as alloc_id {alloc_id} was "
+               f"allocated with {alloc.nbytes} bytes", f"one that needs {nbytes}", "SM-4")
     if alloc.group_name != group_name:
-        raise ValueError(f"alloc_id: alloc_id {alloc_id} belongs to group "
-                         f"{alloc.group_name!r}, not {group_name!r} [SM-4]")
+        refuse("alloc_id", f"group {alloc.group_name!r}, as alloc_id {alloc_id} belongs to "
+               f"group {alloc.group_name!r}", repr(group_name), "SM-4")
 
 
 class CpuAllocator:
@@ -822,9 +822,9 @@ def check_sizes(records: list[dict], nbytes: int, rank: int) -> None:
     rank's `nbytes`."""
     for peer, record in enumerate(records):
         if record["nbytes"] != nbytes:
-            raise ValueError(f"tensor: rendezvous needs allocations of one size on every rank; "
-                             f"rank {rank} has {nbytes} bytes, rank {peer} has "
-                             f"{record['nbytes']} [SM-5]")
+            refuse("tensor", "allocations of one size on every rank (rendezvous needs them)",
+                   f"different sizes: rank {rank} has {nbytes} bytes, rank {peer} has "
+                   f"{record['nbytes']}", "SM-5")
 
 
 
@@ -853,11 +853,11 @@ def _check_shape(size, stride) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """`stride=()` checks the size alone (`empty` derives the strides from it)."""
     size, stride = tuple(size), tuple(stride)
     if any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in size):
-        raise ValueError(f"size: must be non-negative ints, got {size} [SM-3]")
+        refuse("size", "non-negative ints", size, "SM-3")
     if not stride:
         return size, stride
     if len(stride) != len(size) or any(not isinstance(s, int) or s < 0 for s in stride):
-        raise ValueError(f"stride: must be {len(size)} non-negative ints, got {stride} [SM-3]")
+        refuse("stride", f"{len(size)} non-negative ints", stride, "SM-3")
     return size, stride
 
 
@@ -876,14 +876,13 @@ def empty_strided_p2p(size, stride, dtype: torch.dtype, device, group_name: str 
         return granted[5]()
     size, stride = _check_shape(size, stride)
     if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"dtype: expected a torch.dtype, got {dtype!r} [SM-3]")
+        refuse("dtype", "a torch.dtype", repr(dtype), "SM-3", TypeError)
     if group_name is not None and not isinstance(group_name, str):
-        raise TypeError(f"group_name: expected a str or None, got {group_name!r} [SM-3]")
+        refuse("group_name", "a str or None", repr(group_name), "SM-3", TypeError)
     if alloc_id is not None and (not isinstance(alloc_id, int) or isinstance(alloc_id, bool)):
-        raise TypeError(f"alloc_id: expected an int or None, got {alloc_id!r} [SM-4]")
+        refuse("alloc_id", "an int or None", repr(alloc_id), "SM-4", TypeError)
     if alloc_id is not None and not 0 <= alloc_id <= MAX_ALLOC_ID:
-        raise ValueError(f"alloc_id: must be in 0..2**64-1 (a uint64, as upstream's), got "
-                         f"{alloc_id} [SM-4]")
+        refuse("alloc_id", "an int in 0..2**64-1 (a uint64, as upstream's)", alloc_id, "SM-4")
     given_device, device = device, torch.device(device)
     allocator = get_allocator(device.type)
     tensor = allocator.empty_strided_p2p(size, stride, dtype, device, group_name, alloc_id)
@@ -908,8 +907,7 @@ def empty(*size, dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
 
 
 def _allocation(tensor, where: str, arg: str = "tensor"):
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{arg}: expected a Tensor, got {type(tensor).__name__} [SM-5]")
+    require_type(tensor, torch.Tensor, arg, "a Tensor", "SM-5")
     allocator = get_allocator(tensor.device.type)
     alloc = allocator.allocation_of(tensor)
     if alloc is None:
@@ -926,12 +924,14 @@ def rendezvous(tensor: torch.Tensor, group=None, *, timeout_ms: int = 0) -> Symm
         raise ValueError("group: rendezvous needs a group when the tensor was allocated "
                          "without one [SM-5]")
     if alloc.group_name is not None and alloc.group_name != group_name:
-        raise ValueError(f"group: the tensor was allocated for group {alloc.group_name!r}, "
-                         f"not {group_name!r} [SM-5]")
+        refuse("group", "the group the tensor was allocated for", f"{group_name!r}, but the "
+               f"tensor was allocated for group {alloc.group_name!r}, not {group_name!r}",
+               "SM-5")
     if alloc.handle is not None:
         if alloc.handle.group_name != group_name:
-            raise ValueError(f"group: the tensor was rendezvoused with group "
-                             f"{alloc.handle.group_name!r}, not {group_name!r} [SM-5]")
+            refuse("group", "the group the tensor was rendezvoused with",
+                   f"{group_name!r}, but the tensor was rendezvoused with group "
+                   f"{alloc.handle.group_name!r}, not {group_name!r}", "SM-5")
         return alloc.handle
     alloc.handle = allocator.rendezvous(alloc, group_name, _timeout_ms(timeout_ms))
     return alloc.handle
@@ -941,8 +941,9 @@ def get_symmetric_memory(tensor: torch.Tensor) -> SymmetricMemory:
     """The handle of a rendezvoused tensor; fails before its rendezvous (SM-6)."""
     _, alloc = _allocation(tensor, "get_symmetric_memory")
     if alloc.handle is None:
-        raise RuntimeError("tensor: get_symmetric_memory needs a tensor that went through "
-                           "rendezvous first [SM-6]")
+        refuse("tensor", "a tensor that went through rendezvous (get_symmetric_memory needs "
+               "its handle)", "one without a handle: call rendezvous first", "SM-6",
+               RuntimeError)
     return alloc.handle
 
 
@@ -968,17 +969,18 @@ def _check_reduce_input(input, reduce_op, where: str, arg: str = "input") -> tup
     if codes is None:
         codes = _explain_reduce_input(input, reduce_op, where, arg)
     if not input.is_contiguous():
-        raise ValueError(f"{arg}: {where} needs a contiguous tensor [SM-14]")
+        refuse(arg, f"a contiguous tensor for {where}",
+               f"a non-contiguous one of strides {tuple(input.stride())}", "SM-14")
     return codes
 
 
 def _explain_reduce_input(input, reduce_op, where: str, arg: str) -> tuple[int, int]:
     if not isinstance(reduce_op, str) or reduce_op.lower() not in REDUCE_OPS:
-        raise ValueError(f"reduce_op: {where} supports {sorted(REDUCE_OPS)}, got "
-                         f"{reduce_op!r} [SM-14]")
+        refuse("reduce_op", f"one of {sorted(REDUCE_OPS)}, which {where} supports",
+               repr(reduce_op), "SM-14")
     if input.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"{arg}: {where} supports dtypes {list(SUPPORTED_DTYPES)}, got "
-                         f"{input.dtype} [SM-14]")
+        refuse(arg, f"one of the dtypes {list(SUPPORTED_DTYPES)}, which {where} supports",
+               input.dtype, "SM-14")
     codes = _KERNEL_CODES.get((reduce_op.lower(), input.dtype))
     if codes is None:
         raise ValueError(f"reduce_op: 'avg' needs a floating dtype, got {input.dtype} [SM-14]")
@@ -990,8 +992,8 @@ def _check_group_of(alloc, group_name, where: str, arg: str) -> None:
     allocated or rendezvoused for (rendezvous would refuse it too, naming its own `group`)."""
     own = alloc.handle.group_name if alloc.handle is not None else alloc.group_name
     if own is not None and own != group_name:
-        raise ValueError(f"group_name: {where} was given group {group_name!r}, but its "
-                         f"{arg}'s allocation is for group {own!r} [SM-14]")
+        refuse("group_name", f"group {own!r}, which {where}'s {arg}'s allocation is for",
+               repr(group_name), "SM-14")
 
 
 # ---- pointwise steps of one_shot_all_reduce_pointwise (SM-24) ----------------------------
@@ -1009,13 +1011,13 @@ def pointwise_steps(steps) -> str:
     texts = []
     for op, number in steps:
         if op not in POINTWISE_STEPS:
-            raise ValueError(f"steps: an op is one of {sorted(POINTWISE_STEPS)}, got {op!r} "
-                             f"[SM-24]")
+            refuse("steps", f"ops in {sorted(POINTWISE_STEPS)}", repr(op), "SM-24")
         if isinstance(number, bool) or not isinstance(number, (int, float)):
-            raise TypeError(f"steps: a number is an int or a float, got "
-                            f"{type(number).__name__} {number!r} [SM-24]")
+            refuse("steps", "numbers that are ints or floats",
+                   f"{type(number).__name__} {number!r}", "SM-24", TypeError)
         if isinstance(number, int) and float(number) != number:
-            raise ValueError(f"steps: {number} has no exact double [SM-24]")
+            refuse("steps", "numbers with an exact double", f"{number}, which has none",
+                   "SM-24")
         texts.append(f"{op} {float(number)!r}")
     return "; ".join(texts)
 
@@ -1023,8 +1025,8 @@ def pointwise_steps(steps) -> str:
 def _parse_steps(text, argument: str, dtype: torch.dtype) -> tuple:
     """((op name, float), ...) of a chain's text; refuses what SM-24 does not allow."""
     if not isinstance(text, str):
-        raise TypeError(f"{argument}: expected a str of steps such as 'mul 2.0; add 1.0', "
-                        f"got {type(text).__name__} {text!r} [SM-24]")
+        refuse(argument, "a str of steps such as 'mul 2.0; add 1.0'",
+               f"{type(text).__name__} {text!r}", "SM-24", TypeError)
     return _parsed_steps(text, argument, dtype)
 
 
@@ -1032,8 +1034,8 @@ def _parse_steps(text, argument: str, dtype: torch.dtype) -> tuple:
 def _parsed_steps(text: str, argument: str, dtype: torch.dtype) -> tuple:
     parsed = tuple(_parse_step(step, argument) for step in text.split(";")) if text else ()
     if parsed and dtype not in POINTWISE_DTYPES:
-        raise ValueError(f"{argument}: pointwise steps need a floating dtype "
-                         f"({', '.join(map(str, POINTWISE_DTYPES))}), got {dtype} [SM-24]")
+        refuse(argument, f"steps on a floating dtype ({', '.join(map(str, POINTWISE_DTYPES))})",
+               dtype, "SM-24")
     return parsed
 
 
@@ -1044,9 +1046,8 @@ def _parse_step(step: str, argument: str) -> tuple[str, float]:
     except ValueError:
         value = None
     if op not in POINTWISE_STEPS or value is None or number != number.strip():
-        raise ValueError(f"{argument}: a step is '<op> <number>' with op in "
-                         f"{sorted(POINTWISE_STEPS)}, steps joined by ';', got {step!r} "
-                         f"[SM-24]")
+        refuse(argument, f"steps '<op> <number>' with op in {sorted(POINTWISE_STEPS)}, "
+               "joined by ';'", repr(step), "SM-24")
     return op, value
 
 
@@ -1264,16 +1265,16 @@ _define("one_shot_all_reduce", "(Tensor input, str reduce_op, str group_name) ->
 def _check_one_shot_all_reduce_out(input, reduce_op, out) -> tuple[int, int]:
     codes = _check_reduce_input(input, reduce_op, "one_shot_all_reduce_out")
     if out.shape != input.shape or out.dtype != input.dtype or not out.is_contiguous():
-        raise ValueError(f"out: must be contiguous with the input's shape {tuple(input.shape)} "
-                         f"and dtype {input.dtype}, got {tuple(out.shape)} {out.dtype} [SM-14]")
+        refuse("out", f"a contiguous tensor of the input's shape {tuple(input.shape)} and dtype "
+               f"{input.dtype}", f"{tuple(out.shape)} {out.dtype}", "SM-14")
     return codes
 
 
 def _one_shot_all_reduce_out(input, reduce_op, group_name, *, out):
     codes = _check_one_shot_all_reduce_out(input, reduce_op, out)
     if out.untyped_storage().data_ptr() == input.untyped_storage().data_ptr():
-        raise ValueError("out: one_shot_all_reduce_out must not write into the input's "
-                         "allocation, which peers are reading [SM-14]")
+        refuse("out", "a tensor outside the input's allocation, which peers are reading",
+               "a tensor in it: one_shot_all_reduce_out must not write into it", "SM-14")
     return _one_shot_into(input, codes, group_name, out, "one_shot_all_reduce_out")
 
 
@@ -1326,20 +1327,18 @@ _define("barrier", "(Tensor(a!) input, str group_name, int channel=0, int timeou
 def _check_local_input(symm_buffer, local_input, real: bool) -> None:
     if (local_input.shape != symm_buffer.shape or local_input.dtype != symm_buffer.dtype
             or local_input.device != symm_buffer.device):
-        raise ValueError(f"local_input: must have symm_buffer's shape "
-                         f"{tuple(symm_buffer.shape)}, dtype {symm_buffer.dtype} and device "
-                         f"{symm_buffer.device}, got "
-                         f"{tuple(local_input.shape)} {local_input.dtype} "
-                         f"{local_input.device} [SM-24]")
+        refuse("local_input", f"symm_buffer's shape {tuple(symm_buffer.shape)}, dtype "
+               f"{symm_buffer.dtype} and device {symm_buffer.device}",
+               f"{tuple(local_input.shape)} {local_input.dtype} {local_input.device}", "SM-24")
     if not real:
         return  # a fake tensor has no storage to compare
     same_storage = (local_input.untyped_storage().data_ptr()
                     == symm_buffer.untyped_storage().data_ptr())
     if same_storage and not (local_input.data_ptr() == symm_buffer.data_ptr()
                              and local_input.stride() == symm_buffer.stride()):
-        raise ValueError("local_input: lies in symm_buffer's allocation but is not "
-                         "symm_buffer itself; the steps would overwrite what they read "
-                         "[SM-24]")
+        refuse("local_input", "symm_buffer itself or a tensor outside its allocation (the "
+               "steps would overwrite what they read)",
+               "another tensor in symm_buffer's allocation", "SM-24")
 
 
 def _check_pointwise(symm_buffer, local_input, reduce_op, prologue, epilogue,
