@@ -258,8 +258,8 @@ def get_allocator(device_type) -> object:
         importlib.import_module(BACKEND_MODULES[device_type])  # registers itself
         allocator = _allocators.get(device_type)
     if allocator is None:
-        raise ValueError(f"device: symmetric memory has no allocator for device type "
-                         f"{device_type!r} (registered: {sorted(_allocators)}) [SM-1]")
+        refuse("device", f"a device type with a symmetric-memory allocator (registered: "
+               f"{sorted(_allocators)})", f"device type {device_type!r}, which has none", "SM-1")
     return allocator
 
 
@@ -911,8 +911,8 @@ def _allocation(tensor, where: str, arg: str = "tensor"):
     allocator = get_allocator(tensor.device.type)
     alloc = allocator.allocation_of(tensor)
     if alloc is None:
-        raise ValueError(f"{arg}: {where} needs a tensor allocated by empty_strided_p2p or "
-                         f"empty (a symmetric allocation); this one is not [SM-5]")
+        refuse(arg, f"a tensor allocated by empty_strided_p2p or empty (a symmetric "
+               f"allocation), which {where} needs", "a tensor that is not", "SM-5")
     return allocator, alloc
 
 
@@ -921,8 +921,7 @@ def rendezvous(tensor: torch.Tensor, group=None, *, timeout_ms: int = 0) -> Symm
     allocator, alloc = _allocation(tensor, "rendezvous")
     group_name = _group_name_of(group) if group is not None else alloc.group_name
     if group_name is None:
-        raise ValueError("group: rendezvous needs a group when the tensor was allocated "
-                         "without one [SM-5]")
+        refuse("group", "a group (the tensor was allocated without one)", "None", "SM-5")
     if alloc.group_name is not None and alloc.group_name != group_name:
         refuse("group", "the group the tensor was allocated for", f"{group_name!r}, but the "
                f"tensor was allocated for group {alloc.group_name!r}, not {group_name!r}",
@@ -983,7 +982,7 @@ def _explain_reduce_input(input, reduce_op, where: str, arg: str) -> tuple[int, 
                input.dtype, "SM-14")
     codes = _KERNEL_CODES.get((reduce_op.lower(), input.dtype))
     if codes is None:
-        raise ValueError(f"reduce_op: 'avg' needs a floating dtype, got {input.dtype} [SM-14]")
+        refuse("reduce_op", "a floating dtype for 'avg'", input.dtype, "SM-14")
     return codes
 
 
