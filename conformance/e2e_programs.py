@@ -260,3 +260,62 @@ def logged_compile(spec: str, model: Model, steps: int, options: dict) -> dict:
     graphs = list(concept.stage_counts(compiled_backend)) if concept.stage_counts else None
     return {"records": records, "handlers": len(logger.handlers), "level": logger.level,
             "graphs": graphs}
+
+
+# --------------------------------------------------------------------------------------
+# A communication op no compiler understands (E2E-8)
+# --------------------------------------------------------------------------------------
+# The process group's collective count each call of the op found when it started.
+OPAQUE_SEEN: list[int] = []
+
+
+@functools.cache
+def opaque_exchange_():
+    """`conformance_probe::opaque_exchange_(Tensor(a!) x) -> ()`: all-reduces `x` in place
+    with a blocking c10d call, as a vendor's or a library's own communication op (say, a
+    blocking send or a barrier) would, and records how many collectives the process group
+    had issued when it started. Its schema writes its argument: RO-6 makes it a barrier."""
+
+    @torch.library.custom_op("conformance_probe::opaque_exchange_", mutates_args=("x",))
+    def op(x: torch.Tensor) -> None:
+        OPAQUE_SEEN.append(_issued(dist.group.WORLD))
+        dist.all_reduce(x)
+
+    return op
+
+
+def opaque_then_collective_on_rank(spec: str, options: dict) -> dict:
+    """One program, eagerly then compiled: an in-place opaque exchange, then an all_reduce
+    that depends on nothing the exchange writes. Where each call of the opaque op found
+    the group's collective count, counted from the call's start (E2E-8), and whether the
+    compiled values are eager's."""
+    from conformance.backends import get_backend
+
+    backend = get_backend(spec)
+    fc = backend.require("functional_collectives")
+    concept = backend.require("compile_backend")
+    group = fc.resolve_group_name(dist.group.WORLD)
+    exchange = opaque_exchange_()
+
+    def program(x, y):
+        y2 = y @ y
+        a = x * y2.sum()  # computed before the exchange, from what the all_reduce reads
+        exchange(a)
+        b = fc.ops.wait_tensor(fc.ops.all_reduce(y2, "sum", group))
+        return a + 1, b + 1
+
+    rank = dist.get_rank()
+    x, y = torch.arange(4.0) + rank, torch.eye(8) * (rank + 1)
+    seen = {}
+    results = {}
+    torch._dynamo.reset()
+    compiled = torch.compile(program, backend=concept.make(options), fullgraph=True)
+    for name, run in (("eager", program), ("compiled", compiled)):
+        for call in range(2):  # the first compiled call compiles
+            OPAQUE_SEEN.clear()
+            start = _issued(dist.group.WORLD)
+            results[name] = run(x.clone(), y.clone())
+            seen[name, call] = [s - start for s in OPAQUE_SEEN]
+    same = all(torch.allclose(e, c) for e, c in zip(results["eager"], results["compiled"],
+                                                    strict=True))
+    return {"eager": seen["eager", 1], "compiled": seen["compiled", 1], "same": same}

@@ -4,7 +4,7 @@ Every collective is an operator of the `refimpl_c10d` library whose result is a 
 tensor that is *not ready* until `wait_tensor` is called on it (FC-1..FC-5). In eager
 mode the op starts the collective asynchronously through `torch.distributed`'s own
 functions (so any ProcessGroup works, FC-34) and records the pending work under the
-result's `data_ptr` with a version number; `wait_tensor` waits and clears the entry
+result's storage (its base address) with a version number; `wait_tensor` waits and clears the entry
 (FC-6..FC-8). The Python API wraps eager results in `AsyncCollectiveTensor`, which
 waits on first use by any op except views (FC-9..FC-11), and under tracing emits the op
 followed by its `wait_tensor` (FC-12). Groups can be named in every form upstream accepts
@@ -89,7 +89,8 @@ DIFFERENTIABLE_ALL_REDUCE_OPS = DIFFERENTIABLE_REDUCE_OPS + _EXTREMA
 def _check_reduce_op(reduce_op: str, dtype: torch.dtype) -> str:
     """Normalize a reduce op name and check it fits the dtype (FC-17, FC-18)."""
     if not isinstance(reduce_op, str) or reduce_op.lower() not in _REDUCE_OPS:
-        refuse("reduce_op", f"one of {sorted(_REDUCE_OPS)} as a str (case-insensitive)",
+        refuse("reduce_op", f"one of {sorted(_REDUCE_OPS)} as a str (case-insensitive) or "
+               f"a torch.distributed.ReduceOp",
                f"{reduce_op!r} of type {type(reduce_op).__name__}", "FC-17")
     op = reduce_op.lower()
     floating = dtype.is_floating_point or dtype.is_complex
@@ -98,6 +99,54 @@ def _check_reduce_op(reduce_op: str, dtype: torch.dtype) -> str:
     if op in _BITWISE and floating:
         refuse("reduce_op", f"an integer or bool dtype for {op!r}", dtype, "FC-18")
     return op
+
+
+# torch.distributed.ReduceOp values the Python API takes for a reduction of that name
+# (FC-17): upstream's functional collectives take them from torch 2.15 on.
+_REDUCE_OP_NAMES = {
+    dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.PRODUCT: "product",
+    dist.ReduceOp.MIN: "min", dist.ReduceOp.MAX: "max", dist.ReduceOp.BAND: "band",
+    dist.ReduceOp.BOR: "bor", dist.ReduceOp.BXOR: "bxor",
+}
+
+
+def _reduction(reduce_op, tensors) -> tuple[object, object]:
+    """What the Python API asks the op for, and the factor to multiply the inputs by first
+    (None but for premul_sum): a `str` as it is; a `ReduceOp` by its name; a premul_sum
+    `ReduceOp` (`torch.distributed._make_nccl_premul_sum(factor)`) as "sum" after the
+    inputs are multiplied by its factor on this rank (FC-17, FC-18)."""
+    kind = getattr(reduce_op, "op", reduce_op)  # a ReduceOp object, or a RedOpType
+    if isinstance(reduce_op, str) or not isinstance(kind, dist.ReduceOp.RedOpType):
+        return reduce_op, None  # _check_reduce_op refuses anything else but a str
+    if kind == dist.ReduceOp.PREMUL_SUM:
+        factor = _premul_factor(reduce_op)
+        for t in tensors:
+            if not (t.dtype.is_floating_point or t.dtype.is_complex):
+                refuse("reduce_op", "a floating dtype for premul_sum", t.dtype, "FC-18")
+        return "sum", factor
+    if kind not in _REDUCE_OP_NAMES:
+        refuse("reduce_op", f"one of {sorted(set(_REDUCE_OP_NAMES.values()))} as a ReduceOp, "
+               f"or premul_sum with a factor", kind, "FC-17")
+    return _REDUCE_OP_NAMES[kind], None
+
+
+def _premul_factor(reduce_op):
+    """The factor of a premul_sum ReduceOp: a real number or a real one-element tensor."""
+    factor = getattr(reduce_op, "factor", None)
+    if isinstance(factor, torch.Tensor):
+        if factor.numel() != 1 or not factor.dtype.is_floating_point:
+            refuse("reduce_op", "a premul_sum factor of one floating element",
+                   f"a {factor.dtype} tensor of shape {list(factor.shape)}", "FC-17")
+        return factor
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+        refuse("reduce_op", "premul_sum made by torch.distributed._make_nccl_premul_sum("
+               "factor)", "ReduceOp.PREMUL_SUM without a factor", "FC-17")
+    return factor
+
+
+def _premultiplied(tensor: torch.Tensor, factor) -> torch.Tensor:
+    """This rank's share of a premul_sum: its input times the factor, in its dtype."""
+    return tensor if factor is None else (tensor * factor).to(tensor.dtype)
 
 
 def _differentiable(what: str) -> tuple[str, ...]:
@@ -365,10 +414,13 @@ def group_size(group_name: str) -> int:
 # --------------------------------------------------------------------------------------
 # Work registry (FC-6 .. FC-8) and peer failures (FC-29)
 # --------------------------------------------------------------------------------------
-# data_ptr -> (version, pending). The pointer is what survives the dispatcher (wrappers
-# and views change tensor identity but not storage); the version tells a stale
-# finalizer from the owner of a reused address.
-_work_registry: dict[int, tuple[int, Any]] = {}
+# storage address -> [(version, pending), ...] in registration order. The storage is what
+# survives the dispatcher (wrappers and views change tensor identity, and a view at an
+# offset its data_ptr, but not its storage): a wait through any view of a result finds
+# its work, as upstream's registry keyed by storage does (FC-6). Several results may
+# share a storage (an in-place coalesced call on slices of one buffer): a wait completes
+# them all. The version tells a stale finalizer from the owner of a reused address.
+_work_registry: dict[int, list[tuple[int, Any]]] = {}
 _versions = itertools.count()
 
 
@@ -409,13 +461,18 @@ def _peer_failure(op: str, group_name: str, exc: BaseException) -> PeerFailure:
                        f"{me}: {who} ({reason}) [FC-29]")
 
 
+def _work_key(tensor: torch.Tensor) -> int:
+    """The registry's key of a tensor: its storage's base address (FC-6)."""
+    return tensor.untyped_storage().data_ptr()
+
+
 def _register(tensor: torch.Tensor, pending: _Pending) -> torch.Tensor:
-    ptr = tensor.data_ptr()
-    if ptr == 0:
+    key = _work_key(tensor)
+    if key == 0:
         # A tensor without storage has no address to key the registry: complete now (FC-7).
         pending.wait()
         return tensor
-    _work_registry[ptr] = (next(_versions), pending)
+    _work_registry.setdefault(key, []).append((next(_versions), pending))
     return tensor
 
 
@@ -432,25 +489,37 @@ def _start(op: str, group_name: str, result: torch.Tensor, communicate, finish=N
     return _register(result, _Pending(work, finish, op, group_name, tuple(reads)))
 
 
-def _wait_and_clear(ptr: int, version: int | None = None) -> None:
-    entry = _work_registry.get(ptr)
-    if entry is None or (version is not None and entry[0] != version):
+def _wait_and_clear(key: int, version: int | None = None) -> None:
+    """Wait every work registered under storage `key` (only the one of `version`, for a
+    finalizer), in the order they started."""
+    entries = _work_registry.get(key)
+    if not entries:
         return
+    if version is None:
+        waiting, kept = entries, []
+    else:
+        waiting = [e for e in entries if e[0] == version]
+        kept = [e for e in entries if e[0] != version]
     # Clear before waiting, so a failed wait is not waited again by a finalizer.
-    del _work_registry[ptr]
-    entry[1].wait()
+    if kept:
+        _work_registry[key] = kept
+    else:
+        del _work_registry[key]
+    for _, pending in waiting:
+        pending.wait()
 
 
 def work_registry_size() -> int:
     """How many results have started but not been waited (FC-6)."""
-    return len(_work_registry)
+    return sum(len(entries) for entries in _work_registry.values())
 
 
 def _finalize_wrapper(wrapper: torch.Tensor, tensor: torch.Tensor) -> None:
-    entry = _work_registry.get(tensor.data_ptr())
-    if entry is not None:
-        # A result dropped unwaited still gets its collective completed (FC-8).
-        weakref.finalize(wrapper, _wait_dropped, tensor.data_ptr(), entry[0])
+    entries = _work_registry.get(_work_key(tensor))
+    if entries:
+        # A result dropped unwaited still gets its collective completed (FC-8): the one
+        # registered last under its storage, its own.
+        weakref.finalize(wrapper, _wait_dropped, _work_key(tensor), entries[-1][0])
 
 
 def _wait_dropped(ptr: int, version: int) -> None:
@@ -463,7 +532,7 @@ def _wait_dropped(ptr: int, version: int) -> None:
 
 
 def _wait_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    _wait_and_clear(tensor.data_ptr())
+    _wait_and_clear(_work_key(tensor))
     return tensor
 
 
@@ -638,7 +707,7 @@ class AsyncCollectiveTensor(torch.Tensor):
             cls, elem.size(), strides=elem.stride(), storage_offset=elem.storage_offset(),
             dtype=elem.dtype, layout=elem.layout, device=elem.device, requires_grad=False)
         r.elem = elem
-        # `pending` is the tensor whose data_ptr keys the work: for a view, its base.
+        # `pending` is the tensor whose storage keys the work: for a view, its base.
         r.pending = elem if pending is None else pending
         r.completed = False
         return r
@@ -648,7 +717,7 @@ class AsyncCollectiveTensor(torch.Tensor):
 
     def trigger_wait(self) -> torch.Tensor:
         if not self.completed:
-            _wait_and_clear(self.pending.data_ptr())
+            _wait_and_clear(_work_key(self.pending))
             self.completed = True
         return self.elem
 
@@ -892,19 +961,25 @@ _define("all_reduce_coalesced_",
         eager=_all_reduce_coalesced_inplace, fake=_all_reduce_coalesced_inplace_fake)
 
 
-def all_reduce(self: torch.Tensor, reduceOp: str, group: RankTypes, tag: str = ""):
-    """Reduce `self` over `group`; every rank gets the result. The input is unchanged."""
+def all_reduce(self: torch.Tensor, reduceOp, group: RankTypes, tag: str = ""):
+    """Reduce `self` over `group`; every rank gets the result. The input is unchanged.
+    `reduceOp`: a name, or a `torch.distributed.ReduceOp` (FC-17)."""
+    reduceOp, factor = _reduction(reduceOp, [self])
     _check_reduce_op(reduceOp, self.dtype)
     _check_grad_before_issue(self, reduceOp, "all_reduce")
-    return _wrap(ops.all_reduce(self, reduceOp, resolve_group_name(group, tag)))
+    name = resolve_group_name(group, tag)
+    return _wrap(ops.all_reduce(_premultiplied(self, factor), reduceOp, name))
 
 
-def all_reduce_coalesced(self: list[torch.Tensor], reduceOp: str, group: RankTypes,
+def all_reduce_coalesced(self: list[torch.Tensor], reduceOp, group: RankTypes,
                          tag: str = "") -> list[torch.Tensor]:
     """`all_reduce` of each tensor of the list, started together (FC-26)."""
+    reduceOp, factor = _reduction(reduceOp, self)
     for t in self:
         _check_reduce_op(reduceOp, t.dtype)
-    results = ops.all_reduce_coalesced(list(self), reduceOp, resolve_group_name(group, tag))
+    name = resolve_group_name(group, tag)
+    results = ops.all_reduce_coalesced([_premultiplied(t, factor) for t in self], reduceOp,
+                                       name)
     return [_wrap(t) for t in results]
 
 
@@ -1106,35 +1181,39 @@ def _scatter_dim_to_front(self: torch.Tensor, scatter_dim: int, n: int) -> torch
     return torch.cat(torch.chunk(self, n, dim=dim), dim=0)
 
 
-def reduce_scatter_tensor(self: torch.Tensor, reduceOp: str, scatter_dim: int,
+def reduce_scatter_tensor(self: torch.Tensor, reduceOp, scatter_dim: int,
                           group: RankTypes, tag: str = ""):
-    """Reduce over `group`, then give group rank i chunk i of `scatter_dim` (FC-14)."""
+    """Reduce over `group`, then give group rank i chunk i of `scatter_dim` (FC-14).
+    `reduceOp`: a name, or a `torch.distributed.ReduceOp` (FC-17)."""
+    reduceOp, factor = _reduction(reduceOp, [self])
     _check_reduce_op(reduceOp, self.dtype)
     name = resolve_group_name(group, tag)
     n = group_size(name)
     _check_grad_before_issue(self, reduceOp, "reduce_scatter_tensor")
-    return _wrap(ops.reduce_scatter_tensor(_scatter_dim_to_front(self, scatter_dim, n),
-                                           reduceOp, n, name))
+    fronted = _scatter_dim_to_front(_premultiplied(self, factor), scatter_dim, n)
+    return _wrap(ops.reduce_scatter_tensor(fronted, reduceOp, n, name))
 
 
-def reduce_scatter_tensor_autograd(self: torch.Tensor, reduceOp: str, scatter_dim: int,
+def reduce_scatter_tensor_autograd(self: torch.Tensor, reduceOp, scatter_dim: int,
                                    group: RankTypes, tag: str = ""):
     """`reduce_scatter_tensor`, whose op always carries its gradient (FC-32)."""
     return reduce_scatter_tensor(self, reduceOp, scatter_dim, group, tag)
 
 
-def reduce_scatter_tensor_coalesced(inputs: list[torch.Tensor], reduceOp: str,
+def reduce_scatter_tensor_coalesced(inputs: list[torch.Tensor], reduceOp,
                                     scatter_dim: list[int], group: RankTypes,
                                     tag: str = "") -> list[torch.Tensor]:
     """`reduce_scatter_tensor` of each tensor along its own scatter dim, started together."""
     if len(scatter_dim) != len(inputs):
         refuse("scatter_dim", f"one dim per input ({len(inputs)})", f"{len(scatter_dim)} dims",
                "FC-20")
+    reduceOp, factor = _reduction(reduceOp, inputs)
     for t in inputs:
         _check_reduce_op(reduceOp, t.dtype)
     name = resolve_group_name(group, tag)
     n = group_size(name)
-    fronted = [_scatter_dim_to_front(t, d, n) for t, d in zip(inputs, scatter_dim, strict=True)]
+    fronted = [_scatter_dim_to_front(_premultiplied(t, factor), d, n)
+               for t, d in zip(inputs, scatter_dim, strict=True)]
     return [_wrap(t) for t in ops.reduce_scatter_tensor_coalesced(fronted, reduceOp, n, name)]
 
 

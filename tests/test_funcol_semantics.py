@@ -108,11 +108,13 @@ def test_a_stale_finalizer_leaves_a_newer_entry_alone():
     """FC-8: the version tells the owner of a reused address from a stale finalizer."""
     ptr = 12345
     old, new = _RecordingWork(), _RecordingWork()
-    fc._work_registry[ptr] = (1, old)
-    fc._work_registry[ptr] = (2, new)  # the address now belongs to a newer result
+    fc._work_registry[ptr] = [(2, new)]  # the address now belongs to a newer result
     try:
-        fc._wait_and_clear(ptr, 1)  # the old result's finalizer
-        assert fc._work_registry[ptr] == (2, new) and new.waited == 0
+        fc._wait_and_clear(ptr, 1)  # the old result's finalizer: its entry is gone
+        assert fc._work_registry[ptr] == [(2, new)] and new.waited == 0 and old.waited == 0
+        fc._work_registry[ptr].append((3, old))  # a second result over the same storage
+        fc._wait_and_clear(ptr, 3)  # the finalizer of that one waits only its own
+        assert fc._work_registry[ptr] == [(2, new)] and old.waited == 1 and new.waited == 0
         fc._wait_and_clear(ptr, 2)
         assert ptr not in fc._work_registry and new.waited == 1
     finally:
@@ -187,7 +189,7 @@ def _bad_inputs():
         "no_grad_op": lambda: fc.all_reduce(torch.ones(2, requires_grad=True), "product",
                                             WORLD),
         "reduce_op_none": lambda: fc.all_reduce(x, None, WORLD),
-        "reduce_op_enum": lambda: fc.all_reduce(x, dist.ReduceOp.SUM, WORLD),
+        "reduce_op_enum": lambda: fc.all_reduce(x, dist.ReduceOp.PREMUL_SUM, WORLD),
         "src_bool": lambda: fc.broadcast(x, True, WORLD),
         "meta_input": lambda: fc.all_reduce(torch.ones(2, device="meta"), "sum", WORLD),
         "out_device": lambda: fc.ops.all_gather_into_tensor_out(

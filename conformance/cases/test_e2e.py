@@ -26,7 +26,13 @@ import pytest
 import torch
 
 from conformance import harness
-from conformance.e2e_programs import Model, compare_on_rank, logged_compile, parameter_shapes
+from conformance.e2e_programs import (
+    Model,
+    compare_on_rank,
+    logged_compile,
+    opaque_then_collective_on_rank,
+    parameter_shapes,
+)
 
 WORLD_SIZE = 2
 MiB = 1024 * 1024
@@ -537,3 +543,21 @@ def test_an_in_place_or_out_collective_is_refused_naming_it_or_computed_right(ba
             assert right, (f"rank {rank}: {op} " + ("was refused without naming it"
                                                      if what == "refused" else
                                                      "compiled to a wrong value"))
+
+
+@pytest.mark.spec("E2E-8", "RO-6")
+def test_a_collective_stays_behind_an_opaque_communication_op(backend):
+    """An in-place communication op no compiler knows, then an all_reduce of a value
+    computed before it: compiled with every stage on, the op still runs before the
+    all_reduce is issued, as eagerly, on every rank; the values are eager's."""
+    backend.require("functional_collectives")
+    backend.require("compile_backend")
+    options = all_stages(backend)
+    for rank, result in enumerate(harness.run(backend, opaque_then_collective_on_rank,
+                                              WORLD_SIZE, options)):
+        assert result["eager"] == [0], f"rank {rank}: eager {result['eager']}"
+        assert result["compiled"] == result["eager"], (
+            f"rank {rank}: the opaque op found {result['compiled']} collectives of the "
+            f"call already issued, eagerly {result['eager']}: a collective moved above it "
+            f"[E2E-8]")
+        assert result["same"], f"rank {rank}: compiled values differ from eager's"

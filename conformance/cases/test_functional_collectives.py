@@ -585,7 +585,11 @@ BAD_INPUTS = {
     # name: (SPEC rule, exception types accepted, words the message must contain)
     "unknown_reduce_op": ("FC-17", V, ["reduce_op"]),
     "reduce_op_none": ("FC-17", V, ["reduce_op"]),
-    "reduce_op_enum": ("FC-17", V, ["reduce_op"]),
+    "reduce_op_int": ("FC-17", V, ["reduce_op"]),
+    "premul_sum_without_factor": ("FC-17", V, ["reduce_op"]),
+    "premul_sum_of_integers": ("FC-18", VTR, ["premul"]),
+    "avg_enum_of_integers": ("FC-18", VTR, ["avg"]),
+    "band_enum_of_float": ("FC-18", VTR, ["band"]),
     "reduce_scatter_unknown_reduce_op": ("FC-17", V, ["reduce_op"]),
     "avg_of_integers": ("FC-18", VTR, ["avg"]),
     "avg_of_bool": ("FC-18", VTR, ["avg"]),
@@ -667,7 +671,12 @@ def _bad_call(fc, name):
     calls = {
         "unknown_reduce_op": lambda: fc.all_reduce(x, "median", world),
         "reduce_op_none": lambda: fc.all_reduce(x, None, world),
-        "reduce_op_enum": lambda: fc.all_reduce(x, dist.ReduceOp.SUM, world),
+        "reduce_op_int": lambda: fc.all_reduce(x, 0, world),
+        "premul_sum_without_factor": lambda: fc.all_reduce(x, dist.ReduceOp.PREMUL_SUM, world),
+        "premul_sum_of_integers": lambda: fc.all_reduce(xi, dist._make_nccl_premul_sum(2.0),
+                                                        world),
+        "avg_enum_of_integers": lambda: fc.all_reduce(xi, dist.ReduceOp.AVG, world),
+        "band_enum_of_float": lambda: fc.all_reduce(x, dist.ReduceOp.BAND, world),
         "reduce_scatter_unknown_reduce_op": lambda: fc.reduce_scatter_tensor(x, "median", 0,
                                                                              world),
         "avg_of_integers": lambda: fc.all_reduce(xi, "avg", world),
@@ -1537,3 +1546,105 @@ def test_min_and_max_gradients_go_to_the_extremum_shared_among_ties(backend, op,
             want.append(float(total[i]) / holders if x[i] == extremum else 0.0)
         assert grad is not None, f"{op} rank {rank}: no gradient reached the input"
         assert grad.tolist() == want, f"{op} rank {rank}: {grad.tolist()} != {want}"
+
+
+# ---- FC-17, FC-23: reductions given as torch.distributed.ReduceOp (upstream 2.15) ---------
+_ENUMS = ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
+
+
+def _reduce_op_values(spec, api, name):
+    """`api` with ReduceOp.<name> and with its str name, on every rank."""
+    fc = funcol_api(spec)
+    world = dist.group.WORLD
+    dtype = torch.int64 if name in ("BAND", "BOR", "BXOR") else torch.float32
+    x = oracle.rank_input(dist.get_rank(), (4, 2), torch.float32, salt=47).mul(8).to(dtype)
+    call = {
+        "all_reduce": lambda op: [fc.all_reduce(x, op, world)],
+        "reduce_scatter": lambda op: [fc.reduce_scatter_tensor(x, op, 0, world)],
+        "all_reduce_coalesced": lambda op: fc.all_reduce_coalesced([x, x * 2], op, world),
+    }[api]
+    return ([waited(t) for t in call(getattr(dist.ReduceOp, name))],
+            [waited(t) for t in call(name.lower())])
+
+
+@pytest.mark.spec("FC-17")
+@pytest.mark.parametrize("api, name", [("all_reduce", n) for n in _ENUMS]
+                         + [("reduce_scatter", "AVG"), ("all_reduce_coalesced", "AVG")],
+                         ids=lambda v: v)
+def test_a_reduce_op_value_reduces_as_its_name(backend, api, name):
+    backend.require("functional_collectives")
+    for rank, (by_value, by_name) in enumerate(run(backend, _reduce_op_values, 2, api, name)):
+        assert len(by_value) == len(by_name), rank
+        for got, want in zip(by_value, by_name, strict=True):
+            assert torch.equal(got, want), f"rank {rank} {api} ReduceOp.{name}: " \
+                f"{got.tolist()} != {want.tolist()} (the name gives)"
+
+
+def _premul_sum(spec, factors, kind):
+    """The premul_sum of every rank's input, rank r's factor `factors[r]` (a number, or a
+    one-element tensor with kind "tensor"), and the gradient of rank r's input."""
+    fc = funcol_api(spec)
+    me, world = dist.get_rank(), dist.group.WORLD
+    factor = factors[me] if kind == "number" else torch.tensor([factors[me]],
+                                                               dtype=torch.float64)
+    op = dist._make_nccl_premul_sum(factor)
+    x = oracle.rank_input(me, (4, 2), torch.float64, salt=53).requires_grad_()
+    w = oracle.rank_input(me, (4, 2), torch.float64, salt=54)
+    reduced = fc.all_reduce(x, op, world)
+    (reduced * w).sum().backward()
+    scattered = fc.reduce_scatter_tensor(x.detach(), op, 0, world)
+    return waited(reduced).detach(), waited(scattered), x.grad
+
+
+@pytest.mark.spec("FC-17", "FC-23")
+@pytest.mark.parametrize("factors, kind", [((0.5, 0.5), "number"), ((0.5, 3.0), "number"),
+                                           ((0.25, 2.0), "tensor")],
+                         ids=["equal", "per_rank", "tensor_per_rank"])
+def test_premul_sum_multiplies_each_rank_by_its_factor_then_sums(backend, factors, kind):
+    """Every rank's input times its own factor, summed; rank r's gradient is its factor
+    times the summed output gradient (with equal factors, upstream's gradient too)."""
+    backend.require("functional_collectives")
+    n = 2
+    xs = [oracle.rank_input(r, (4, 2), torch.float64, salt=53) for r in range(n)]
+    ws = [oracle.rank_input(r, (4, 2), torch.float64, salt=54) for r in range(n)]
+    total = sum(x * f for x, f in zip(xs, factors, strict=True))
+    for rank, (reduced, scattered, grad) in enumerate(run(backend, _premul_sum, n, factors,
+                                                          kind)):
+        where = f"rank {rank} factors {factors}"
+        assert torch.equal(reduced, total), f"{where}: {reduced.tolist()} [FC-17]"
+        assert torch.equal(scattered, total[2 * rank:2 * rank + 2]), f"{where} reduce_scatter"
+        assert grad is not None, f"{where}: no gradient reached the input"
+        assert torch.equal(grad, factors[rank] * sum(ws)), f"{where}: {grad.tolist()} [FC-23]"
+
+
+# ---- FC-6: work is keyed by the result's storage -------------------------------------------
+def _wait_through_an_offset_view(spec):
+    """An all_reduce's raw result waited only through a view at an offset: the wait must
+    find the collective's work (the view's data_ptr is not the result's)."""
+    fc = funcol_api(spec)
+    me, world = dist.get_rank(), dist.group.WORLD
+    g = fc.resolve_group_name(world)
+    registry = fc.work_registry_size
+    x = oracle.rank_input(me, (4096,), torch.float32, salt=59)
+    before = registry() if registry else None
+    result = fc.ops.all_reduce(x, "sum", g)
+    tail = result[1024:]
+    waited_tail = fc.ops.wait_tensor(tail)
+    after = registry() if registry else None
+    values = waited_tail.clone()
+    fc.ops.wait_tensor(result)  # whatever a wrong registry left pending
+    return before, after, values
+
+
+@pytest.mark.spec("FC-6", "FC-5")
+def test_a_wait_through_a_view_at_an_offset_waits_the_collective(backend):
+    backend.require("functional_collectives")
+    n = 2
+    xs = [oracle.rank_input(r, (4096,), torch.float32, salt=59) for r in range(n)]
+    want = oracle.reduce(xs, "sum")[1024:]
+    for rank, (before, after, values) in enumerate(run(backend, _wait_through_an_offset_view,
+                                                       n)):
+        if before is not None:
+            assert after == before, (f"rank {rank}: {after - before} collectives still "
+                                     f"pending after a wait of their result's view [FC-6]")
+        assert torch.equal(values, want), f"rank {rank}: the view read unfinished data"
