@@ -1816,6 +1816,12 @@ SIM = [
 # 9. End to end (E2E): refimpl/compile.py
 # --------------------------------------------------------------------------------------
 E2E = [
+    Mutant("compiled_collective_hoisted_over_an_opaque_op", "E2E-8", "refimpl/reorder.py",
+           "        return \"a higher-order op runs code the pass cannot see\"\n",
+           "        return None\n",
+           "a higher-order op (AOTAutograd's auto_functionalized around a mutating custom "
+           "op) taken for compute: the compiled program issues a collective before the "
+           "opaque communication op that precedes it, as Inductor does"),
     Mutant("one_shot_kernels_not_counted", "E2E-5", "refimpl/compile.py",
            'if row is not None and row.family != "wait":',
            'if row is not None and row.is_collective:',

@@ -553,6 +553,8 @@ def test_a_collective_stays_behind_an_opaque_communication_op(backend):
     backend.require("functional_collectives")
     backend.require("compile_backend")
     options = all_stages(backend)
+    if options["reorder"] is not None:  # room to move: only the barrier may hold it back
+        options["reorder"] = {"memory_budget": 10.0}
     for rank, result in enumerate(harness.run(backend, opaque_then_collective_on_rank,
                                               WORLD_SIZE, options)):
         assert result["eager"] == [0], f"rank {rank}: eager {result['eager']}"
