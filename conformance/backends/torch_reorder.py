@@ -45,16 +45,19 @@ def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 def _roofline(durations_ms: dict):
     from torch._inductor.fx_passes import overlap_scheduling as upstream
 
-    if not hasattr(upstream, "estimate_roofline_runtime_ms"):
-        # torch 2.11 asks custom_runtime_estimation for compute nodes too
-        yield
-        return
-    saved = upstream.estimate_roofline_runtime_ms
-    upstream.estimate_roofline_runtime_ms = lambda node: durations_ms.get(node, 0.0)
+    # 2.12 on: compute through estimate_roofline_runtime_ms. torch 2.11 asks
+    # custom_runtime_estimation for compute nodes too, but still logs the roofline's
+    # estimate_runtime_analytical of every mm across ranks, which needs CUDA.
+    names = [n for n in ("estimate_roofline_runtime_ms", "estimate_runtime_analytical")
+             if hasattr(upstream, n)]
+    saved = {n: getattr(upstream, n) for n in names}
+    for name in names:
+        setattr(upstream, name, lambda node: durations_ms.get(node, 0.0))
     try:
         yield
     finally:
-        upstream.estimate_roofline_runtime_ms = saved
+        for name, function in saved.items():
+            setattr(upstream, name, function)
 
 
 def _in_flight_gb(gm: torch.fx.GraphModule, limits: dict) -> float:
