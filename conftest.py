@@ -11,3 +11,10 @@ os.environ["TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING"] = "1"
 # Every rank of every test compares each eager collective call with its peers (FC-28);
 # refimpl.multiprocess forwards REFIMPL_* variables to the worker processes.
 os.environ.setdefault("REFIMPL_CHECK_COLLECTIVES", "1")
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`pytest -n auto`: one worker more than the cores. Most of the suite's wall time is
+    mutant runs and rank processes waiting on their peers (a mutant is often caught by a
+    timeout), not CPU: with one worker per core, 2 cores stood idle for most of CI's run."""
+    return (os.cpu_count() or 1) + 1
