@@ -2452,6 +2452,18 @@ CATCHING_CASE: dict[str, str] = {
         "test_a_call_that_differs_between_ranks_fails_on_every_rank_naming_the_rank",
     "python_kernels_switch_ignored": "test_the_python_kernels_serve_cpu_with_the_same_results",
     "kernel_query_loads_the_op_kernels": "test_the_kernels_in_use_are_built_from_this_source",
+    "work_keyed_by_data_ptr": "test_a_wait_through_a_view_at_an_offset_waits_the_collective",
+    "premul_sum_factor_dropped":
+        "test_premul_sum_multiplies_each_rank_by_its_factor_then_sums[equal]",
+    "avg_value_reduced_as_sum": "test_a_reduce_op_value_reduces_as_its_name[all_reduce-AVG]",
+    "premul_sum_of_integers_accepted": "test_bad_input_is_refused[premul_sum_of_integers]",
+    "repeated_wait_removed_despite_a_write":
+        "test_a_wait_stays_where_a_write_tells_the_results_apart",
+    "writes_checked_after_the_later_wait":
+        "test_a_wait_stays_where_a_write_tells_the_results_apart",
+    "wait_of_a_wait_not_followed": "test_a_chain_of_waits_collapses_onto_its_first",
+    "compiled_collective_hoisted_over_an_opaque_op":
+        "test_a_collective_stays_behind_an_opaque_communication_op",
     "first_rendezvous_leaves_the_op_kernels_unloaded":
         "test_the_kernels_in_use_are_built_from_this_source",
     "view_sizes_checked_on_all_dims_at_once":
