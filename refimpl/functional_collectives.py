@@ -133,6 +133,10 @@ def _reduction(reduce_op, tensors) -> tuple[object, object]:
 def _premul_factor(reduce_op):
     """The factor of a premul_sum ReduceOp: a real number or a real one-element tensor."""
     factor = getattr(reduce_op, "factor", None)
+    if factor is None and isinstance(reduce_op, dist.ReduceOp):
+        # torch 2.11 has no `factor` attribute; its pickled state holds (op, factor)
+        state = reduce_op.__getstate__()
+        factor = state[1] if isinstance(state, tuple) and len(state) > 1 else None
     if isinstance(factor, torch.Tensor):
         if factor.numel() != 1 or not factor.dtype.is_floating_point:
             refuse("reduce_op", "a premul_sum factor of one floating element",
