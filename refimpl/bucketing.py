@@ -757,7 +757,8 @@ def _is_single_wait(node) -> bool:
 
 def _may_write(node: torch.fx.Node) -> bool:
     """Whether `node` may write a tensor in place: an op whose schema marks an argument
-    written, or anything whose schema is unknown (a Python function, a method, a module)."""
+    written (`is_mutable`), or anything whose schema is unknown (a Python function, a
+    method, a module, a higher-order op)."""
     if node.op in ("placeholder", "output", "get_attr"):
         return False
     if node.op != "call_function":
@@ -765,9 +766,7 @@ def _may_write(node: torch.fx.Node) -> bool:
     if node.target is operator.getitem:
         return False
     schema = getattr(node.target, "_schema", None)
-    if schema is None:
-        return True
-    return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+    return schema is None or schema.is_mutable
 
 
 def deduplicate_waits(gm: torch.fx.GraphModule, *, recompile: bool = True) -> int:

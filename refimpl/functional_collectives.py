@@ -86,6 +86,11 @@ _EXTREMA = ("min", "max")
 DIFFERENTIABLE_ALL_REDUCE_OPS = DIFFERENTIABLE_REDUCE_OPS + _EXTREMA
 
 
+def _floating(dtype: torch.dtype) -> bool:
+    """Floating or complex: the dtypes avg and premul_sum take (FC-18)."""
+    return dtype.is_floating_point or dtype.is_complex
+
+
 def _check_reduce_op(reduce_op: str, dtype: torch.dtype) -> str:
     """Normalize a reduce op name and check it fits the dtype (FC-17, FC-18)."""
     if not isinstance(reduce_op, str) or reduce_op.lower() not in _REDUCE_OPS:
@@ -93,7 +98,7 @@ def _check_reduce_op(reduce_op: str, dtype: torch.dtype) -> str:
                f"a torch.distributed.ReduceOp",
                f"{reduce_op!r} of type {type(reduce_op).__name__}", "FC-17")
     op = reduce_op.lower()
-    floating = dtype.is_floating_point or dtype.is_complex
+    floating = _floating(dtype)
     if op == "avg" and not floating:
         refuse("reduce_op", "a floating dtype for 'avg'", dtype, "FC-18")
     if op in _BITWISE and floating:
@@ -121,7 +126,7 @@ def _reduction(reduce_op, tensors) -> tuple[object, object]:
     if kind == dist.ReduceOp.PREMUL_SUM:
         factor = _premul_factor(reduce_op)
         for t in tensors:
-            if not (t.dtype.is_floating_point or t.dtype.is_complex):
+            if not _floating(t.dtype):
                 refuse("reduce_op", "a floating dtype for premul_sum", t.dtype, "FC-18")
         return "sum", factor
     if kind not in _REDUCE_OP_NAMES:
@@ -131,12 +136,11 @@ def _reduction(reduce_op, tensors) -> tuple[object, object]:
 
 
 def _premul_factor(reduce_op):
-    """The factor of a premul_sum ReduceOp: a real number or a real one-element tensor."""
-    factor = getattr(reduce_op, "factor", None)
-    if factor is None and isinstance(reduce_op, dist.ReduceOp):
-        # torch 2.11 has no `factor` attribute; its pickled state holds (op, factor)
-        state = reduce_op.__getstate__()
-        factor = state[1] if isinstance(state, tuple) and len(state) > 1 else None
+    """The factor of a premul_sum ReduceOp: a real number or a real one-element tensor.
+    Read from its pickled state, `(op, factor)` on every release from 2.11 (a `factor`
+    attribute came later); the bare `ReduceOp.PREMUL_SUM` pickles as a number."""
+    state = reduce_op.__getstate__() if isinstance(reduce_op, dist.ReduceOp) else None
+    factor = state[1] if isinstance(state, tuple) else None
     if isinstance(factor, torch.Tensor):
         if factor.numel() != 1 or not factor.dtype.is_floating_point:
             refuse("reduce_op", "a premul_sum factor of one floating element",
@@ -519,11 +523,12 @@ def work_registry_size() -> int:
 
 
 def _finalize_wrapper(wrapper: torch.Tensor, tensor: torch.Tensor) -> None:
-    entries = _work_registry.get(_work_key(tensor))
+    key = _work_key(tensor)
+    entries = _work_registry.get(key)
     if entries:
         # A result dropped unwaited still gets its collective completed (FC-8): the one
         # registered last under its storage, its own.
-        weakref.finalize(wrapper, _wait_dropped, _work_key(tensor), entries[-1][0])
+        weakref.finalize(wrapper, _wait_dropped, key, entries[-1][0])
 
 
 def _wait_dropped(ptr: int, version: int) -> None:

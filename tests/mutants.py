@@ -261,8 +261,8 @@ FC = [
            "    if not isinstance(reduce_op, str) or reduce_op not in _REDUCE_OPS:",
            "reduction names are matched case-sensitively"),
     Mutant("complex_counts_as_integer", "FC-18", F,
-           "    floating = dtype.is_floating_point or dtype.is_complex",
-           "    floating = dtype.is_floating_point",
+           "    return dtype.is_floating_point or dtype.is_complex",
+           "    return dtype.is_floating_point",
            "complex dtypes are not counted as floating, so bitwise reductions pass on them"),
     Mutant("reduce_scatter_avg_not_divided", "FC-18", F,
            "    finish = (lambda: out.div_(pg.size())) if op == \"avg\" else None",
@@ -431,7 +431,7 @@ FC = [
            '    dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "sum",',
            "ReduceOp.AVG mapped to sum, as refimpl's own table maps the name avg to c10d's SUM"),
     Mutant("premul_sum_of_integers_accepted", "FC-18", F,
-           "            if not (t.dtype.is_floating_point or t.dtype.is_complex):\n"
+           "            if not _floating(t.dtype):\n"
            "                refuse(\"reduce_op\", \"a floating dtype for premul_sum\", t.dtype, "
            "\"FC-18\")\n",
            "",
