@@ -242,3 +242,11 @@ def test_bk17_blocks_number_on_across_passes_and_cover_all_reduce():
 def test_bk16_arguments_given_by_keyword_are_read_by_name():
     for result in run_on_ranks(bucketing_rank.keyword_arguments, 2):
         assert result == {"mismatch": "", "collectives": 1}
+
+
+def test_bk18_deduplicate_waits_refuses_anything_but_a_graph_module():
+    from refimpl.bucketing import deduplicate_waits
+
+    with pytest.raises(TypeError, match=r"^gm: expected a torch.fx.GraphModule, got str "
+                                        r"\[BK-18\]"):
+        deduplicate_waits("graph")

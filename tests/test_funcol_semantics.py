@@ -271,3 +271,14 @@ def _rank_list_reuses_groups():
 def test_a_rank_list_reuses_the_group_of_those_ranks():
     """FC-15: a rank list names an existing group of its ranks rather than a new one."""
     assert run_on_ranks(_rank_list_reuses_groups, 4) == [(0, True, True, [2.0])] * 4
+
+
+def test_an_integer_premul_sum_factor_is_refused_FC_17():
+    """Checked before the group is resolved: no process group is needed to refuse it."""
+    import pytest
+
+    op = dist._make_nccl_premul_sum(torch.tensor([2]))
+    with pytest.raises(ValueError, match=r"^reduce_op: expected a premul_sum factor of one "
+                                         r"floating element, got a torch.int64 tensor of "
+                                         r"shape \[1\] \[FC-17\]"):
+        fc.all_reduce(torch.ones(2), op, "no-such-group")
