@@ -17,7 +17,7 @@ A checkout that was never pip-installed therefore works too, and an edited kerne
 rebuilt on the next import instead of running stale code.
 
 `build_torch_op_library` builds the one C++ file that registers op kernels with torch's
-dispatcher (`kernels/cpu/*_ops.cpp`; `load_torch_op_library` builds and loads it). It
+dispatcher (`kernels/cpu/*_ops.cpp`); its caller loads it when it is ready to. It
 needs torch's headers, so it is built on first use (symmetric memory's first CPU
 rendezvous, never at import) against the torch that is installed (never by `pip
 install`, whose build environment has no torch), under a hash of its source, its flags
@@ -39,7 +39,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["load_kernel_library", "load_torch_op_library", "build_torch_op_library",
+__all__ = ["load_kernel_library", "build_torch_op_library",
            "torch_op_digest", "source_hash",
            "compile_library", "stamped_hash", "CFLAGS", "CXXFLAGS", "load_cuda_library",
            "compile_cuda_library", "NVCC_FLAGS", "nvcc_flags", "nvcc_path"]
@@ -232,16 +232,6 @@ def torch_op_digest(name: str) -> str:
     digest = hashlib.sha256(_cxx_source(name).read_bytes())
     digest.update(" ".join(CXXFLAGS + flags + libs + [identity]).encode())
     return digest.hexdigest()[:16]
-
-
-def load_torch_op_library(name: str) -> Path:
-    """Build (once per source and torch) and load `kernels/cpu/<name>.cpp` with
-    `torch.ops.load_library`; returns its path. Raises when it cannot be built."""
-    import torch
-
-    target = build_torch_op_library(name)
-    torch.ops.load_library(str(target))
-    return target
 
 
 def build_torch_op_library(name: str) -> Path:
