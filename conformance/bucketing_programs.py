@@ -210,6 +210,32 @@ def upstream_namespace(fc, dtype, kind="all_gather"):
     return step, xs
 
 
+def upstream_waited_together(fc, dtype, kind="all_gather"):
+    """torch 2.15's trace of coalesced waits: upstream collectives on the world, the first
+    two waited by one `wait_tensors` (a wait of a list, FC-35), the last two each by its
+    own `wait_tensor`. Only the last two are candidates (BK-1): one bucket of two, the
+    first two left as they are."""
+    from conformance.upstream_ops import wait_tensors
+
+    ops = torch.ops._c10d_functional
+    me, n = dist.get_rank(), dist.get_world_size()
+    name = dist.group.WORLD.group_name
+    xs = [rank_input(me, (2 * n, 2), dtype, salt=140 + i) for i in range(4)]
+
+    def issue(x):
+        if kind == "all_gather":
+            return ops.all_gather_into_tensor(x, n, name)
+        if kind == "reduce_scatter":
+            return ops.reduce_scatter_tensor(x, "sum", n, name)
+        return ops.all_reduce(x, "sum", name)
+
+    def step(*xs):
+        together = wait_tensors()([issue(xs[0]), issue(xs[1])])
+        return [*together, *(ops.wait_tensor(issue(x)) for x in xs[2:])]
+
+    return step, xs
+
+
 def cross_key_cycle(fc, dtype, other=((0, 1),)):
     """Two keys whose members feed each other: merging both would make a cycle (BK-4).
 
@@ -356,8 +382,8 @@ PROGRAMS = {f.__name__: f for f in (fsdp_all_gather, fsdp_reduce_scatter, interl
                                     mixed_dtypes, other_dims, all_reduces, keyed,
                                     cross_key_cycle, three_key_chain, with_out_variant,
                                     waited_through_a_view, ops_on_transposed_views,
-                                    upstream_namespace, waited_twice, chain_of_waits,
-                                    written_between_waits)}
+                                    upstream_namespace, upstream_waited_together,
+                                    waited_twice, chain_of_waits, written_between_waits)}
 
 
 # --------------------------------------------------------------------------------------

@@ -85,6 +85,15 @@ def ar_coalesced_inplace(fc, x, y):
     return a + 1, b * 3
 
 
+def ar_coalesced_waited_together(fc, x, y):
+    """Upstream's all_reduce_coalesced of a graph input (read again after) and of an
+    intermediate, waited by one `wait_tensors`, as torch 2.15 traces it (FC-35); upstream's
+    ops whatever the backend's own API. `prepare` makes sure the running torch has it."""
+    up = torch.ops._c10d_functional
+    a, b = up.wait_tensors(up.all_reduce_coalesced([x, y * 2], "sum", WORLD))
+    return a + x, b
+
+
 def all_gather(fc, x):
     return fc.all_gather_tensor(x, 0, WORLD)
 
@@ -369,8 +378,8 @@ def ar_beside_a_row_group(fc, x):
 PROGRAMS = {f.__name__: f for f in [
     ar_beside_a_row_group,
     ar_graph_input, ar_intermediate, ar_intermediate_shared, ar_inplace, ar_coalesced,
-    ar_coalesced_inplace, ar_coalesced_same_tensor_twice, ar_inplace_wait_result_written,
-    ar_inplace_argument_written_after_wait,
+    ar_coalesced_inplace, ar_coalesced_waited_together, ar_coalesced_same_tensor_twice,
+    ar_inplace_wait_result_written, ar_inplace_argument_written_after_wait,
     all_gather, reduce_scatter, all_to_all, all_gather_coalesced, reduce_scatter_coalesced,
     all_gather_op_non_contiguous, reduce_scatter_op_non_contiguous,
     all_gather_out, broadcast, broadcast_inplace, ar_small_intermediate, ar_small_avg,
@@ -389,7 +398,14 @@ PROGRAMS = {f.__name__: f for f in [
 ]}
 
 
-_PREPARE = {"ar_small_other_group": _make_other_group}
+def _wait_tensors_op() -> None:
+    from conformance.upstream_ops import wait_tensors
+
+    wait_tensors()
+
+
+_PREPARE = {"ar_small_other_group": _make_other_group,
+            "ar_coalesced_waited_together": _wait_tensors_op}
 
 
 def prepare(name: str) -> None:

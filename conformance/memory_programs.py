@@ -125,6 +125,18 @@ def reduce_scatter_coalesced_members(ops, a, b):
     return first, _wait(ops, rb) + 1
 
 
+def waited_together(ops, a, b):
+    """Upstream's coalesced all_gather waited by one `wait_tensors`, as torch 2.15 traces
+    it (FC-35; upstream's ops whatever `ops` is): the wait completes both members, so both
+    inputs are held until it (MEM-5); it returns the collective's results (a rename, MEM-2)."""
+    from conformance.upstream_ops import wait_tensors
+
+    up = torch.ops._c10d_functional
+    ga, gb = wait_tensors()(up.all_gather_into_tensor_coalesced([a * 1, b * 1], 2, G))
+    first = ga + 1
+    return first, gb + 1
+
+
 def all_reduce_coalesced_members(ops, a, b):
     """all_reduce_coalesced (out of place) copies every input at issue: only the copies,
     its results, are in flight; each input is free after the op (MEM-5, FC-2)."""
@@ -174,6 +186,7 @@ PROGRAMS = {
     "coalesced_members": (coalesced_members, [(2,), (3,)]),
     "reduce_scatter_coalesced_members": (reduce_scatter_coalesced_members, [(4,), (6,)]),
     "all_reduce_coalesced_members": (all_reduce_coalesced_members, [(4,), (6,)]),
+    "waited_together": (waited_together, [(2,), (3,)]),
     "all_to_all_and_broadcast": (all_to_all_and_broadcast, [(4,)]),
     "dead_value": (dead_value, [(4,)]),
     "symbolic_halves": (symbolic_halves, [(6,)]),

@@ -259,6 +259,26 @@ def gathers_after_a_shared_wait(ops, ctx, x, s):
     return x * 2, done, half, world
 
 
+def waited_together(ops, ctx, x, s1, s2, g1, g2):
+    """torch 2.15's trace of a coalesced wait (FC-35), upstream's ops whatever `ops` is: a
+    coalesced all_gather of two shards and a reduce_scatter of a gradient, all three
+    results waited by one `wait_tensors`, which only the end reads; compute that needs
+    none of them; then a second reduce_scatter. The one wait completes both collectives
+    (MEM-5): with one reduce_scatter in flight, the second is issued only after it (RO-8);
+    unlimited, it is raised above it (RO-10)."""
+    from conformance.upstream_ops import wait_tensors
+
+    up = torch.ops._c10d_functional
+    pending = [*up.all_gather_into_tensor_coalesced([s1, s2], ctx.n, ctx.world),
+               up.reduce_scatter_tensor(g1, "sum", ctx.n, ctx.world)]
+    first, second, third = wait_tensors()(pending)
+    h = x * 2
+    for _ in range(3):
+        h = h + 1
+    fourth = _wait(up, up.reduce_scatter_tensor(g2, "sum", ctx.n, ctx.world))
+    return first + h.sum(), second + 1, third + 1, fourth + 1
+
+
 def prologue_behind_its_group(ops, ctx, x):
     """The view that is the second sub-group all_reduce's prologue (RO-7) comes early in
     program order, so its block is the original order's next one while the first
@@ -421,6 +441,7 @@ def _shapes(name: str, ctx: Ctx) -> list[tuple]:
         "broadcasts_and_an_all_reduce": [(4,), (4,), (4,), (4,)],
         "gathers_after_a_shared_wait": [(4,), (r,)],
         "prologue_behind_its_group": [(2, 4)],
+        "waited_together": [(4,), (r,), (r,), (8,), (8,)],
     }[name]
 
 
@@ -439,6 +460,7 @@ FUNCTIONS = {
     "broadcasts_and_an_all_reduce": broadcasts_and_an_all_reduce,
     "gathers_after_a_shared_wait": gathers_after_a_shared_wait,
     "prologue_behind_its_group": prologue_behind_its_group,
+    "waited_together": waited_together,
 }
 PROGRAMS = list(FUNCTIONS)
 
@@ -495,7 +517,7 @@ def program_graph(name: str, ops=None, rank: int = 0) -> torch.fx.GraphModule:
 # --------------------------------------------------------------------------------------
 COLLECTIVE_US, MATMUL_US, COMPUTE_US = 30.0, 20.0, 1.0
 FREE = ("view", "_unsafe_view", "t", "slice", "split_with_sizes", "getitem", "wait_tensor",
-        "wait_tensor_", "empty", "permute", "transpose")
+        "wait_tensor_", "wait_tensors", "empty", "permute", "transpose")
 
 
 def pinned_costs(gm: torch.fx.GraphModule) -> dict[str, float]:
@@ -562,6 +584,8 @@ CASES = [
     Case("broadcasts_and_an_all_reduce", math.inf, (("broadcast", 1),)),
     Case("gathers_after_a_shared_wait", math.inf, ONE_ALL_GATHER),
     Case("prologue_behind_its_group", 0.1),
+    Case("waited_together", math.inf),
+    Case("waited_together", math.inf, (("reduce_scatter", 1),)),
 ]
 
 

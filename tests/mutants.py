@@ -900,6 +900,11 @@ BK = [
            "    return (isinstance(src, torch.fx.Node)",
            "only the cast's result dtype checked: a cast from int32 to bf16 is taken into the "
            "bucket's copy"),
+    Mutant("wait_of_a_list_taken_for_a_candidates_wait", "BK-1", _BK,
+           "user.target in _WAITS and user.args[0] is node",
+           "user.target in _WAITS and node in user.all_input_nodes",
+           "the wait found among the user's inputs, not as its argument: collectives "
+           "waited together by one wait_tensors become candidates"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -1105,6 +1110,11 @@ RO = [
            '    if key[0] not in COLLECTIVE_NAMESPACES or key in NOT_MODELLED:',
            "find filters on the functional-collective namespaces only, so the "
            "symmetric-memory kernels get no row and read as plain compute (blind red team)"),
+    Mutant("wait_of_a_list_paired_with_its_first_collective", "RO-8", _RO,
+           "                self.completes[i] = list(dict.fromkeys(c for c, _ in done))",
+           "                self.completes[i] = list(dict.fromkeys(c for c, _ in done))[:1]",
+           "a wait paired with one collective, as wait_tensor is: a wait_tensors of several "
+           "collectives leaves all but the first in flight for the scheduler"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -1637,6 +1647,16 @@ MEM = [
            "out-of-place broadcast given the in-flight set of the collectives that "
            "communicate their input (all_gather's), forgetting it copies its input (FC-2) "
            "(blind red team)"),
+    Mutant("wait_of_a_list_completes_its_first_tensor", "MEM-5", MEMORY,
+           "                    b.index for a in node_args(node.args[:1])",
+           "                    b.index for a in node_args(node.args[:1])[:1]",
+           "a wait's argument read as one tensor: torch 2.15's wait_tensors completes only "
+           "the first tensor of its list, the others stay in flight to the end"),
+    Mutant("wait_tensors_counted_as_a_copy", "MEM-2", COMM_OPS,
+           '"_c10d_functional", "wait_tensors", **_WAIT, coalesced=True, returns_argument=True)',
+           '"_c10d_functional", "wait_tensors", **_WAIT, coalesced=True)',
+           "the row of 2.15's wait of a list modelled on refimpl's traced wait, which copies: "
+           "its results planned as new buffers"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -1990,6 +2010,12 @@ CUDA_MUTANTS: list[Mutant] = [
            "the cross-rank check compares numel and kind but not the byte offset"),
 ]
 CUDA_CATCHING_CASE: dict[str, str] = {
+    "wait_of_a_list_completes_its_first_tensor": "test_a_wait_of_a_list_completes_every_member",
+    "wait_tensors_counted_as_a_copy": "test_a_wait_of_a_list_completes_every_member",
+    "wait_of_a_list_paired_with_its_first_collective":
+        "test_a_wait_of_a_list_completes_every_collective_it_lists[one]",
+    "wait_of_a_list_taken_for_a_candidates_wait":
+        "test_collectives_waited_together_are_no_candidates",
     "cuda_one_shot_last_barrier_left_out":
         "test_one_shot_returns_only_after_every_peer_read_its_input",
     "cuda_16_bit_accumulation": "test_cuda_all_reduces_are_bitwise_the_rank_order_fold[3]",

@@ -415,6 +415,27 @@ def test_collectives_of_upstreams_namespace_are_candidates(backend, pass_name):
     assert result["collectives"] == (3, 1)
 
 
+@pytest.mark.spec("BK-1", "FC-35")
+@pytest.mark.parametrize("pass_name", [AG, RS, AR])
+def test_collectives_waited_together_are_no_candidates(backend, pass_name):
+    """torch 2.15 waits a coalesced collective's results with one `wait_tensors`: two
+    upstream collectives waited so, two waited one by one. A collective whose user is a
+    wait of a list is no candidate (BK-1: its wait is no `wait_tensor` of it alone): the
+    last two make one bucket, the first two stay; the values bit for bit on every rank."""
+    kind = {AG: "all_gather", RS: "reduce_scatter", AR: "all_reduce"}[pass_name]
+    result = run_case(backend, 2, "upstream_waited_together", pass_name,
+                      program_args={"kind": kind})
+    assert result["collectives"] == (4, 3)
+    if pass_name == AG:  # the comm trace prints the wait of a list as a wait of each
+        assert_expected_inline(result["comm_trace"], """\
+all_gather_into_tensor out-of-place ranks[0,1] in=b0:f32[4, 2]=input out=b1:f32[8, 2]
+all_gather_into_tensor out-of-place ranks[0,1] in=b2:f32[4, 2]=input out=b3:f32[8, 2]
+wait b1
+wait b3
+all_gather_into_tensor_out out-of-place ranks[0,1] in=b4:f32[16]=view(b5=computed) out=b5:f32[32]
+wait b5""")  # noqa: E501
+
+
 @pytest.mark.spec("BK-9", "BK-7")
 def test_casts_from_sources_of_different_dtypes_are_absorbed(backend):
     """Members cast to bf16 from f32, f16 and f64: every cast absorbed, the concatenation

@@ -67,6 +67,7 @@ def lowered_text(backend, name, shapes, options=None) -> str | None:
     ns = backend.require("lowering")
     if getattr(ns, "lowered_graph", None) is None:
         return None
+    prepare(name)
     return canonical_graph(ns.lowered_graph(_program(backend, name), inputs_for(0, shapes),
                                             dict(options or {})))
 
@@ -170,6 +171,36 @@ wait b2""")
 %8 = funcol.wait_tensor_(%6) : f32[2, 3]
 return [%7, %8]""")
     check_numerics(backend, "ar_coalesced", [(4,), (2, 3)])
+
+
+@pytest.mark.spec("CL-5", "CL-9", "CL-15", "FC-35")
+def test_a_wait_of_a_list_stays_the_wait_of_the_lowered_coalesced_all_reduce(backend,
+                                                                           fake_world):
+    """torch 2.15 traces the wait of a coalesced collective as one `wait_tensors`. Lowered,
+    the coalesced all_reduce runs in place on a copy of the graph input (read again after)
+    and on the intermediate (CL-5); the one wait is kept and completes both (CL-9), its
+    results read by the rest as before; the comm trace prints it as a wait of each."""
+    shapes = [(4,), (2, 3)]
+    assert_expected_inline(comm_trace(backend, "ar_coalesced_waited_together", shapes), """\
+all_reduce_coalesced_ in-place ranks[0,1] sum in=b0:f32[4]=copy(b1=input),b2:f32[2, 3]=computed
+wait b0
+wait b2""")
+    graph = lowered_text(backend, "ar_coalesced_waited_together", shapes)
+    if graph is not None:
+        assert_expected_inline(graph, """\
+%0 = input : f32[4]
+%1 = input : f32[2, 3]
+%2 = aten.mul.Tensor(%1, 2) : f32[2, 3]
+%3 = aten.clone(%0, memory_format=torch.contiguous_format) : f32[4]
+%4 = funcol.all_reduce_coalesced_([%3, %2], 'sum', ranks[0,1]) : (f32[4], f32[2, 3])
+%5 = getitem(%4, 0) : f32[4]
+%6 = getitem(%4, 1) : f32[2, 3]
+%7 = funcol.wait_tensors([%5, %6]) : (f32[4], f32[2, 3])
+%8 = getitem(%7, 0) : f32[4]
+%9 = getitem(%7, 1) : f32[2, 3]
+%10 = aten.add.Tensor(%8, %0) : f32[4]
+return [%10, %9]""")
+    check_numerics(backend, "ar_coalesced_waited_together", shapes)
 
 
 @pytest.mark.spec("CL-5", "CL-3", "CL-15")

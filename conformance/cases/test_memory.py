@@ -222,6 +222,26 @@ def test_coalesced_all_reduce_frees_its_inputs_at_issue(backend, fake_world):
 high-water 120 at %4""")
 
 
+# torch 2.15's one wait of a coalesced all_gather (`wait_tensors`, FC-35): it completes
+# both members, so both inputs are freed there (MEM-5), one wait later for the first
+# member than with a wait each (test_coalesced_members_are_held_until_their_own_wait);
+# it returns the gathered buffers themselves (a rename, MEM-2: nothing allocated), each
+# freed after its own reader (MEM-3).
+@pytest.mark.spec("MEM-5", "MEM-2", "FC-35")
+def test_a_wait_of_a_list_completes_every_member(backend, fake_world):
+    gm = mp.traced("waited_together")
+    assert_expected_inline(plan_text(backend, gm), """\
+%0 input                           +8 %0                        live 8
+%1 input                           +12 %1                       live 20
+%2 aten.mul.Tensor                 +8 %2                        live 28
+%3 aten.mul.Tensor                 +12 %3                       live 40
+%4 funcol.all_gather_into_tensor_coalesced +16 %4 +24 %4                live 80
+%7 funcol.wait_tensors             -8 %2 -12 %3                 live 60
+%10 aten.add.Tensor                +16 %10 -16 %4               live 60
+%11 aten.add.Tensor                +24 %11 -24 %4               live 60
+high-water 84 at %11""")
+
+
 # all_to_all holds its input until the wait; broadcast (out of place) does not (MEM-5).
 @pytest.mark.spec("MEM-5")
 def test_all_to_all_holds_its_input_broadcast_does_not(backend, fake_world):

@@ -658,6 +658,70 @@ def test_two_groups_keep_their_own_issue_order(backend, world4):
 return [%12, %10, %14, %15]""")
 
 
+# torch 2.15's one wait of three results (`wait_tensors`, FC-35) completes the coalesced
+# all_gather and the reduce_scatter: unlimited, the second reduce_scatter is raised above
+# it (RO-10) and the wait sinks below the compute (RO-11); with one reduce_scatter in
+# flight, the second waits for that wait, which completes the first (RO-8).
+@pytest.mark.spec("RO-8", "RO-10", "RO-11", "FC-35")
+@pytest.mark.parametrize("limit", [(), (("reduce_scatter", 1),)], ids=["unlimited", "one"])
+def test_a_wait_of_a_list_completes_every_collective_it_lists(backend, world4, limit):
+    order = golden(backend, rp.Case("waited_together", math.inf, limit))
+    if not limit:
+        assert_expected_inline(order, """\
+%0 = input : f32[4]
+%1 = input : f32[2]
+%2 = input : f32[2]
+%3 = input : f32[8]
+%4 = input : f32[8]
+%5 = funcol.all_gather_into_tensor_coalesced([%1, %2], 4, ranks[0,1,2,3]) : (f32[8], f32[8])
+%6 = funcol.reduce_scatter_tensor(%3, 'sum', 4, ranks[0,1,2,3]) : f32[2]
+%7 = funcol.reduce_scatter_tensor(%4, 'sum', 4, ranks[0,1,2,3]) : f32[2]
+%8 = getitem(%5, 0) : f32[8]
+%9 = getitem(%5, 1) : f32[8]
+%10 = aten.mul.Tensor(%0, 2) : f32[4]
+%11 = aten.add.Tensor(%10, 1) : f32[4]
+%12 = aten.add.Tensor(%11, 1) : f32[4]
+%13 = aten.add.Tensor(%12, 1) : f32[4]
+%14 = aten.sum(%13) : f32[]
+%15 = funcol.wait_tensors([%8, %9, %6]) : (f32[8], f32[8], f32[2])
+%16 = getitem(%15, 0) : f32[8]
+%17 = getitem(%15, 1) : f32[8]
+%18 = getitem(%15, 2) : f32[2]
+%19 = aten.add.Tensor(%16, %14) : f32[8]
+%20 = aten.add.Tensor(%17, 1) : f32[8]
+%21 = aten.add.Tensor(%18, 1) : f32[2]
+%22 = funcol.wait_tensor(%7) : f32[2]
+%23 = aten.add.Tensor(%22, 1) : f32[2]
+return [%19, %20, %21, %23]""")
+    else:
+        assert_expected_inline(order, """\
+%0 = input : f32[4]
+%1 = input : f32[2]
+%2 = input : f32[2]
+%3 = input : f32[8]
+%4 = input : f32[8]
+%5 = funcol.all_gather_into_tensor_coalesced([%1, %2], 4, ranks[0,1,2,3]) : (f32[8], f32[8])
+%6 = funcol.reduce_scatter_tensor(%3, 'sum', 4, ranks[0,1,2,3]) : f32[2]
+%7 = getitem(%5, 0) : f32[8]
+%8 = getitem(%5, 1) : f32[8]
+%9 = aten.mul.Tensor(%0, 2) : f32[4]
+%10 = aten.add.Tensor(%9, 1) : f32[4]
+%11 = aten.add.Tensor(%10, 1) : f32[4]
+%12 = aten.add.Tensor(%11, 1) : f32[4]
+%13 = aten.sum(%12) : f32[]
+%14 = funcol.wait_tensors([%7, %8, %6]) : (f32[8], f32[8], f32[2])
+%15 = funcol.reduce_scatter_tensor(%4, 'sum', 4, ranks[0,1,2,3]) : f32[2]
+%16 = getitem(%14, 0) : f32[8]
+%17 = getitem(%14, 1) : f32[8]
+%18 = getitem(%14, 2) : f32[2]
+%19 = aten.add.Tensor(%16, %13) : f32[8]
+%20 = aten.add.Tensor(%17, 1) : f32[8]
+%21 = aten.add.Tensor(%18, 1) : f32[2]
+%22 = funcol.wait_tensor(%15) : f32[2]
+%23 = aten.add.Tensor(%22, 1) : f32[2]
+return [%19, %20, %21, %23]""")
+
+
 # record_ is a barrier: the first wait is placed before it, the second gather after it,
 # though no data edge holds either (RO-6).
 @pytest.mark.spec("RO-6", "RO-10", "RO-11")

@@ -282,6 +282,34 @@ def test_a_wait_reached_late_still_takes_its_own_time(backend, world4):
     assert tl.step_time_us == pytest.approx(32.0) and tl.exposed_comm_us == 0.0
 
 
+@pytest.mark.spec("SIM-7", "FC-35")
+def test_a_wait_of_a_list_ends_after_every_collective_it_completes(backend, world4):
+    """torch 2.15's wait of a list (`wait_tensors`): a gather on the world (10 us) and one
+    on the subgroup (40 us) run on their own streams from 0; a matmul (30 us); then one
+    wait (2 us) of both results. It waits for the later gather: 40..42, 10 us exposed (the
+    first gather alone would end it at 32 with none exposed)."""
+    from conformance.upstream_ops import wait_tensors
+
+    ns = sim(backend)
+    up = torch.ops._c10d_functional
+
+    def program(x, a, b):
+        on_world = up.all_gather_into_tensor(x, 4, "0")
+        on_pair = up.all_gather_into_tensor(x * 1, 2, world4)
+        m = a @ b
+        return *wait_tensors()([on_world, on_pair]), m
+
+    gm = make_fx(program, tracing_mode="fake")(torch.ones(4), torch.ones(4, 4),
+                                                 torch.ones(4, 4))
+    (world, pair), mm = nodes_of(gm, "all_gather"), nodes_of(gm, "aten.mm")[0]
+    (wait,) = nodes_of(gm, "wait_tensors")
+    tl = ns.simulate(gm, ns.CostModel(pinned={world.name: 10.0, pair.name: 40.0,
+                                              mm.name: 30.0, wait.name: 2.0}))
+    by = {e.node: (e.start_us, e.end_us) for e in tl.events}
+    assert by[wait] == pytest.approx((30.0, 42.0)), by[wait]
+    assert tl.exposed_comm_us == pytest.approx(10.0), tl.exposed_comm_us
+
+
 @pytest.mark.spec("SIM-8")
 def test_step_time_waits_for_every_stream(backend, world4):
     """A gather that no wait completes still runs to its end: the step ends with it. A
