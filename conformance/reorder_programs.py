@@ -279,6 +279,50 @@ def waited_together(ops, ctx, x, s1, s2, g1, g2):
     return first + h.sum(), second + 1, third + 1, fourth + 1
 
 
+def wait_then_matmul(ops, ctx, x, a, b):
+    """One all_reduce, its wait, an independent matmul whose result the end reads;
+    upstream's ops (whose wait returns its argument, MEM-2), whatever `ops` is. Sinking
+    the wait below the matmul raises no planned peak: the matmul's result is live at the
+    original order's peak already (issue 30's first program; RO-10's exact test)."""
+    up = torch.ops._c10d_functional
+    w = up.wait_tensor(up.all_reduce(x, "sum", ctx.world))
+    return w + (a @ b).sum()
+
+
+def gather_then_matmul(ops, ctx, x, a, b):
+    """A gather (holding its input until its wait, MEM-5), its wait, then a matmul whose
+    result is an output; upstream's ops. The original order peaks at the matmul; sinking
+    the wait below it keeps the gather's input alive there too: on 4 ranks the planned
+    peak goes from 232 B to 240 B, which a budget of 0.035 allows (limit 240 B) and one
+    of 0.034 does not (limit 239 B) (RO-9, RO-10's exact test)."""
+    up = torch.ops._c10d_functional
+    g = up.wait_tensor(up.all_gather_into_tensor(x * 1, ctx.n, ctx.world))
+    return g, a @ b
+
+
+def compute_feeds_a_collective(ops, ctx, x, w0, w1, w2):
+    """A matmul and relu, then a matmul and the all_reduce's input two steps from the
+    relu, the all_reduce, its wait, a last matmul of both (issue 30's second program):
+    running the all_reduce's input first issues it before the middle matmul, which then
+    hides it (RO-12's need)."""
+    r = torch.relu(x @ w0)
+    m1 = r @ w1
+    s = (r + 1) * 2
+    w = _wait(ops, ops.all_reduce(s, "sum", ctx.world))
+    return m1 @ w2 + w
+
+
+def small_then_large(ops, ctx, x, small, large):
+    """Gathers of a small and a large shard on one group, then a matmul that needs
+    neither; their waits only at the end (issue 30's third program). With one all_gather
+    in flight, placing the small one's wait first lets the large one run under the matmul
+    (RO-14); the durations are the case's own (`Case.pins`)."""
+    g1 = ops.all_gather_into_tensor(small, ctx.n, ctx.world)
+    g2 = ops.all_gather_into_tensor(large, ctx.n, ctx.world)
+    m = x @ x
+    return _wait(ops, g1) + 1, _wait(ops, g2) + 1, m
+
+
 def prologue_behind_its_group(ops, ctx, x):
     """The view that is the second sub-group all_reduce's prologue (RO-7) comes early in
     program order, so its block is the original order's next one while the first
@@ -442,6 +486,10 @@ def _shapes(name: str, ctx: Ctx) -> list[tuple]:
         "gathers_after_a_shared_wait": [(4,), (r,)],
         "prologue_behind_its_group": [(2, 4)],
         "waited_together": [(4,), (r,), (r,), (8,), (8,)],
+        "wait_then_matmul": [(4,), (4, 4), (4, 4)],
+        "gather_then_matmul": [(r,), (4, 4), (4, 4)],
+        "compute_feeds_a_collective": [(4, 4)] * 4,
+        "small_then_large": [(4, 4), (r,), (4 * r,)],
     }[name]
 
 
@@ -461,6 +509,10 @@ FUNCTIONS = {
     "gathers_after_a_shared_wait": gathers_after_a_shared_wait,
     "prologue_behind_its_group": prologue_behind_its_group,
     "waited_together": waited_together,
+    "wait_then_matmul": wait_then_matmul,
+    "gather_then_matmul": gather_then_matmul,
+    "compute_feeds_a_collective": compute_feeds_a_collective,
+    "small_then_large": small_then_large,
 }
 PROGRAMS = list(FUNCTIONS)
 
@@ -544,16 +596,27 @@ class Case:
     """One (program, config) pair: memory_budget and max_in_flight as the config takes them."""
 
     program: str
-    memory_budget: float = 0.1
+    memory_budget: float | None = 0.1
     max_in_flight: tuple = ()  # ((kind, count), ...)
+    pins: tuple = ()  # ((node name, us), ...): durations instead of pinned_costs' rule
 
     @property
     def id(self) -> str:
         limit = ",".join(f"{k}={v}" for k, v in self.max_in_flight) or "unlimited"
-        return f"{self.program}-budget={self.memory_budget:g}-{limit}"
+        budget = "none" if self.memory_budget is None else f"{self.memory_budget:g}"
+        pins = "".join(f"-{name}={us:g}" for name, us in self.pins)
+        return f"{self.program}-budget={budget}-{limit}{pins}"
 
 
 ONE_ALL_GATHER = (("all_gather", 1),)
+# small_then_large's gathers and matmul (RO-14): issue 30's 1, 8 and 8 units, where
+# letting the large gather go gains 7 us; and 4, 8 and 2, where the matmul hides 2 us of
+# either and the small gather's wait stalls 2 us more placed first: a gain of 0 (a tie:
+# the matmul first).
+SMALL_THEN_LARGE = (("all_gather_into_tensor", 1.0), ("all_gather_into_tensor_1", 8.0),
+                    ("mm", 8.0))
+SMALL_THEN_LARGE_TIE = (("all_gather_into_tensor", 4.0), ("all_gather_into_tensor_1", 8.0),
+                        ("mm", 2.0))
 CASES = [
     Case("fsdp_forward", math.inf),
     Case("fsdp_forward", math.inf, ONE_ALL_GATHER),
@@ -586,12 +649,21 @@ CASES = [
     Case("prologue_behind_its_group", 0.1),
     Case("waited_together", math.inf),
     Case("waited_together", math.inf, (("reduce_scatter", 1),)),
+    Case("wait_then_matmul", 0.0),
+    Case("wait_then_matmul", None),
+    Case("gather_then_matmul", 0.035),
+    Case("gather_then_matmul", 0.034),
+    Case("gather_then_matmul", None),
+    Case("compute_feeds_a_collective", 0.1),
+    Case("small_then_large", math.inf, ONE_ALL_GATHER, SMALL_THEN_LARGE),
+    Case("small_then_large", math.inf, ONE_ALL_GATHER, SMALL_THEN_LARGE_TIE),
 ]
 
 
 def config_for(ns, gm: torch.fx.GraphModule, case: Case):
     """The backend's ReorderConfig of `case`, with every node of `gm` pinned."""
-    return ns.ReorderConfig(cost_model=ns.CostModel(pinned=pinned_costs(gm)),
+    return ns.ReorderConfig(cost_model=ns.CostModel(pinned={**pinned_costs(gm),
+                                                           **dict(case.pins)}),
                             memory_budget=case.memory_budget,
                             max_in_flight=dict(case.max_in_flight))
 

@@ -409,10 +409,10 @@ def in_flight_violations(gm: torch.fx.GraphModule, max_in_flight: dict) -> list[
     return _in_flight(gm, dict(max_in_flight))
 
 
-def _memory(original, reordered, budget: float) -> list[str]:
+def _memory(original, reordered, budget: float | None) -> list[str]:
     from refimpl.memory import plan_memory
 
-    if math.isinf(budget):
+    if budget is None or math.isinf(budget):  # None: no bound (RO-1)
         return []
     before, after = plan_memory(original).peak_bytes, plan_memory(reordered).peak_bytes
     limit = math.floor((1 + budget) * before)

@@ -463,6 +463,46 @@ class MemorySweep:
         allocated = self._allocate(node)  # a node's outputs before its frees (MEM-9)
         self._free(node, allocated)
 
+    def peek_peak(self, nodes) -> int:
+        """The most bytes live while `nodes` would be placed next, in order (each node's
+        outputs counted before its frees, MEM-9), without placing them: what `place`
+        would make `peak_bytes` reach, given the sweep's state now."""
+        model = self.model
+        remaining: dict[int, int] = {}
+        holds: dict[int, int] = {}
+        pending: dict[int, list] = {}  # added by `nodes`
+        popped: set[int] = set()  # done buffers whose pending holds `nodes` completed
+        freed: set[int] = set()
+        live = peak = self.live_bytes
+        for node in nodes:
+            allocated = model.allocs.get(node, ())
+            live += sum(model.buffers[b].nbytes for b in allocated)
+            peak = max(peak, live)
+            dying = [b for b in allocated if self.remaining[b] == 0]
+            for b in model.uses.get(node, ()):
+                remaining[b] = remaining.get(b, self.remaining[b]) - 1
+                if remaining[b] == 0:
+                    dying.append(b)
+            for done, held in model.in_flight.get(node, ()):
+                for b in held:
+                    holds[b] = holds.get(b, self.holds[b]) + 1
+                pending.setdefault(done, []).append(held)
+            for done in model.completes.get(node, ()):
+                sets = pending.pop(done, [])
+                if done not in popped:
+                    sets = self.pending.get(done, []) + sets
+                    popped.add(done)
+                for held in sets:
+                    for b in held:
+                        holds[b] = holds.get(b, self.holds[b]) - 1
+                        dying.append(b)
+            for b in dict.fromkeys(dying):
+                if (remaining.get(b, self.remaining[b]) == 0 and holds.get(b, self.holds[b]) == 0
+                        and not model.pinned[b] and self.freed_at[b] is None and b not in freed):
+                    freed.add(b)
+                    live -= model.buffers[b].nbytes
+        return peak
+
     def _allocate(self, node: torch.fx.Node) -> tuple[int, ...]:
         allocated = self.model.allocs.get(node, ())
         for b in allocated:

@@ -3,9 +3,11 @@
 `reorder(gm, config)` returns a new GraphModule holding the same nodes in a new order. One
 list scheduler places *blocks* one at a time (an FSDP block tagged by bucketing, BK-17; a
 collective with its prologue, the casts and copies that only feed it; any other node
-alone): a collective block as soon as its inputs allow (RO-10), a wait only when a block
-that needs it comes next (RO-11), and among the compute blocks the one that stalls the
-compute stream least on the timeline of `config.cost_model`, the simulator's (RO-12).
+alone): a collective block as soon as its inputs allow (RO-10); a held-back collective
+let go early when that hides more of it than it exposes (RO-14); a wait only when a
+block that needs it comes next (RO-11); and among the compute blocks the one that stalls
+the compute stream least on the timeline of `config.cost_model`, the simulator's, then
+the one the earliest collective needs (RO-12).
 
 Every order it returns keeps RO-3..RO-9: data dependencies, the order of every buffer's
 versions (a wait completes its input's buffer, FC-5; a collective reads what it holds
@@ -14,12 +16,15 @@ understand, blocks contiguous, the in-flight limit per (group, kind), and a boun
 planned peak memory against the *original* order, which the result keeps in its `meta`.
 Every decision derives from the graph, the original order and the config, never from
 the order handed in, so reordering a reordered graph returns the same order (RO-2).
+`check_order(gm, order, config)` says whether a hand-written order keeps those rules and
+which one it breaks first (RO-15).
 
 Cost: the analysis and the schedule are linear in the graph (a heap per candidate kind);
-the memory bound reads one `MemoryModel` sweep of the original order and one of the new
-order as it grows, never a plan per candidate (MEM-10).
+the memory test of a move is exact and O(log N): a tree of what the continuation (the
+nodes placed, then the rest in original order) has live at each later position, which a
+move changes on ranges only, never a plan per candidate (MEM-10, RO-10).
 
-Implements SPEC.md section "Scheduler reorder": RO-1 .. RO-13.
+Implements SPEC.md section "Scheduler reorder": RO-1 .. RO-15.
 """
 
 from __future__ import annotations
@@ -37,11 +42,11 @@ import torch.fx
 from refimpl import _fx, comm_ops
 from refimpl._errors import InternalError, refuse, require, require_type
 from refimpl.bucketing import BLOCK_META
-from refimpl.memory import MemoryModel
+from refimpl.memory import MemoryModel, collector_paused
 from refimpl.simulator import CostModel, _is_view, blocking_name
 
-__all__ = ["ReorderConfig", "reorder", "barrier_reason", "collective_kind", "ORIGINAL_ORDER",
-           "KINDS"]
+__all__ = ["ReorderConfig", "reorder", "check_order", "OrderError", "barrier_reason",
+           "collective_kind", "ORIGINAL_ORDER", "KINDS"]
 
 # gm.meta key of a reordered graph: the node names of its original order (RO-2).
 ORIGINAL_ORDER = "refimpl_reorder_original"
@@ -69,7 +74,7 @@ class ReorderConfig:
     cost_model: the duration of every node (refimpl.simulator.CostModel, its H100 preset
         when None). Pinned durations make an order independent of any profile.
     memory_budget: the new order's planned peak may exceed the original order's by at
-        most this fraction (RO-9); `math.inf` lifts the bound.
+        most this fraction (RO-9); None (or `math.inf`) lifts the bound.
     max_in_flight: per collective kind ("all_gather", "reduce_scatter", "all_reduce",
         "all_to_all", "broadcast", "point_to_point": the families of refimpl/comm_ops.py),
         how many of one group's collectives of that kind may be issued and not yet waited
@@ -77,17 +82,19 @@ class ReorderConfig:
     """
 
     cost_model: CostModel | None = None
-    memory_budget: float = 0.1
+    memory_budget: float | None = 0.1
     max_in_flight: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self):
         require_type(self.cost_model, (CostModel, type(None)), "cost_model",
                      "a refimpl.simulator.CostModel or None", "RO-1")
         budget = self.memory_budget
-        if isinstance(budget, bool) or not isinstance(budget, (int, float)):
-            refuse("memory_budget", "a number >= 0", repr(budget), "RO-1", TypeError)
-        require(not math.isnan(budget) and budget >= 0, "memory_budget", "a number >= 0",
-                repr(budget), "RO-1")
+        if budget is not None:
+            if isinstance(budget, bool) or not isinstance(budget, (int, float)):
+                refuse("memory_budget", "a number >= 0 or None", repr(budget), "RO-1",
+                       TypeError)
+            require(not math.isnan(budget) and budget >= 0, "memory_budget",
+                    "a number >= 0 or None", repr(budget), "RO-1")
         require_type(self.max_in_flight, Mapping, "max_in_flight",
                      "a mapping of collective kind to count", "RO-1")
         for kind, count in self.max_in_flight.items():
@@ -100,7 +107,7 @@ class ReorderConfig:
 
     def memory_limit(self, original_peak: int) -> float:
         """The largest planned peak the new order may have (RO-9), in whole bytes."""
-        if math.isinf(self.memory_budget):
+        if self.memory_budget is None or math.isinf(self.memory_budget):
             return math.inf
         return math.floor((1 + self.memory_budget) * original_peak)
 
@@ -373,6 +380,223 @@ class _Program:
 
 
 # --------------------------------------------------------------------------------------
+# The memory test (RO-9, RO-10)
+# --------------------------------------------------------------------------------------
+_PLACED = -(1 << 62)  # the key of a placed position: below any sum of byte counts
+
+
+class _MaxTree:
+    """Range add and range max over positions 0..n-1: a segment tree with lazy adds,
+    iterative, each call O(log n)."""
+
+    def __init__(self, values: list[int]):
+        size = 1
+        while size < max(len(values), 1):
+            size *= 2
+        self.size, self.height = size, size.bit_length() - 1
+        t = self.t = [_PLACED] * (2 * size)
+        t[size:size + len(values)] = values
+        self.d = [0] * size
+        for p in range(size - 1, 0, -1):
+            t[p] = max(t[2 * p], t[2 * p + 1])
+
+    def add(self, lo: int, hi: int, value: int) -> None:
+        """Add `value` to positions lo..hi-1."""
+        if lo >= hi:
+            return
+        t, d, size = self.t, self.d, self.size
+        lo += size
+        hi += size
+        left, right = lo, hi - 1
+        while lo < hi:
+            if lo & 1:
+                t[lo] += value
+                if lo < size:
+                    d[lo] += value
+                lo += 1
+            if hi & 1:
+                hi -= 1
+                t[hi] += value
+                if hi < size:
+                    d[hi] += value
+            lo >>= 1
+            hi >>= 1
+        # Recompute the ancestors of both ends (once where their paths meet).
+        while left > 1:
+            left >>= 1
+            right >>= 1
+            a, b = t[2 * left], t[2 * left + 1]
+            t[left] = (a if a > b else b) + d[left]
+            if right != left:
+                a, b = t[2 * right], t[2 * right + 1]
+                t[right] = (a if a > b else b) + d[right]
+
+    def max(self, lo: int, hi: int) -> int:
+        """The largest value of positions lo..hi-1 (_PLACED for none)."""
+        if lo >= hi:
+            return _PLACED
+        t, d, size = self.t, self.d, self.size
+        lo += size
+        hi += size
+        for p in (lo, hi - 1):  # push the pending adds above both ends down to them
+            for s in range(self.height, 0, -1):
+                i = p >> s
+                value = d[i]
+                if value:
+                    t[2 * i] += value
+                    t[2 * i + 1] += value
+                    if 2 * i < size:
+                        d[2 * i] += value
+                        d[2 * i + 1] += value
+                    d[i] = 0
+        best = _PLACED
+        while lo < hi:
+            if lo & 1:
+                if t[lo] > best:
+                    best = t[lo]
+                lo += 1
+            if hi & 1:
+                hi -= 1
+                if t[hi] > best:
+                    best = t[hi]
+            lo >>= 1
+            hi >>= 1
+        return best
+
+
+class _MemoryBound:
+    """RO-10's memory test: the exact planned peak of placing a move now and the rest
+    of the program in the original order, against RO-9's limit.
+
+    `key[j]`, for each position j not placed, is what that continuation (the nodes placed
+    so far, then every other node in original order) has live at j: its live bytes
+    before j plus j's allocations (MEM-9). Placing a node ahead of the first unplaced
+    position changes keys on ranges only: a buffer it allocates is live from now on, not
+    from its position; a buffer whose last release it is (a reader, or the wait that ends
+    a collective's hold on the buffer, MEM-5) is freed at the release left last in the
+    original order, or now. A tree of keys (range add, range max) holds them.
+    """
+
+    def __init__(self, program: _Program, high: list[int], limit: float):
+        self.limit = limit
+        self.model, self.body, self.n = program.model, program.body, len(program.body)
+        model, pos = self.model, program.pos
+        self.bytes = [b.nbytes for b in model.buffers]
+        self.alloc_at = [-1] * len(model.buffers)  # -1: an input's, placed first
+        for i, node in enumerate(self.body):
+            for b in model.allocs.get(node, ()):
+                self.alloc_at[b] = i
+        releases: list[set[int]] = [set() for _ in model.buffers]
+        self.forever = [bool(p) for p in model.pinned]  # never freed
+        for node, used in model.uses.items():
+            for b in used:
+                if node in pos:
+                    releases[b].add(pos[node])
+                else:  # the output reads it
+                    self.forever[b] = True
+        self.released_by: dict[int, tuple[int, ...]] = {
+            i: tuple(model.uses.get(node, ())) for i, node in enumerate(self.body)}
+        self._pair_holds(releases)
+        self.releases = [sorted(r) for r in releases]
+        self.last = [len(r) - 1 for r in self.releases]  # its last release not placed
+        self.placed = [False] * self.n
+        self.tree = _MaxTree(list(high))
+
+    def _pair_holds(self, releases: list[set[int]]) -> None:
+        """The wait that ends a hold (MEM-5's pairing in the original order) releases the
+        held buffers; a hold that no wait ends keeps them to the end."""
+        pending: dict[int, list[tuple[int, ...]]] = {}
+        for i, node in enumerate(self.body):
+            for done, held in self.model.in_flight.get(node, ()):
+                pending.setdefault(done, []).append(held)
+            for done in self.model.completes.get(node, ()):
+                for held in pending.pop(done, ()):
+                    releases_here = [b for b in held if i not in releases[b]]
+                    for b in releases_here:
+                        releases[b].add(i)
+                    self.released_by[i] += tuple(b for b in releases_here
+                                                 if b not in self.released_by[i])
+        for sets in pending.values():
+            for held in sets:
+                for b in held:
+                    self.forever[b] = True
+
+    def _end(self, b: int, moving: set[int]) -> int | None:
+        """The last position at which `b` is live if the rest follows the original order
+        (its last release neither placed nor in `moving`); None when it is freed."""
+        if self.forever[b]:
+            return self.n - 1
+        releases, k = self.releases[b], self.last[b]
+        while k >= 0 and (self.placed[releases[k]] or releases[k] in moving):
+            k -= 1
+        return releases[k] if k >= 0 else None
+
+    def _events(self, members: list[int], cur: int) -> list[tuple[int, int, int]]:
+        """The key changes (lo, hi, bytes) of placing `members`, in order, now; `cur` is
+        the first position not placed before them. Positions below the first unplaced
+        one after them are never read again, so ranges may start at `cur`."""
+        events, moving = [], set()
+        for k in members:
+            moving.add(k)
+            if k == cur:  # the original order's own next node changes no later key
+                while cur < self.n and (self.placed[cur] or cur in moving):
+                    cur += 1
+                continue
+            events.append((k, k + 1, _PLACED))
+            for b in self.model.allocs.get(self.body[k], ()):
+                if self._end(b, moving) is not None:
+                    events.append((cur, k, self.bytes[b]))  # live from now, not from k
+            for b in self.released_by[k]:
+                if self.forever[b] or self._end(b, moving - {k}) != k:
+                    continue  # a later release is left: the free stays where it was
+                after = self._end(b, moving)
+                a = self.alloc_at[b]
+                start = cur if a < cur or self.placed[a] or a in moving else a + 1
+                lo = max(start, after + 1) if after is not None else start
+                events.append((lo, k + 1, -self.bytes[b]))
+        return events
+
+    def _apply(self, events, sign: int = 1) -> None:
+        for lo, hi, value in events:
+            self.tree.add(lo, hi, sign * value)
+
+    def fits(self, peak_of_move: int, members: list[int], cur: int, cur_after: int) -> bool:
+        """Whether the move's own peak and every later key stay within the limit.
+
+        The move changes keys below its last member only; there its changes are constant
+        between their ends, so each such piece is one range max of the tree as it is."""
+        if peak_of_move > self.limit:
+            return False
+        tree, last = self.tree, max(members) + 1
+        if tree.max(last, self.n) > self.limit:
+            return False
+        window = tree.max(cur_after, last)
+        events = self._events(members, cur)
+        allocated = sum(v for _, _, v in events if v > 0)
+        if window + allocated <= self.limit:
+            return True
+        cuts = sorted({cur_after, last, *(x for lo, hi, _ in events for x in (lo, hi)
+                                          if cur_after < x < last)})
+        for lo, hi in zip(cuts, cuts[1:], strict=False):
+            change = sum(v for a, b, v in events if a <= lo and hi <= b)
+            if change > _PLACED // 2 and tree.max(lo, hi) + change > self.limit:
+                return False
+        return True
+
+    def place(self, members: list[int], cur: int) -> None:
+        """Commit a move (`cur` as for its test)."""
+        self._apply(self._events(members, cur))
+        for k in members:
+            self.placed[k] = True
+        for k in members:
+            for b in self.released_by[k]:
+                releases, j = self.releases[b], self.last[b]
+                while j >= 0 and self.placed[releases[j]]:
+                    j -= 1
+                self.last[b] = j
+
+
+# --------------------------------------------------------------------------------------
 # The scheduler (RO-8 .. RO-12)
 # --------------------------------------------------------------------------------------
 COLLECTIVE, WAIT, COMPUTE = "collective", "wait", "compute"
@@ -395,6 +619,9 @@ class _Block:
     placed: bool = False
     queued: str | None = None  # which queue holds its live entry
     finish_us: float = 0.0  # a wait block: when its collectives end
+    completed_by: list = field(default_factory=list)  # a collective block: its wait blocks
+    need: float = math.inf  # the first collective block that depends on it (RO-12)
+    duration: float = 0.0
 
     @property
     def pos(self) -> int:
@@ -420,6 +647,7 @@ class _Scheduler:
         self.stream_free: dict[str, float] = {}
         self.finish: dict[int, float] = {}  # collective position -> its end
         self.in_flight = {}  # (group, kind) -> collective blocks issued, not completed
+        self.flying: dict[tuple[str, str], list[_Block]] = {}  # the same, the blocks
         self.order: list[int] = []
         self.queues = {"collective": [], "stall_free": [], "stalling": [], "waits": []}
         self.blocked: dict[tuple[str, str], list] = {}
@@ -446,8 +674,10 @@ class _Scheduler:
             for i in block.members:
                 block.deps.update(self.block_of[j] for j in p.preds[i])
             block.deps.discard(block.index)
+            block.duration = sum(p.duration[i] for i in block.members)
             if block.kind == COLLECTIVE:
-                block.waits_left = len(completed_by.get(block.index, ()))
+                block.completed_by = sorted(completed_by.get(block.index, ()))
+                block.waits_left = len(block.completed_by)
             if block.kind == WAIT:
                 block.completes = sorted({self.block_of[c] for i in block.members
                                           for c in p.completes.get(i, ())})
@@ -461,6 +691,22 @@ class _Scheduler:
                     block.unready_waits += 1
                 else:
                     block.unplaced_non_wait += 1
+        self._needs()
+
+    def _needs(self) -> None:
+        """Each block's `need`: the original position of the first collective block that
+        depends on it, directly or not (RO-12), from the users back (Kahn's order)."""
+        left = {b.index: len(b.users) for b in self.blocks}
+        ready = [b for b in self.blocks if not b.users]
+        while ready:
+            block = ready.pop()
+            for user in block.users:
+                block.need = min(block.need,
+                                 user.pos if user.kind == COLLECTIVE else user.need)
+            for dep in block.deps:
+                left[dep] -= 1
+                if left[dep] == 0:
+                    ready.append(self.blocks[dep])
 
     def _kind_of(self, members: list[int]) -> str:
         if any(i in self.p.in_flight for i in members):
@@ -485,6 +731,7 @@ class _Scheduler:
         self.later_high = [0] * (self.n + 1)
         for i in reversed(range(self.n)):
             self.later_high[i] = max(high[i], self.later_high[i + 1])
+        self.bound = None if math.isinf(self.limit) else _MemoryBound(p, high, self.limit)
 
     # ---- the loop ---------------------------------------------------------------------
     def run(self) -> list[int]:
@@ -494,8 +741,8 @@ class _Scheduler:
         while self.done < len(self.blocks):
             self._refresh_stalls()
             placed_before = len(self.order)
-            if not (self._raise_collective() or self._fill() or self._follow_original()
-                    or self._last_resort()):
+            if not (self._raise_collective() or self._free_a_limit() or self._fill()
+                    or self._follow_original() or self._last_resort()):
                 self._stuck()
             if len(self.order) == placed_before:  # every step that succeeds places a node
                 raise InternalError("reorder: a step claimed progress but placed nothing "
@@ -522,18 +769,71 @@ class _Scheduler:
             heapq.heappush(queue, entry)
         return placed
 
+    def _free_a_limit(self) -> bool:
+        """RO-14: a collective RO-8 holds back is let go early when that hides more of it
+        than it exposes. The waits that complete the in-flight collective of its
+        (group, kind) that ends first are placed now, before the compute RO-12 would
+        place, when `min(d_C, d_B) > stall_now - stall_after_B`: C the held-back
+        collective, B the block RO-12 chooses, each stall what the waits would keep the
+        compute stream waiting, placed now or after B. The largest gain first, ties by
+        C's original position; RO-10 then raises C."""
+        compute = self._best_compute()
+        if compute is None or not self.blocked:
+            return False
+        best = None
+        for flight in sorted(self.blocked):
+            held = self._first_blocked(flight)
+            waits = self._waits_that_free(flight) if held is not None else None
+            if waits is None:
+                continue
+            end = max(w.finish_us for w in waits)
+            stall_now = max(0.0, end - self.clock)
+            stall_later = max(0.0, end - self.clock - compute.duration)
+            gain = min(held.duration, compute.duration) - (stall_now - stall_later)
+            if gain > 0 and (best is None or (-gain, held.pos) < best[0]):
+                best = ((-gain, held.pos), waits)
+        if best is None:
+            return False
+        waits = best[1]
+        if not self._fits([i for w in waits for i in w.members]):
+            return False
+        for wait in waits:
+            self._place(wait)
+        return True
+
+    def _first_blocked(self, flight) -> _Block | None:
+        queue = self.blocked[flight]
+        while queue and (self.blocks[queue[0][1]].placed
+                         or self.blocks[queue[0][1]].queued != "blocked"):
+            heapq.heappop(queue)
+        return self.blocks[queue[0][1]] if queue else None
+
+    def _waits_that_free(self, flight) -> list[_Block] | None:
+        """The wait blocks, all ready, that complete the in-flight collective of `flight`
+        whose waits end first (ties by position); None when none has them all ready."""
+        best = None
+        for collective in self.flying.get(flight, ()):
+            waits = [self.blocks[w] for w in collective.completed_by
+                     if not self.blocks[w].placed]
+            if not waits or any(w.queued != "waits" for w in waits):
+                continue
+            key = (max(w.finish_us for w in waits), collective.pos)
+            if best is None or key < best[0]:
+                best = (key, sorted(waits, key=lambda w: w.pos))
+        return best[1] if best is not None else None
+
     def _fill(self) -> bool:
         """RO-11, RO-12: the compute block that stalls least (then the earliest); its waits
         are placed first, right before it."""
         block = self._best_compute()
         if block is None:
             return False
-        waits = [w for w in block.wait_deps if not w.placed]
-        if not self._fits(block.members + [i for w in waits for i in w.members]):
-            return False
+        waits = sorted((w for w in block.wait_deps if not w.placed), key=lambda w: w.pos)
+        if not self._fits([i for w in waits for i in w.members] + block.members):
+            return False  # (tested in the order of placing: the waits first)
         # A collective whose waits these are is then raised under RO-8 (RO-10): _place
         # re-enqueues it once its last wait is placed.
-        for wait in sorted(waits, key=lambda w: w.pos):
+        for wait in waits:
             self._place(wait)
         if not waits:
             self._place(block)
@@ -608,11 +908,11 @@ class _Scheduler:
         """Blocks whose waits' collectives have ended by now no longer stall (RO-12)."""
         stalling = self.queues["stalling"]
         while stalling and stalling[0][0] <= self.clock:
-            _, tie, index = heapq.heappop(stalling)
+            _, need, tie, index = heapq.heappop(stalling)
             block = self.blocks[index]
             if not block.placed and block.queued == "stalling":
                 block.queued = "stall_free"
-                heapq.heappush(self.queues["stall_free"], (tie, index))
+                heapq.heappush(self.queues["stall_free"], (need, tie, index))
 
     def _enqueue(self, block: _Block) -> None:
         """A block whose non-wait deps are placed and whose wait deps can be placed."""
@@ -627,10 +927,11 @@ class _Scheduler:
         stall_end = max((w.finish_us for w in waits), default=0.0)
         if stall_end <= self.clock:
             block.queued = "stall_free"
-            heapq.heappush(self.queues["stall_free"], (self.tie(block), block.index))
+            heapq.heappush(self.queues["stall_free"], (block.need, self.tie(block), block.index))
         else:
             block.queued = "stalling"
-            heapq.heappush(self.queues["stalling"], (stall_end, self.tie(block), block.index))
+            heapq.heappush(self.queues["stalling"],
+                           (stall_end, block.need, self.tie(block), block.index))
 
     def _ready(self, block: _Block) -> None:
         """Every dep of `block` is placed."""
@@ -670,16 +971,16 @@ class _Scheduler:
 
     # ---- RO-9 -------------------------------------------------------------------------
     def _fits(self, members: list[int]) -> bool:
-        """Whether placing `members` now keeps the memory bound (RO-9).
+        """Whether placing `members` now keeps the memory bound (RO-9, RO-10's test):
+        the planned peak of placing them now and the rest in original order.
 
-        Now: the live bytes plus everything they allocate. Later: if the rest followed the
-        original order, each later position would have at most its original live bytes
-        plus what the nodes placed ahead of it allocated; the most of that must fit too.
+        First a bound that costs O(1) and never underestimates: the live bytes plus
+        everything they allocate, and each later position's original live bytes plus
+        everything placed ahead of it. Only when that refuses, the exact test
+        (`_MemoryBound`), so a move that raises no planned peak is never refused.
         """
-        if math.isinf(self.limit):
+        if self.bound is None:
             return True
-        if self.sweep.live_bytes + sum(self.p.alloc[i] for i in members) > self.limit:
-            return False
         moving = set(members)
         cur, ahead = self.cur, self.ahead
         if cur in moving:
@@ -689,12 +990,18 @@ class _Scheduler:
                     ahead -= self.p.alloc[cur]
                 cur += 1
         ahead += sum(self.p.alloc[i] for i in moving if i > cur)
-        return self.later_high[cur] + ahead <= self.limit
+        if (self.sweep.live_bytes + sum(self.p.alloc[i] for i in members) <= self.limit
+                and self.later_high[cur] + ahead <= self.limit):
+            return True
+        peak = self.sweep.peek_peak([self.p.body[i] for i in members])
+        return self.bound.fits(peak, members, self.cur, cur)
 
     # ---- placing ----------------------------------------------------------------------
     def _place(self, block: _Block) -> None:
         block.placed, block.queued = True, None
         self.done += 1
+        if self.bound is not None:
+            self.bound.place(block.members, self.cur)
         for i in block.members:
             self.placed[i] = True
             self.order.append(i)
@@ -709,10 +1016,12 @@ class _Scheduler:
                 self.cur += 1
         if block.kind == COLLECTIVE:  # one no wait completes stays in flight (MEM-5)
             self.in_flight[block.flight] = self.in_flight.get(block.flight, 0) + 1
+            self.flying.setdefault(block.flight, []).append(block)
         for c in block.completes:
             collective = self.blocks[c]
             collective.waits_left -= 1
             if collective.waits_left == 0 and collective.placed:
+                self.flying[collective.flight].remove(collective)
                 self._release(collective.flight)
         for user in block.users:
             user.unplaced -= 1
@@ -763,8 +1072,9 @@ def reorder(gm: torch.fx.GraphModule, config: ReorderConfig | None = None
     require_type(gm, torch.fx.GraphModule, "gm", "a torch.fx.GraphModule", "RO-1")
     config = ReorderConfig() if config is None else config
     require_type(config, ReorderConfig, "config", "a ReorderConfig", "RO-1")
-    program = _Program(gm, config)
-    body = [program.body[i] for i in _Scheduler(program, config).run()]
+    with collector_paused():  # as a memory plan (MEM-10): nothing here is garbage yet
+        program = _Program(gm, config)
+        body = [program.body[i] for i in _Scheduler(program, config).run()]
     return _rebuilt(gm, program.inputs + body + program.output,
                     [n.name for n in program.inputs + program.body + program.output])
 
@@ -780,3 +1090,164 @@ def _rebuilt(gm: torch.fx.GraphModule, order: list[torch.fx.Node],
     result.meta = dict(gm.meta)
     result.meta[ORIGINAL_ORDER] = tuple(original)
     return result
+
+
+# --------------------------------------------------------------------------------------
+# Checking a hand-written order (RO-3 .. RO-9)
+# --------------------------------------------------------------------------------------
+class OrderError(ValueError):
+    """An order that breaks a rule of SPEC section 4: `rule` is its ID, `nodes` the nodes
+    of the first violation (in the order given)."""
+
+    def __init__(self, rule: str, nodes, message: str):
+        super().__init__(message)
+        self.rule, self.nodes = rule, tuple(nodes)
+
+
+def check_order(gm: torch.fx.GraphModule, order, config: ReorderConfig | None = None) -> None:
+    """Raise `OrderError` naming the rule and the nodes of the first violation of
+    RO-3..RO-9 in `order`, an order of `gm`'s nodes (nodes or their names; inputs and
+    the output may be left out), judged against `gm`'s original order (RO-2) and
+    `config` (its memory budget and in-flight limits). Returns None for a legal order.
+
+    This is refimpl's own check, for users writing an order by hand; the conformance
+    suite judges orders with a validator of its own (conformance/reorder_rules.py).
+    """
+    require_type(gm, torch.fx.GraphModule, "gm", "a torch.fx.GraphModule", "RO-1")
+    config = ReorderConfig() if config is None else config
+    require_type(config, ReorderConfig, "config", "a ReorderConfig", "RO-1")
+    with collector_paused():
+        program = _Program(gm, config)
+        new = _body_order(program, order)
+        edge = _first_edge_broken(program, new)
+        found = [v for v in (edge, _first_block_apart(program, new),
+                             _first_limit_broken(program, new, config),
+                             # a plan needs an order that reads nothing before it is made
+                             None if edge is not None else _memory_broken(program, new, config))
+                 if v is not None]
+    if found:
+        at, rule, nodes, what = min(found, key=lambda v: v[0])
+        names = [n.name for n in nodes]
+        raise OrderError(rule, nodes, f"order: {what} (nodes {names}) [{rule}]")
+
+
+def _body_order(program: _Program, order) -> list[int]:
+    """`order` as original positions of the body's nodes, each exactly once (RO-3)."""
+    try:
+        items = list(order)
+    except TypeError:
+        raise TypeError(f"order: expected a sequence of gm's nodes or names, got "
+                        f"{type(order).__name__} [RO-3]") from None
+    by_name = {n.name: n for n in program.gm.graph.nodes}
+    nodes = []
+    for item in items:
+        node = by_name.get(item) if isinstance(item, str) else item
+        if not isinstance(node, torch.fx.Node) or by_name.get(node.name) is not node:
+            raise ValueError(f"order: {item!r} is no node of gm [RO-3]")
+        nodes.append(node)
+    inputs = [n for n in nodes if n.op in INPUT_OPS]
+    if inputs and (inputs != program.inputs[:len(inputs)] or nodes[:len(inputs)] != inputs):
+        raise OrderError("RO-3", inputs, "order: RO-3: the inputs must come first, in "
+                         f"their order (nodes {[n.name for n in inputs]}) [RO-3]")
+    if any(n.op == "output" for n in nodes[:-1]):
+        raise OrderError("RO-3", program.output, "order: RO-3: the output must come last "
+                         f"(nodes {[n.name for n in program.output]}) [RO-3]")
+    positions = [program.pos[n] for n in nodes if n in program.pos]
+    if len(set(positions)) != len(positions) or len(positions) != len(program.body):
+        twice = sorted({program.body[i].name for i in positions if positions.count(i) > 1})
+        missing = sorted(n.name for n in program.body if n not in set(nodes))
+        raise ValueError(f"order: must hold every node of gm once; twice {twice[:5]}, "
+                         f"missing {missing[:5]} [RO-3]")
+    return positions
+
+
+def _edge_rule(program: _Program, before: int, after: int) -> str:
+    """Which rule an edge of the program's dependencies stands for (RO-3 .. RO-6)."""
+    first, then = program.body[before], program.body[after]
+    if first in then.all_input_nodes:
+        return "RO-3"
+    if program.group.get(before) is not None and \
+            program.group.get(before) == program.group.get(after):
+        return "RO-5"
+    if barrier_reason(first) is not None or barrier_reason(then) is not None:
+        return "RO-6"
+    return "RO-4"
+
+
+_WHAT = {"RO-3": "reads the result of", "RO-4": "comes before a version it must follow:",
+         "RO-5": "is issued on its group before", "RO-6": "crosses the barrier"}
+
+
+def _first_edge_broken(program: _Program, new: list[int]):
+    at = {i: k for k, i in enumerate(new)}
+    for k, i in enumerate(new):
+        late = [p for p in program.preds[i] if at[p] > k]
+        if late:
+            p = min(late, key=at.__getitem__)
+            rule = _edge_rule(program, p, i)
+            node, other = program.body[i], program.body[p]
+            return (k, rule, [node, other], f"{rule}: {node.name!r} {_WHAT[rule]} "
+                    f"{other.name!r}, placed after it")
+    return None
+
+
+def _first_block_apart(program: _Program, new: list[int]):
+    at = {i: k for k, i in enumerate(new)}
+    worst = None
+    for members in program.blocks():
+        if len(members) < 2:
+            continue
+        places = [at[i] for i in members]
+        if places != list(range(places[0], places[0] + len(places))):
+            k = next(at[i] for i, want in zip(members, range(places[0], places[0] + len(members)),
+                                              strict=True) if at[i] != want)
+            nodes = [program.body[i] for i in members]
+            found = (k, "RO-7", nodes, f"RO-7: block {[n.name for n in nodes]} is not "
+                     f"consecutive, in its original order")
+            worst = found if worst is None or found[0] < worst[0] else worst
+    return worst
+
+
+def _first_limit_broken(program: _Program, new: list[int], config: ReorderConfig):
+    limits = config.max_in_flight
+    if not limits:
+        return None
+    waits_left: dict[int, int] = {}
+    for collectives in program.completes.values():
+        for c in collectives:
+            waits_left[c] = waits_left.get(c, 0) + 1
+    flying: dict[tuple, int] = {}
+    issued: set[int] = set()
+    for k, i in enumerate(new):
+        node = program.body[i]
+        kind = collective_kind(node)
+        if i in program.in_flight and kind in limits:
+            flight = (program.group[i], kind)
+            issued.add(i)
+            flying[flight] = flying.get(flight, 0) + 1
+            if flying[flight] > limits[kind]:
+                return (k, "RO-8", [node], f"RO-8: {node.name!r} is issued with "
+                        f"{flying[flight] - 1} {kind} of group {flight[0]!r} in flight "
+                        f"(max_in_flight[{kind!r}] = {limits[kind]})")
+        for c in program.completes.get(i, ()):
+            waits_left[c] -= 1
+            c_kind = collective_kind(program.body[c])
+            if waits_left[c] == 0 and c in issued:  # (a wait before its collective
+                flying[(program.group[c], c_kind)] -= 1  # breaks RO-3, found there)
+    return None
+
+
+def _memory_broken(program: _Program, new: list[int], config: ReorderConfig):
+    original = program.model.plan(program.body)
+    limit = config.memory_limit(original.peak_bytes)
+    if math.isinf(limit) or _first_limit_broken(program, list(range(len(program.body))),
+                                                config) is not None:
+        return None  # no bound, or RO-9's exception: the original order breaks a limit
+    plan = program.model.plan([program.body[i] for i in new])
+    if plan.peak_bytes <= limit:
+        return None
+    node = plan.peak_node
+    k = new.index(program.pos[node]) if node in program.pos else len(new)
+    return (k, "RO-9", [node], f"RO-9: the planned peak {plan.peak_bytes} B (at "
+            f"{node.name!r}) is more than {limit} B, (1 + memory_budget) times the "
+            f"original order's {original.peak_bytes} B")

@@ -21,6 +21,7 @@ Implements SPEC.md section "Simulator": SIM-1 .. SIM-11.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import math
 import sys
@@ -38,7 +39,7 @@ from refimpl.memory import MemoryModel, collector_paused, is_collective, renames
 
 __all__ = [
     "LinkCost", "HardwareProfile", "H100_NVLINK_8", "CostModel", "Simulator", "simulate",
-    "Timeline", "TimelineEvent", "COMPUTE_STREAM",
+    "Timeline", "TimelineEvent", "CollectiveTime", "COMPUTE_STREAM",
 ]
 
 COMPUTE_STREAM = "compute"
@@ -161,17 +162,29 @@ def _group_size_of(node: torch.fx.Node) -> int:
     schema = node.target._schema
     values = {a.name: (node.args[i] if i < len(node.args) else node.kwargs.get(a.name))
               for i, a in enumerate(schema.arguments)}
-    if isinstance(values.get("group_size"), int):
-        return values["group_size"]
-    name = values.get("group_name")
+    given, name = values.get("group_size"), values.get("group_name")
+    registered = _registered_size(name)
+    if isinstance(given, int) and not isinstance(given, bool):
+        if registered is not None and registered != given:
+            raise ValueError(f"gm: node {node.name!r} says group_size {given}, but its group "
+                             f"{name!r} has {registered} ranks; its cost needs the real "
+                             f"size [SIM-2]")
+        return given
+    if registered is None:
+        raise ValueError(f"gm: node {node.name!r} names group {name!r}, which is not "
+                         f"registered in this process; its size is needed for its cost "
+                         f"[SIM-2]")
+    return registered
+
+
+def _registered_size(name) -> int | None:
+    """The size of the process group registered under `name` here, None for none."""
     try:
         import torch.distributed.distributed_c10d as c10d
 
         return c10d._resolve_process_group(name).size()
-    except Exception as exc:
-        raise ValueError(f"gm: node {node.name!r} names group {name!r}, which is not "
-                         f"registered in this process; its size is needed for its cost "
-                         f"[SIM-2]") from exc
+    except Exception:
+        return None
 
 
 def group_name_of(node: torch.fx.Node) -> str:
@@ -266,17 +279,25 @@ class CostModel:
 
     profile: a HardwareProfile (H100_NVLINK_8 by default).
     pinned: node name -> duration in us, used instead of the model for those nodes.
+    estimate: a function of a node giving its duration in us, or None to leave it to the
+        model; asked for every node not pinned. It reads the node (its op, arguments and
+        `meta["val"]`), not its name, so one estimator serves a graph and its bucketed,
+        lowered or reordered forms.
     """
 
     def __init__(self, profile: HardwareProfile | None = None,
-                 pinned: dict[str, float] | None = None):
+                 pinned: dict[str, float] | None = None, estimate=None):
         self.profile = profile or H100_NVLINK_8
         require_type(self.profile, HardwareProfile, "profile", "a HardwareProfile", "SIM-1")
         self.pinned = dict(pinned or {})
         for name, us in self.pinned.items():
-            if not isinstance(us, (int, float)) or not math.isfinite(us) or us < 0:
+            if not _is_duration(us):
                 raise ValueError(f"pinned: duration of {name!r} must be a finite number "
                                  f">= 0 us, got {us!r} [SIM-1]")
+        if estimate is not None and not callable(estimate):
+            raise TypeError(f"estimate: expected a function of a node, got "
+                            f"{type(estimate).__name__} [SIM-1]")
+        self.estimate = estimate
 
     def durations(self, gm: torch.fx.GraphModule) -> dict[torch.fx.Node, float]:
         names = {n.name for n in gm.graph.nodes}
@@ -288,6 +309,14 @@ class CostModel:
     def duration_us(self, node: torch.fx.Node) -> float:
         if node.name in self.pinned:
             return float(self.pinned[node.name])
+        if self.estimate is not None:
+            us = self.estimate(node)
+            if us is not None:
+                if not _is_duration(us):
+                    raise ValueError(f"estimate: returned {us!r} for node {node.name!r}; a "
+                                     f"duration is a finite number >= 0 us, or None for "
+                                     f"the model's [SIM-1]")
+                return float(us)
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             return 0.0  # inputs, outputs, getitem, Python functions (SIM-4)
         if is_wait(node) or _is_view(node.target):
@@ -317,6 +346,11 @@ class CostModel:
                                                  moved / self.profile.memory_bytes_per_us)
 
 
+def _is_duration(us) -> bool:
+    return (isinstance(us, (int, float)) and not isinstance(us, bool) and math.isfinite(us)
+            and us >= 0)
+
+
 def count_flops(node: torch.fx.Node) -> int:
     """FLOPs of an ATen node: matmuls from shapes, else torch.utils.flop_counter's formula."""
     by_shape = SHAPE_FLOPS.get(node.target)
@@ -342,6 +376,25 @@ class TimelineEvent:
     kind: str  # "compute", "collective", "wait" or "blocking"
 
 
+@dataclass(frozen=True)
+class CollectiveTime:
+    """One collective (or blocking kernel) of a timeline and how much of it was hidden
+    (SIM-8): `exposed_us` is the part of its run during which the compute stream stood
+    waiting for communication (in a wait or a blocking kernel), `hidden_us` the rest."""
+
+    node: torch.fx.Node
+    stream: str
+    start_us: float
+    end_us: float
+    hidden_us: float
+    exposed_us: float
+
+    @property
+    def fully_exposed(self) -> bool:
+        """It ran, and not one microsecond of it under compute."""
+        return self.end_us > self.start_us and self.hidden_us <= 0.0
+
+
 @dataclass
 class Timeline:
     """One simulated run of an order (SIM-8)."""
@@ -353,6 +406,12 @@ class Timeline:
     overlap: float
     peak_bytes: int
     memory: object = field(repr=False, default=None)  # the MemoryPlan of the same order
+    collectives: list[CollectiveTime] = field(repr=False, default_factory=list)
+
+    @property
+    def fully_exposed_count(self) -> int:
+        """How many collectives ran with none of their time hidden."""
+        return sum(c.fully_exposed for c in self.collectives)
 
     def streams(self) -> list[str]:
         names = [COMPUTE_STREAM]
@@ -481,6 +540,7 @@ class Simulator:
         stream_free: dict[str, float] = {}
         pending: dict[int, float] = {}  # buffer -> when the collectives writing it end
         events, comm, exposed = [], 0.0, 0.0
+        stalls: list[tuple[float, float]] = []  # compute stream waiting for communication
         for node in full:
             if node.op in ("placeholder", "get_attr", "output"):
                 continue
@@ -500,12 +560,15 @@ class Simulator:
                 events.append(TimelineEvent(node, stream, start, end, "blocking"))
                 comm += d
                 exposed += end - compute
+                stalls.append((compute, end))
                 compute = end
             elif is_wait(node):
                 ready = max((pending.pop(b, 0.0) for b in self.memory.completes[node]),
                             default=0.0)
                 start = compute
                 exposed += max(0.0, ready - compute)
+                if ready > compute:
+                    stalls.append((compute, ready))
                 compute = max(compute, ready) + d
                 events.append(TimelineEvent(node, COMPUTE_STREAM, start, compute, "wait"))
             else:
@@ -515,7 +578,28 @@ class Simulator:
         step = max([compute, *stream_free.values()])
         overlap = (comm - exposed) / comm if comm > 0 else 1.0
         plan = self.memory.plan(full)
-        return Timeline(events, step, comm, exposed, overlap, plan.peak_bytes, plan)
+        return Timeline(events, step, comm, exposed, overlap, plan.peak_bytes, plan,
+                        _collective_times(events, stalls))
+
+
+def _collective_times(events: list[TimelineEvent], stalls: list[tuple[float, float]]
+                      ) -> list[CollectiveTime]:
+    """Per collective: its run intersected with the compute stream's stalls (SIM-8).
+    Stalls are disjoint and in time order: each run finds its first by bisection."""
+    starts = [lo for lo, _ in stalls]
+    times = []
+    for e in events:
+        if e.kind not in ("collective", "blocking"):
+            continue
+        exposed = 0.0
+        k = max(bisect.bisect_right(starts, e.start_us) - 1, 0)
+        while k < len(stalls) and stalls[k][0] < e.end_us:
+            exposed += max(0.0, min(e.end_us, stalls[k][1]) - max(e.start_us, stalls[k][0]))
+            k += 1
+        duration = e.end_us - e.start_us
+        times.append(CollectiveTime(e.node, e.stream, e.start_us, e.end_us,
+                                    duration - exposed, exposed))
+    return times
 
 
 def simulate(gm: torch.fx.GraphModule, cost_model: CostModel | None = None,

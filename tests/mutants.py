@@ -9,6 +9,10 @@ it breaks. `tests/test_mutants.py` applies each one to a copy of the checkout an
 --first <its rule> -x -n 0` there: the conformance suite alone must fail every mutant,
 on a case that fails (a run that crashes without a report does not count).
 
+A slip that breaks its rule on some torch releases only (upstream changed underneath it)
+names them (`torch="<2.15"`) and why it breaks nothing on the others (`unbroken_because`);
+there its run is skipped with that reason.
+
 One list per SPEC section, named by the section's prefix (`FC`, `CL`, `MEM`, ...), so that
 each section's owner adds to its own list; `MUTANTS` gathers the lists of every section
 SPEC.md has. Run one: `pytest -n 0 tests/test_mutants.py -k <name>`.
@@ -41,6 +45,10 @@ class Mutant:
     old: str  # text that occurs exactly once in `path`
     new: str  # what replaces it: a one-line slip
     why: str = ""  # the plausible mistake, in words
+    # The torch releases on which the slip breaks its rule ("<2.15"), and why not on the
+    # others; None: every release. On the others the mutant is skipped with that reason.
+    torch: str | None = None
+    unbroken_because: str = ""
 
     @property
     def section(self) -> str:
@@ -351,7 +359,11 @@ FC = [
            "        out, tensor.contiguous(), group=pg, async_op=True), reads=(tensor,))",
            "    return _start(what, group_name, out, lambda: pg._allgather_base(\n"
            "        out, tensor.contiguous()), reads=(tensor,))",
-           "the ProcessGroup's private _allgather_base, which a Python ProcessGroup lacks"),
+           "the ProcessGroup's private _allgather_base, which a Python ProcessGroup lacks",
+           torch="<2.15",
+           unbroken_because="torch 2.15's ProcessGroup._allgather_base works for a "
+           "ProcessGroup written in Python (the threaded ProcessLocalGroup gathers "
+           "through it), so the slip breaks nothing there"),
     Mutant("rearranged_gather_completed_whenever_grad_is_on", "FC-9",
            "refimpl/functional_collectives.py",
            "(tensor.requires_grad and torch.is_grad_enabled())",
@@ -1028,8 +1040,8 @@ RO = [
            "spreads that block (a prologue early, its collective behind its group's), RO-9's "
            "exception places any block past the memory bound (found by the fuzzer)"),
     Mutant("ro_memory_bound_strict", "RO-9", _RO,
-           "return self.later_high[cur] + ahead <= self.limit",
-           "return self.later_high[cur] + ahead < self.limit",
+           "            if change > _PLACED // 2 and tree.max(lo, hi) + change > self.limit:",
+           "            if change > _PLACED // 2 and tree.max(lo, hi) + change >= self.limit:",
            "the memory bound compared with <: a move that reaches the limit exactly is "
            "refused"),
     Mutant("ro_memory_bound_of_the_handed_in_order", "RO-9", _RO,
@@ -1045,8 +1057,8 @@ RO = [
            "        return block.pos\n", "        return self.p.body[block.pos].name\n",
            "ties broken by node name instead of original position"),
     Mutant("bound_now_refuses_the_exact_limit", "RO-9", "refimpl/reorder.py",
-           "sum(self.p.alloc[i] for i in members) > self.limit:",
-           "sum(self.p.alloc[i] for i in members) >= self.limit:",
+           "        if peak_of_move > self.limit:",
+           "        if peak_of_move >= self.limit:",
            "off by one at the bound: a raise that plans exactly the limit at its own "
            "placement is refused"),
     Mutant("stall_of_the_earliest_wait", "RO-12", _RO,
@@ -1115,6 +1127,42 @@ RO = [
            "                self.completes[i] = list(dict.fromkeys(c for c, _ in done))[:1]",
            "a wait paired with one collective, as wait_tensor is: a wait_tensors of several "
            "collectives leaves all but the first in flight for the scheduler"),
+    Mutant("continuation_frees_nothing_early", "RO-10", _RO,
+           "            for b in self.released_by[k]:\n                if self.forever[b] or",
+           "            for b in ():\n                if self.forever[b] or",
+           "the exact test adds a move's allocations but not the frees it brings forward: a "
+           "move that ends a buffer early is refused as if the buffer lived on"),
+    Mutant("only_the_conservative_memory_test", "RO-10", _RO,
+           "        return self.bound.fits(peak, members, self.cur, cur)",
+           "        return False",
+           "the O(1) bound that counts a moved buffer twice kept as the whole test"),
+    Mutant("need_from_direct_users_only", "RO-12", _RO,
+           "                                 user.pos if user.kind == COLLECTIVE else user.need)",
+           "                                 user.pos if user.kind == COLLECTIVE else math.inf)",
+           "a block's need read from its direct users: compute two steps from a collective "
+           "needs nothing"),
+    Mutant("need_ignored_when_filling", "RO-12", _RO,
+           "(block.need, self.tie(block), block.index))",
+           "(0, self.tie(block), block.index))",
+           "stall-free blocks filled in original order only, as before issue 30"),
+    Mutant("limit_let_go_on_a_tie", "RO-14", _RO,
+           "            if gain > 0 and (best is None or (-gain, held.pos) < best[0]):",
+           "            if gain >= 0 and (best is None or (-gain, held.pos) < best[0]):",
+           "a held-back collective let go when that gains nothing"),
+    Mutant("gain_not_capped_by_the_compute", "RO-14", _RO,
+           "            gain = min(held.duration, compute.duration) - (stall_now - stall_later)",
+           "            gain = held.duration - (stall_now - stall_later)",
+           "the whole of the held-back collective counted as hidden, however short the compute "
+           "that would hide it"),
+    Mutant("check_order_barrier_reported_as_a_version", "RO-15", _RO,
+           "    if barrier_reason(first) is not None or barrier_reason(then) is not None:\n"
+           "        return \"RO-6\"",
+           "    if False:\n        return \"RO-6\"",
+           "check_order names a crossed barrier as a buffer-version edge (RO-4)"),
+    Mutant("budget_none_taken_as_zero", "RO-1", _RO,
+           "        if self.memory_budget is None or math.isinf(self.memory_budget):",
+           "        if math.isinf(self.memory_budget or 0.0):",
+           "memory_budget=None read as a budget of 0, not as no bound"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -1723,7 +1771,7 @@ SIM = [
            "return min(_input_bytes(node), _output_bytes(node))",
            "max for min: uneven splits cost the side that moves less"),
     Mutant("pinned_zero_refused", "SIM-1", "refimpl/simulator.py",
-           "not math.isfinite(us) or us < 0:", "not math.isfinite(us) or us <= 0:",
+           "            and us >= 0)", "            and us > 0)",
            "a pinned duration of 0 us refused: the bound off by one"),
     Mutant("sim_ring_steps", "SIM-2", SIMULATOR,
            "    return (n - 1) * link.alpha_us + (n - 1) / n * nbytes / link.beta_bytes_per_us\n",
@@ -1829,6 +1877,30 @@ SIM = [
            '    "isend": dict(_P2P, algorithm="ring"),\n',
            "isend given the default every other collective has, a ring over the group, "
            "though it moves its bytes to one peer once"),
+    Mutant("estimate_asked_before_pinned", "SIM-1", SIMULATOR,
+           "        if node.name in self.pinned:\n"
+           "            return float(self.pinned[node.name])\n"
+           "        if self.estimate is not None:",
+           "        if self.estimate is not None and self.estimate(node) is None:\n"
+           "            pass\n        elif self.estimate is not None:",
+           "the estimator asked first, so a pinned name no longer wins over it"),
+    Mutant("estimate_not_checked", "SIM-1", SIMULATOR,
+           "                if not _is_duration(us):\n"
+           "                    raise ValueError(f\"estimate:",
+           "                if False:\n                    raise ValueError(f\"estimate:",
+           "whatever the estimator returns is taken as a duration: NaN, -1, a string"),
+    Mutant("group_size_argument_trusted", "SIM-2", SIMULATOR,
+           "        if registered is not None and registered != given:",
+           "        if False and registered is not None and registered != given:",
+           "the op's group_size taken as the group's size (a group_size of 1 costs nothing)"),
+    Mutant("fully_exposed_when_any_part_is", "SIM-8", SIMULATOR,
+           "        return self.end_us > self.start_us and self.hidden_us <= 0.0",
+           "        return self.end_us > self.start_us and self.exposed_us > 0.0",
+           "a collective counted fully exposed as soon as any of it was"),
+    Mutant("exposure_counted_from_the_wait_not_the_run", "SIM-8", SIMULATOR,
+           "min(e.end_us, stalls[k][1]) - max(e.start_us, stalls[k][0]))",
+           "stalls[k][1] - stalls[k][0])",
+           "a stall counted whole for every collective it meets, not the part during its run"),
 ]
 
 
@@ -2010,12 +2082,6 @@ CUDA_MUTANTS: list[Mutant] = [
            "the cross-rank check compares numel and kind but not the byte offset"),
 ]
 CUDA_CATCHING_CASE: dict[str, str] = {
-    "wait_of_a_list_completes_its_first_tensor": "test_a_wait_of_a_list_completes_every_member",
-    "wait_tensors_counted_as_a_copy": "test_a_wait_of_a_list_completes_every_member",
-    "wait_of_a_list_paired_with_its_first_collective":
-        "test_a_wait_of_a_list_completes_every_collective_it_lists[one]",
-    "wait_of_a_list_taken_for_a_candidates_wait":
-        "test_collectives_waited_together_are_no_candidates",
     "cuda_one_shot_last_barrier_left_out":
         "test_one_shot_returns_only_after_every_peer_read_its_input",
     "cuda_16_bit_accumulation": "test_cuda_all_reduces_are_bitwise_the_rank_order_fold[3]",
@@ -2061,6 +2127,29 @@ EQUIVALENTS: list[Mutant] = [
 _FUSED = "test_pointwise_chains_run_in_the_one_shot_kernel"
 _CALLED = "test_the_lowered_program_is_called_as_any_module"
 CATCHING_CASE: dict[str, str] = {
+    "estimate_asked_before_pinned": "test_an_estimator_gives_durations_by_node_pinned_names_first",
+    "estimate_not_checked": "test_an_estimate_that_is_no_duration_is_refused_naming_the_node[-1.0]",
+    "group_size_argument_trusted": "test_a_group_size_that_is_not_the_groups_is_refused[1]",
+    "fully_exposed_when_any_part_is": "test_each_collective_reports_its_hidden_and_exposed_time",
+    "exposure_counted_from_the_wait_not_the_run":
+        "test_each_collective_reports_its_hidden_and_exposed_time",
+    "need_from_direct_users_only": "test_the_compute_a_collective_needs_runs_first",
+    "need_ignored_when_filling": "test_the_compute_a_collective_needs_runs_first",
+    "limit_let_go_on_a_tie": "test_a_held_back_gather_is_let_go_when_that_hides_more_of_it[tie]",
+    "gain_not_capped_by_the_compute":
+        "test_a_held_back_gather_is_let_go_when_that_hides_more_of_it[tie]",
+    "check_order_barrier_reported_as_a_version":
+        "test_check_order_names_the_rule_and_the_nodes[barrier_crossed]",
+    "budget_none_taken_as_zero": "test_the_exact_memory_test_at_its_limit[0.035]",
+    "only_the_conservative_memory_test":
+        "test_a_move_that_raises_no_peak_is_taken_under_a_budget_of_0",
+    "continuation_frees_nothing_early": "test_fsdp_backward_waits_kept_by_the_memory_bound",
+    "wait_of_a_list_completes_its_first_tensor": "test_a_wait_of_a_list_completes_every_member",
+    "wait_tensors_counted_as_a_copy": "test_a_wait_of_a_list_completes_every_member",
+    "wait_of_a_list_paired_with_its_first_collective":
+        "test_a_wait_of_a_list_completes_every_collective_it_lists[one]",
+    "wait_of_a_list_taken_for_a_candidates_wait":
+        "test_collectives_waited_together_are_no_candidates[bucket_all_gather]",
     "absorbed_casts_concatenated_as_the_first_source":
         "test_casts_from_sources_of_different_dtypes_are_absorbed",
     "all_gather_out_dtype_by_itemsize": "test_bad_input_is_refused[out_dtype_of_the_same_width]",
@@ -2378,7 +2467,7 @@ CATCHING_CASE: dict[str, str] = {
         "test_every_order_keeps_the_rules[fsdp_forward_bucketed-budget=inf-all_gather=1]",
     "ro_in_flight_off_by_one":
         "test_every_order_keeps_the_rules[fsdp_forward-budget=inf-all_gather=1]",
-    "ro_memory_bound_strict": "test_memory_bound_is_reached_exactly",
+    "ro_memory_bound_strict": "test_the_exact_memory_test_at_its_limit[0.035]",
     "raise_left_queued_as_compute":
         "test_every_order_keeps_the_rules[gathers_after_a_shared_wait-budget=inf-all_gather=1]",
     "ro_memory_bound_of_the_handed_in_order":
@@ -2549,8 +2638,7 @@ CATCHING_CASE: dict[str, str] = {
         "test_pointwise_chains_run_in_the_one_shot_kernel[ar_pointwise_other_buffer_written]",
     "coalesced_refuses_its_contiguous_members":
         "test_all_reduce_coalesced_inplace_stays_in_place",
-    "bound_now_refuses_the_exact_limit":
-        "test_a_raise_that_reaches_the_bound_where_it_is_placed[bound_520]",
+    "bound_now_refuses_the_exact_limit": "test_the_exact_memory_test_at_its_limit[0.035]",
     "stall_of_the_earliest_wait": "test_the_later_of_two_waits_sets_the_stall",
     "wait_ends_with_its_earliest_member": "test_the_later_of_two_waits_sets_the_stall",
     "sym_functions_are_barriers": "test_size_arithmetic_is_no_barrier[inf]",

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from mutants import (
     CUDA_MUTANTS,
     KERNEL_BUILDS,
@@ -27,6 +28,7 @@ from mutants import (
     section_lists,
 )
 
+from conformance.cases.conftest import torch_version_matches
 from conformance.spec import rule_ids
 
 TIMEOUT_S = 600
@@ -174,6 +176,8 @@ def test_the_mutant_still_applies(mutant):
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: f"{m.rule}-{m.name}")
 def test_conformance_fails_the_mutant(mutant, tmp_path, built_kernels, zygote):
+    if mutant.torch is not None and not torch_version_matches(mutant.torch, torch.__version__):
+        pytest.skip(f"torch {torch.__version__}: {mutant.unbroken_because}")
     root = copy_checkout(tmp_path / "checkout")
     mutant.apply(root)
     report = tmp_path / "report.json"

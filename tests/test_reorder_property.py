@@ -116,3 +116,40 @@ def test_the_random_programs_move_nodes(world4):
                                     memory_budget=math.inf))
     assert [n.name for n in new.graph.nodes] != [n.name for n in gm.graph.nodes]
     assert order_violations(gm, new, math.inf) == []
+
+
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(step, min_size=4, max_size=24), seed=st.integers(0, 2**16),
+       budget=st.sampled_from([0.0, 0.02, 0.05, 0.1, 0.3]), lowered=st.booleans())
+def test_the_memory_test_is_exact(world4, steps, seed, budget, lowered, monkeypatch):
+    """RO-10: every move the schedule tests passes exactly when the planned peak of its
+    continuation (the nodes placed, the move, the rest in original order), planned from
+    scratch, is within the limit; never a move refused that raises no planned peak."""
+    from refimpl import reorder as module
+
+    gm = make_fx(program(steps), tracing_mode="fake")(torch.ones(4), torch.ones(4))
+    if lowered:
+        from refimpl.comm_lowering import lower
+
+        gm = lower(gm)
+    rng = random.Random(seed)
+    pinned = {n.name: float(rng.choice([0, 1, 5, 20, 30])) for n in gm.graph.nodes
+              if n.op == "call_function"}
+    tested = fits = module._Scheduler._fits
+    seen = []
+
+    def checked(self, members):
+        answer = fits(self, members)
+        moving = set(members)
+        rest = [i for i in range(self.n) if not self.placed[i] and i not in moving]
+        order = [self.p.body[i] for i in [*self.order, *members, *rest]]
+        peak = self.p.model.plan(order).peak_bytes
+        seen.append((answer, peak <= self.limit, [self.p.body[i].name for i in members]))
+        return answer
+
+    monkeypatch.setattr(module._Scheduler, "_fits", checked)
+    reorder(gm, ReorderConfig(cost_model=CostModel(pinned=pinned), memory_budget=budget))
+    wrong = [(names, answer) for answer, truth, names in seen if answer != truth]
+    assert wrong == [], wrong
+    assert tested is fits

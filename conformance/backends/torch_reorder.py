@@ -88,7 +88,7 @@ def reorder(gm: torch.fx.GraphModule, config) -> torch.fx.GraphModule:
     gm = _copy(gm)
     cost_model = config.cost_model or CostModel()
     durations_ms = {n: us / 1000 for n, us in cost_model.durations(gm).items()}
-    budget = config.memory_budget
+    budget = math.inf if config.memory_budget is None else config.memory_budget
     options = dict(
         max_in_flight_gb=_in_flight_gb(gm, dict(config.max_in_flight)),
         custom_runtime_estimation=lambda node, size: durations_ms.get(node)

@@ -633,3 +633,102 @@ def test_svg(backend, world4, tmp_path):
     lives = {e["args"]["live_bytes"] for e in json.loads((tmp_path / "trace.json").read_text())
              ["traceEvents"] if e["ph"] == "C"}
     assert len(lives) > 1 and len(set(ys)) >= len(lives), (ys, lives)
+
+
+# --------------------------------------------------------------------------------------
+# Issue 30: per-collective times, a per-node estimator, a group_size that is not the group's
+# --------------------------------------------------------------------------------------
+@pytest.mark.spec("SIM-8", "SIM-7")
+def test_each_collective_reports_its_hidden_and_exposed_time(backend, world4):
+    """Three gathers: the first (10 us) half under a matmul (4 us), then waited: 6 us
+    exposed, 4 hidden; the second (8 us) waited at once: fully exposed; the third (5 us)
+    exactly under a matmul of 5 us: all hidden, not exposed. One fully exposed."""
+    ns = sim(backend)
+    ops = backend.require("functional_collectives").ops
+
+    def program(x, y, z, a, b):
+        g1 = ops.all_gather_into_tensor(x, 4, "0")
+        m = a @ b
+        w1 = ops.wait_tensor(g1)
+        w2 = ops.wait_tensor(ops.all_gather_into_tensor(y, 4, "0"))
+        g3 = ops.all_gather_into_tensor(z, 4, "0")
+        m2 = m @ b
+        return w1, w2, ops.wait_tensor(g3), m2
+
+    gm = make_fx(program, tracing_mode="fake")(*[torch.ones(2)] * 3, torch.ones(4, 4),
+                                                 torch.ones(4, 4))
+    g1, g2, g3 = nodes_of(gm, "all_gather")
+    mm, mm2 = nodes_of(gm, "aten.mm")
+    pinned = {g1.name: 10.0, mm.name: 4.0, g2.name: 8.0, g3.name: 5.0, mm2.name: 5.0}
+    tl = ns.simulate(gm, ns.CostModel(pinned=pinned))
+    got = {c.node.name: (c.start_us, c.end_us, c.hidden_us, c.exposed_us, c.fully_exposed)
+           for c in tl.collectives}
+    assert got == {g1.name: (0.0, 10.0, 4.0, 6.0, False), g2.name: (10.0, 18.0, 0.0, 8.0, True),
+                   g3.name: (18.0, 23.0, 5.0, 0.0, False)}, got
+    assert tl.fully_exposed_count == 1 and tl.exposed_comm_us == pytest.approx(14.0)
+    assert [c.node for c in tl.collectives] == [g1, g2, g3]  # in order
+
+
+@pytest.mark.spec("SIM-1")
+def test_an_estimator_gives_durations_by_node_pinned_names_first(backend, world4):
+    """`estimate` gives every matmul 7 us (0 is a duration too) and leaves the gather to
+    the model (None); a pinned name still wins over it."""
+    ns = sim(backend)
+    ops = backend.require("functional_collectives").ops
+
+    def program(x, a, b):
+        full = ops.wait_tensor(ops.all_gather_into_tensor(x, 4, "0"))
+        return (a @ b) @ b, full * 2
+
+    gm = make_fx(program, tracing_mode="fake")(torch.ones(8), torch.ones(4, 4),
+                                                 torch.ones(4, 4))
+    mm, mm2 = nodes_of(gm, "aten.mm")
+    (mul,) = nodes_of(gm, "aten.mul")
+
+    def estimate(node):
+        if node.target is torch.ops.aten.mm.default:
+            return 7.0
+        return 0 if node.target is torch.ops.aten.mul.Tensor else None
+
+    tl = ns.simulate(gm, ns.CostModel(_profile(ns), pinned={mm2.name: 3.0}, estimate=estimate))
+    durations = {e.node.name: e.end_us - e.start_us for e in tl.events}
+    (ag,) = nodes_of(gm, "all_gather")
+    assert (durations[mm.name], durations[mm2.name], durations[mul.name]) == (7.0, 3.0, 0.0)
+    assert durations[ag.name] == pytest.approx(ring(4, 8 * 4 * 4)), durations
+
+
+@pytest.mark.spec("SIM-1")
+@pytest.mark.parametrize("returned", [-1.0, math.nan, math.inf, "7", True])
+def test_an_estimate_that_is_no_duration_is_refused_naming_the_node(backend, world4, returned):
+    ns = sim(backend)
+    gm = make_fx(lambda a: a @ a, tracing_mode="fake")(torch.ones(4, 4))
+    (mm,) = nodes_of(gm, "aten.mm")
+    with pytest.raises(ValueError, match=rf"estimate.*{mm.name}.*\[SIM-1\]"):
+        ns.simulate(gm, ns.CostModel(estimate=lambda node: returned if node is mm else None))
+
+
+@pytest.mark.spec("SIM-1")
+def test_an_estimate_that_is_not_callable_is_refused(backend):
+    ns = sim(backend)
+    with pytest.raises(TypeError, match=r"estimate.*\[SIM-1\]"):
+        ns.CostModel(estimate={"mm": 7.0})
+
+
+@pytest.mark.spec("SIM-2")
+@pytest.mark.parametrize("group_size", [1, 2, 8])
+def test_a_group_size_that_is_not_the_groups_is_refused(backend, world4, group_size):
+    """A gather on the world of 4 whose `group_size` says otherwise is refused naming the
+    node and both sizes (a `group_size` of 1 would make it free); 4 costs the ring of 4."""
+    ns = sim(backend)
+    ops = backend.require("functional_collectives").ops
+    gm = make_fx(lambda x: ops.wait_tensor(ops.all_gather_into_tensor(x, 4, "0")),
+                 tracing_mode="fake")(torch.ones(8))
+    (ag,) = nodes_of(gm, "all_gather")
+    cost = ns.CostModel(_profile(ns))
+    tl = ns.simulate(gm, cost)
+    assert [e.end_us - e.start_us for e in tl.events if e.node is ag] == \
+        pytest.approx([ring(4, 8 * 4 * 4)])
+    ag.args = (ag.args[0], group_size, *ag.args[2:])
+    said = rf"{ag.name}.*group_size {group_size}.*4 ranks.*\[SIM-2\]"
+    with pytest.raises(ValueError, match=said):
+        ns.simulate(gm, cost)
