@@ -26,9 +26,17 @@ decides how much communication is exposed.
 3. Pictures. The Perfetto trace and the SVG of the original order of an 8-layer graph
    and of refimpl's with one all_gather in flight (FSDP's schedule) go to
    benchmarks/results/ (reorder_before/after.json/.svg).
+4. Small programs (`--small`). The programs of conformance/reorder_programs.py that issue
+   30 names, and a few more, traced with upstream's ops on a fake world of 4, each
+   ordered by refimpl and by upstream's scheduler (through the torch backend's adapter,
+   conformance/backends/torch_reorder.py) under the same config and pinned costs as the
+   conformance case, and each order simulated with refimpl's simulator and planned with
+   refimpl's memory model: exposed communication and planned peak, with whether each
+   order keeps SPEC section 4's rules (conformance/reorder_rules.py). Run it under each
+   upstream release to compare (upstream is the torch that runs the script).
 
 Run: PYTHONPATH=. python benchmarks/reorder.py [--sizes 100,1000,4000] [--skip-upstream]
-     [--upstream-timeout 240]
+     [--upstream-timeout 240] [--small]
 """
 
 from __future__ import annotations
@@ -193,6 +201,59 @@ def pictures(n: int = 8) -> None:
               f"peak {tl.peak_bytes / 2**20:.0f} MiB -> benchmarks/results/reorder_{name}.svg")
 
 
+# (program, memory budget, in-flight limits, pinned durations) of the small-programs table.
+SMALL = (
+    ("wait_then_matmul", 0.1, (), ()),
+    ("compute_feeds_a_collective", 0.1, (), ()),
+    ("small_then_large", 0.1, (("all_gather", 1),), "SMALL_THEN_LARGE"),
+    ("small_then_large", 0.1, (("all_gather", 1),), "SMALL_THEN_LARGE_TIE"),
+    ("gather_then_matmul", 0.1, (), ()),
+    ("fsdp_forward", 0.1, (), ()),
+    ("fsdp_forward", math.inf, (("all_gather", 1),), ()),
+    ("fsdp_backward", 0.1, (), ()),
+    ("two_groups", 0.1, (), ()),
+    ("memory_bound", 0.1, (), ()),
+)
+
+
+def small_programs() -> None:
+    """Section 4 of the docstring: one row per program and config."""
+    import torch
+
+    from conformance import reorder_programs as rp
+    from conformance.backends.torch_reorder import concept as upstream_concept
+    from conformance.reorder_rules import order_violations
+    from refimpl.reorder import ReorderConfig, reorder
+    from refimpl.simulator import CostModel, simulate
+
+    upstream = upstream_concept()
+    print(f"## Small programs: refimpl and upstream {torch.__version__}, fake world of "
+          f"{dist.get_world_size()}, pinned costs\n")
+    print("| program | budget, limits | original exposed us / peak B | refimpl | "
+          f"upstream {torch.__version__.split('+')[0]} | refimpl exposes no more |")
+    print("|---|---|---:|---:|---:|---|")
+    for name, budget, limits, pins in SMALL:
+        pins = getattr(rp, pins) if pins else ()
+        gm = rp.program_graph(name, torch.ops._c10d_functional)
+        cost = CostModel(pinned={**rp.pinned_costs(gm), **dict(pins)})
+        config = ReorderConfig(cost_model=cost, memory_budget=budget,
+                               max_in_flight=dict(limits))
+        cells, exposed = [], []
+        for order in (gm, reorder(gm, config), upstream.reorder(gm, config)):
+            by = {n.name: n for n in gm.graph.nodes}
+            tl = simulate(gm, cost, [by[n.name] for n in order.graph.nodes])
+            broken = order_violations(gm, order, budget, dict(limits)) if order is not gm \
+                else []
+            rules = "" if not broken else " (breaks " + ", ".join(
+                sorted({b.split(":")[0] for b in broken})) + ")"
+            cells.append(f"{tl.exposed_comm_us:.0f} / {tl.peak_bytes:,}{rules}")
+            exposed.append(tl.exposed_comm_us)
+        limit_text = ", ".join(f"{k} {v}" for k, v in limits)
+        print(f"| {name}{' ' + str(dict(pins)) if pins else ''} | {budget:g}"
+              f"{', ' + limit_text if limit_text else ''} | {' | '.join(cells)} | "
+              f"{'yes' if exposed[1] <= exposed[2] + 1e-9 else 'NO'} |", flush=True)
+
+
 def main() -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -201,10 +262,17 @@ def main() -> None:
     parser.add_argument("--skip-upstream", action="store_true")
     parser.add_argument("--upstream-timeout", type=float, default=240.0,
                         help="seconds after which a run of upstream's pass is stopped")
+    parser.add_argument("--small", action="store_true",
+                        help="only the small programs' table (section 4)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"# Reorder benchmark: torch {torch.__version__}, {platform.machine()}, "
           f"{platform.processor() or 'cpu'}\n")
+    if args.small:
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+        small_programs()
+        dist.destroy_process_group()
+        return
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD)
     benchmark([int(s) for s in args.sizes.split(",")], args.skip_upstream,
               args.upstream_timeout)

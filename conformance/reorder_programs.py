@@ -323,6 +323,38 @@ def small_then_large(ops, ctx, x, small, large):
     return _wait(ops, g1) + 1, _wait(ops, g2) + 1, m
 
 
+def refused_fill_behind_a_spread_block(ops, ctx, x, a, h_in):
+    """The original order's first block is a cast whose gather waits for an all_reduce
+    of its group (RO-5), so that block is not ready; RO-12 fills with the all_reduce's
+    input `a.relu()` (the collective needs it), which, placed first, would be live beside
+    the large intermediate `h` of the original order's peak and break the bound. Refused,
+    the move falls back to the original order's next ready block, `h` (RO-12), never to
+    any block past the bound. Upstream's ops."""
+    up = torch.ops._c10d_functional
+    t = x.to(torch.bfloat16)
+    h = h_in * 2
+    total = h.sum()
+    y = torch.relu(a)
+    r = up.wait_tensor(up.all_reduce(y, "sum", ctx.world))
+    g = up.wait_tensor(up.all_gather_into_tensor(t, ctx.n, ctx.world))
+    return r + total, g
+
+
+def limit_broken_before_a_refused_raise(ops, ctx, s1, s2, z):
+    """Two gathers issued back to back (the original order breaks a limit of one, RO-8),
+    then their waits, a sum needing both, and a large all_reduce. With one all_gather in
+    flight the second gather is held back; nothing but the all_reduce is ready, and
+    raising it is refused by the memory test. The original order's next block being
+    the held gather, RO-12's last resort places a ready block in the order of RO-10
+    (the all_reduce), then RO-11, then RO-12, whatever the bound (RO-9's exception);
+    a schedule that finds none is stuck. Upstream's ops."""
+    up = torch.ops._c10d_functional
+    a = up.all_gather_into_tensor(s1, ctx.n, ctx.world)
+    b = up.all_gather_into_tensor(s2, ctx.n, ctx.world)
+    total = (up.wait_tensor(a) + up.wait_tensor(b)).sum()
+    return up.wait_tensor(up.all_reduce(z, "sum", ctx.world)) + total
+
+
 def prologue_behind_its_group(ops, ctx, x):
     """The view that is the second sub-group all_reduce's prologue (RO-7) comes early in
     program order, so its block is the original order's next one while the first
@@ -490,6 +522,8 @@ def _shapes(name: str, ctx: Ctx) -> list[tuple]:
         "gather_then_matmul": [(r,), (4, 4), (4, 4)],
         "compute_feeds_a_collective": [(4, 4)] * 4,
         "small_then_large": [(4, 4), (r,), (4 * r,)],
+        "refused_fill_behind_a_spread_block": [(2,), (30,), (100,)],
+        "limit_broken_before_a_refused_raise": [(4 * r,), (4 * r,), (48,)],
     }[name]
 
 
@@ -513,6 +547,8 @@ FUNCTIONS = {
     "gather_then_matmul": gather_then_matmul,
     "compute_feeds_a_collective": compute_feeds_a_collective,
     "small_then_large": small_then_large,
+    "refused_fill_behind_a_spread_block": refused_fill_behind_a_spread_block,
+    "limit_broken_before_a_refused_raise": limit_broken_before_a_refused_raise,
 }
 PROGRAMS = list(FUNCTIONS)
 
@@ -657,6 +693,8 @@ CASES = [
     Case("compute_feeds_a_collective", 0.1),
     Case("small_then_large", math.inf, ONE_ALL_GATHER, SMALL_THEN_LARGE),
     Case("small_then_large", math.inf, ONE_ALL_GATHER, SMALL_THEN_LARGE_TIE),
+    Case("refused_fill_behind_a_spread_block", 0.1),
+    Case("limit_broken_before_a_refused_raise", 0.1, ONE_ALL_GATHER),
 ]
 
 

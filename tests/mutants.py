@@ -2277,7 +2277,8 @@ CATCHING_CASE: dict[str, str] = {
     "barrier_keeps_only_what_follows_the_previous_one": "test_every_barrier_holds_its_side",
     "barrier_holds_nothing_after_it_but_the_last": "test_every_barrier_holds_its_side",
     "op_returning_nothing_is_compute": "test_every_barrier_holds_its_side",
-    "last_resort_takes_a_block_of_another_queue": "test_a_limit_the_original_order_breaks_is_met",
+    "last_resort_takes_a_block_of_another_queue":
+        "test_the_last_resort_places_a_ready_wait_when_a_broken_limit_holds_the_next_block",
     "native_serves_under_another_allocator":
         "test_functions_and_ops_use_the_allocator_registered_now",
     "registry_keeps_earlier_grants": "test_functions_and_ops_use_the_allocator_registered_now",
@@ -2374,7 +2375,7 @@ CATCHING_CASE: dict[str, str] = {
     "no_copy_back_to_view": "test_all_reduce_inplace_on_a_view_reduces_a_copy_and_copies_back",
     "view_taken_for_a_fresh_intermediate": "test_one_shot_not_chosen[view]",
     "fallback_only_to_the_block_at_c":
-        "test_every_order_keeps_the_rules[prologue_behind_its_group-budget=0.1-unlimited]",
+        "test_a_refused_fill_falls_back_to_the_first_ready_block_of_the_original_order",
     "alloc_id_without_the_buffer_size": "test_one_graph_lowered_under_two_thresholds_runs_both",
     "kernel_result_taken_for_fresh":
         "test_an_all_reduce_of_a_kernels_result_clones_it[ar_of_a_one_shot_result]",

@@ -838,6 +838,55 @@ return [%7, %9, %6]""")
 return [%7, %9, %4]""")
 
 
+# RO-12's fill (the all_reduce's input, which the collective needs) would be live beside
+# the large `h * 2` of the original order's peak: refused. The original order's first
+# block (the cast of a gather behind the all_reduce of its group) is not ready, so its
+# next ready block is placed, `h * 2`, and the input after it: never a block past the
+# bound (RO-9, RO-12).
+@pytest.mark.spec("RO-9", "RO-12")
+def test_a_refused_fill_falls_back_to_the_first_ready_block_of_the_original_order(
+        backend, world4):
+    assert_expected_inline(golden(backend, rp.Case("refused_fill_behind_a_spread_block", 0.1)),
+                           """\
+%0 = input : f32[2]
+%1 = input : f32[30]
+%2 = input : f32[100]
+%3 = aten.mul.Tensor(%2, 2) : f32[100]
+%4 = aten.sum(%3) : f32[]
+%5 = aten.relu(%1) : f32[30]
+%6 = funcol.all_reduce(%5, 'sum', ranks[0,1,2,3]) : f32[30]
+%7 = aten._to_copy(%0, dtype=bf16) : bf16[2]
+%8 = funcol.all_gather_into_tensor(%7, 4, ranks[0,1,2,3]) : bf16[8]
+%9 = funcol.wait_tensor(%6) : f32[30]
+%10 = aten.add.Tensor(%9, %4) : f32[30]
+%11 = funcol.wait_tensor(%8) : bf16[8]
+return [%10, %11]""")
+
+
+# The original order issues two gathers back to back, breaking a limit of one; the held
+# gather is the original order's next block and nothing else is ready but the first
+# gather's wait, which RO-12's last resort places (RO-11's queue, regardless of memory),
+# letting the second gather go (RO-8, RO-9's exception).
+@pytest.mark.spec("RO-8", "RO-9", "RO-12")
+def test_the_last_resort_places_a_ready_wait_when_a_broken_limit_holds_the_next_block(
+        backend, world4):
+    case = rp.Case("limit_broken_before_a_refused_raise", 0.1, rp.ONE_ALL_GATHER)
+    assert_expected_inline(golden(backend, case), """\
+%0 = input : f32[8]
+%1 = input : f32[8]
+%2 = input : f32[48]
+%3 = funcol.all_gather_into_tensor(%0, 4, ranks[0,1,2,3]) : f32[32]
+%4 = funcol.wait_tensor(%3) : f32[32]
+%5 = funcol.all_gather_into_tensor(%1, 4, ranks[0,1,2,3]) : f32[32]
+%6 = funcol.wait_tensor(%5) : f32[32]
+%7 = aten.add.Tensor(%4, %6) : f32[32]
+%8 = funcol.all_reduce(%2, 'sum', ranks[0,1,2,3]) : f32[48]
+%9 = aten.sum(%7) : f32[]
+%10 = funcol.wait_tensor(%8) : f32[48]
+%11 = aten.add.Tensor(%10, %9) : f32[48]
+return %11""")
+
+
 # record_ is a barrier: the first wait is placed before it, the second gather after it,
 # though no data edge holds either (RO-6).
 @pytest.mark.spec("RO-6", "RO-10", "RO-11")
