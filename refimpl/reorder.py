@@ -431,6 +431,33 @@ class _MaxTree:
                 a, b = t[2 * right], t[2 * right + 1]
                 t[right] = (a if a > b else b) + d[right]
 
+    def last_above(self, lo: int, hi: int, bound: int) -> int:
+        """The last position of lo..hi-1 whose value exceeds `bound` (lo - 1 for none):
+        the range's nodes from the right, then down the first one above `bound`."""
+        t, d, size = self.t, self.d, self.size
+        left, right, nodes = lo + size, hi + size, []
+        tail = []
+        while left < right:
+            if left & 1:
+                nodes.append(left)
+                left += 1
+            if right & 1:
+                right -= 1
+                tail.append(right)
+            left >>= 1
+            right >>= 1
+        for p in reversed(nodes + tail[::-1]):
+            above, q = 0, p >> 1  # the adds pending above p
+            while q:
+                above += d[q]
+                q >>= 1
+            if t[p] + above > bound:
+                while p < size:
+                    above += d[p]
+                    p = 2 * p + 1 if t[2 * p + 1] + above > bound else 2 * p
+                return p - size
+        return lo - 1
+
     def max(self, lo: int, hi: int) -> int:
         """The largest value of positions lo..hi-1 (_PLACED for none)."""
         if lo >= hi:
@@ -480,54 +507,63 @@ class _MemoryBound:
     def __init__(self, program: _Program, high: list[int], limit: float):
         self.limit = limit
         self.model, self.body, self.n = program.model, program.body, len(program.body)
-        model, pos = self.model, program.pos
+        self.output = program.output
+        model = self.model
         self.bytes = [b.nbytes for b in model.buffers]
         self.alloc_at = [-1] * len(model.buffers)  # -1: an input's, placed first
-        for i, node in enumerate(self.body):
-            for b in model.allocs.get(node, ()):
-                self.alloc_at[b] = i
-        releases: list[set[int]] = [set() for _ in model.buffers]
         self.forever = [bool(p) for p in model.pinned]  # never freed
-        for node, used in model.uses.items():
-            for b in used:
-                if node in pos:
-                    releases[b].add(pos[node])
-                else:  # the output reads it
-                    self.forever[b] = True
-        self.released_by: dict[int, tuple[int, ...]] = {
-            i: tuple(model.uses.get(node, ())) for i, node in enumerate(self.body)}
-        self._pair_holds(releases)
-        self.releases = [sorted(r) for r in releases]
+        self._find_releases()
         self.last = [len(r) - 1 for r in self.releases]  # its last release not placed
         self.placed = [False] * self.n
         self.tree = _MaxTree(list(high))
+        self.version = 0  # moves committed ahead of the first unplaced position
+        # A move refused at a later position stays refused while no move ahead changes a
+        # key and the first unplaced position has not passed that one: moves retried after
+        # every placement (RO-10) cost one lookup then.
+        self.refused: dict[tuple[int, ...], tuple[int, int]] = {}
 
-    def _pair_holds(self, releases: list[set[int]]) -> None:
-        """The wait that ends a hold (MEM-5's pairing in the original order) releases the
-        held buffers; a hold that no wait ends keeps them to the end."""
+    def _find_releases(self) -> None:
+        """Per buffer, the positions that release it, ascending: its readers, and the wait
+        that ends a collective's hold on it (MEM-5's pairing in the original order); per
+        position, the buffers it releases. One pass over the original order."""
+        model = self.model
+        releases: list[list[int]] = [[] for _ in model.buffers]
+        released_by: list[tuple[int, ...]] = []
         pending: dict[int, list[tuple[int, ...]]] = {}
         for i, node in enumerate(self.body):
-            for done, held in self.model.in_flight.get(node, ()):
+            for b in model.allocs.get(node, ()):
+                self.alloc_at[b] = i
+            used, ended = model.uses.get(node, ()), []
+            for b in used:
+                releases[b].append(i)
+            for done, held in model.in_flight.get(node, ()):
                 pending.setdefault(done, []).append(held)
-            for done in self.model.completes.get(node, ()):
+            for done in model.completes.get(node, ()):
                 for held in pending.pop(done, ()):
-                    releases_here = [b for b in held if i not in releases[b]]
-                    for b in releases_here:
-                        releases[b].add(i)
-                    self.released_by[i] += tuple(b for b in releases_here
-                                                 if b not in self.released_by[i])
-        for sets in pending.values():
+                    for b in held:
+                        if not releases[b] or releases[b][-1] != i:
+                            releases[b].append(i)
+                            ended.append(b)
+            released_by.append(used + tuple(ended) if ended else used)
+        for sets in pending.values():  # holds that no wait ends: to the end
             for held in sets:
                 for b in held:
                     self.forever[b] = True
+        for output in self.output:
+            for b in model.uses.get(output, ()):
+                self.forever[b] = True  # the output reads it
+        self.releases, self.released_by = releases, released_by
 
     def _end(self, b: int, moving: set[int]) -> int | None:
         """The last position at which `b` is live if the rest follows the original order
         (its last release neither placed nor in `moving`); None when it is freed."""
         if self.forever[b]:
             return self.n - 1
-        releases, k = self.releases[b], self.last[b]
-        while k >= 0 and (self.placed[releases[k]] or releases[k] in moving):
+        releases, k, placed = self.releases[b], self.last[b], self.placed
+        while k >= 0 and placed[releases[k]]:
+            k -= 1
+        self.last[b] = k  # placed releases stay placed: skipped once
+        while k >= 0 and (releases[k] in moving or placed[releases[k]]):
             k -= 1
         return releases[k] if k >= 0 else None
 
@@ -556,44 +592,72 @@ class _MemoryBound:
                 events.append((lo, k + 1, -self.bytes[b]))
         return events
 
-    def _apply(self, events, sign: int = 1) -> None:
-        for lo, hi, value in events:
-            self.tree.add(lo, hi, sign * value)
+    def _apply(self, events) -> None:
+        """Add the events to the tree, one range add per piece of equal change."""
+        if len(events) == 1:
+            self.tree.add(*events[0])
+            return
+        cuts = sorted({x for lo, hi, _ in events for x in (lo, hi)})
+        run_lo, run_value = cuts[0], None
+        for lo, hi in zip(cuts, cuts[1:], strict=False):
+            value = sum(v for a, b, v in events if a <= lo and hi <= b)
+            if value < _PLACED // 2:  # placed: how far below no longer matters
+                value = _PLACED
+            if value != run_value:
+                if run_value:
+                    self.tree.add(run_lo, lo, run_value)
+                run_lo, run_value = lo, value
+        if run_value:
+            self.tree.add(run_lo, cuts[-1], run_value)
 
-    def fits(self, peak_of_move: int, members: list[int], cur: int, cur_after: int) -> bool:
-        """Whether the move's own peak and every later key stay within the limit.
+    def _stable(self, members: list[int]) -> bool:
+        """Whether the move's own changes stay as they are while only the original
+        order's next nodes are placed: it ends no buffer that a release after it keeps
+        alive anyway (else placing that buffer's other releases could make it end it)."""
+        last = max(members)
+        return all(self.forever[b] or self.releases[b][-1] > last
+                   for k in members for b in self.released_by[k])
+
+    def refused_before(self, members: list[int], cur: int) -> bool:
+        """Whether the same move was refused at a later position that still stands."""
+        seen = self.refused.get(tuple(members))
+        return seen is not None and seen[0] == self.version and cur <= seen[1]
+
+    def fits(self, peak_of_move: int, members: list[int], cur: int, cur_after: int,
+             allocated: int) -> bool:
+        """Whether the move's own peak and every later key stay within the limit
+        (`allocated`: at least what the move allocates).
 
         The move changes keys below its last member only; there its changes are constant
         between their ends, so each such piece is one range max of the tree as it is."""
         if peak_of_move > self.limit:
             return False
-        tree, last = self.tree, max(members) + 1
-        if tree.max(last, self.n) > self.limit:
-            return False
-        window = tree.max(cur_after, last)
+        tree, last = self.tree, max(members) + 1  # (from `last` on nothing changes, and
+        if tree.max(cur_after, last) + allocated <= self.limit:  # the continuation is
+            return True                                          # within the limit)
         events = self._events(members, cur)
-        allocated = sum(v for _, _, v in events if v > 0)
-        if window + allocated <= self.limit:
-            return True
         cuts = sorted({cur_after, last, *(x for lo, hi, _ in events for x in (lo, hi)
                                           if cur_after < x < last)})
         for lo, hi in zip(cuts, cuts[1:], strict=False):
             change = sum(v for a, b, v in events if a <= lo and hi <= b)
             if change > _PLACED // 2 and tree.max(lo, hi) + change > self.limit:
+                # Refused while the first unplaced position has not passed the last
+                # position of the piece over the limit (and no move ahead changes keys).
+                if self._stable(members):
+                    at = tree.last_above(lo, hi, self.limit - change)
+                    self.refused[tuple(members)] = (self.version, at)
                 return False
         return True
 
     def place(self, members: list[int], cur: int) -> None:
         """Commit a move (`cur` as for its test)."""
-        self._apply(self._events(members, cur))
+        if members[-1] != cur or len(members) > 1:  # a node at `cur` changes no key
+            events = self._events(members, cur)
+            if events:
+                self._apply(events)
+                self.version += 1
         for k in members:
             self.placed[k] = True
-        for k in members:
-            for b in self.released_by[k]:
-                releases, j = self.releases[b], self.last[b]
-                while j >= 0 and self.placed[releases[j]]:
-                    j -= 1
-                self.last[b] = j
 
 
 # --------------------------------------------------------------------------------------
@@ -777,8 +841,10 @@ class _Scheduler:
         collective, B the block RO-12 chooses, each stall what the waits would keep the
         compute stream waiting, placed now or after B. The largest gain first, ties by
         C's original position; RO-10 then raises C."""
+        if not self.blocked:
+            return False
         compute = self._best_compute()
-        if compute is None or not self.blocked:
+        if compute is None:
             return False
         best = None
         for flight in sorted(self.blocked):
@@ -989,12 +1055,17 @@ class _Scheduler:
                 if self.placed[cur]:
                     ahead -= self.p.alloc[cur]
                 cur += 1
-        ahead += sum(self.p.alloc[i] for i in moving if i > cur)
-        if (self.sweep.live_bytes + sum(self.p.alloc[i] for i in members) <= self.limit
-                and self.later_high[cur] + ahead <= self.limit):
+        alloc = self.p.alloc
+        ahead += sum(alloc[i] for i in moving if i > cur)
+        allocated = sum(alloc[i] for i in members)
+        most_now = self.sweep.live_bytes + allocated
+        if most_now <= self.limit and self.later_high[cur] + ahead <= self.limit:
             return True
-        peak = self.sweep.peek_peak([self.p.body[i] for i in members])
-        return self.bound.fits(peak, members, self.cur, cur)
+        if self.bound.refused_before(members, self.cur):
+            return False
+        peak = most_now if most_now <= self.limit else \
+            self.sweep.peek_peak([self.p.body[i] for i in members])
+        return self.bound.fits(peak, members, self.cur, cur, allocated)
 
     # ---- placing ----------------------------------------------------------------------
     def _place(self, block: _Block) -> None:
@@ -1072,11 +1143,14 @@ def reorder(gm: torch.fx.GraphModule, config: ReorderConfig | None = None
     require_type(gm, torch.fx.GraphModule, "gm", "a torch.fx.GraphModule", "RO-1")
     config = ReorderConfig() if config is None else config
     require_type(config, ReorderConfig, "config", "a ReorderConfig", "RO-1")
-    with collector_paused():  # as a memory plan (MEM-10): nothing here is garbage yet
+    # As a memory plan (MEM-10): the pass makes tens of thousands of objects beside a
+    # graph of hundreds of thousands, none of them garbage before it returns; the
+    # collector would rescan the graph for nothing.
+    with collector_paused():
         program = _Program(gm, config)
         body = [program.body[i] for i in _Scheduler(program, config).run()]
-    return _rebuilt(gm, program.inputs + body + program.output,
-                    [n.name for n in program.inputs + program.body + program.output])
+        return _rebuilt(gm, program.inputs + body + program.output,
+                        [n.name for n in program.inputs + program.body + program.output])
 
 
 def _rebuilt(gm: torch.fx.GraphModule, order: list[torch.fx.Node],

@@ -338,7 +338,8 @@ class CostModel:
         if node.target._schema.name.split("::", 1)[1] in ALLOCATING_OPS:
             return 0.0
         out = node.meta.get("val")
-        moved = _tensor_bytes(out) + sum(_tensor_bytes(_val(a)) for a in node.all_input_nodes)
+        moved = _tensor_bytes(out) + sum(_tensor_bytes(a.meta.get("val"))
+                                         for a in node.all_input_nodes)
         first = _first_tensor(out)
         flops = count_flops(node)
         rate = self.profile.flops_rate(first.dtype) if first is not None else math.inf

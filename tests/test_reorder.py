@@ -72,7 +72,9 @@ def test_validator_passes_the_original_order(world4):
     # prologue_behind_its_group's own order spreads a block on purpose (a view early, its
     # all_reduce late): RO-7 holds a new order to contiguity, the original breaks only it
     spread = {"prologue_behind_its_group": ["RO-7: block ['all_reduce_1', 'view'] is not "
-                                            "contiguous"]}
+                                            "contiguous"],
+              "refused_fill_behind_a_spread_block": [
+                  "RO-7: block ['_to_copy', 'all_gather_into_tensor'] is not contiguous"]}
     for name in rp.PROGRAMS:
         gm = rp.program_graph(name)
         assert order_violations(gm, in_order(gm, names_of(gm))) == spread.get(name, []), name
@@ -221,3 +223,27 @@ def test_every_rank_gets_the_same_order():
     """On 4 ranks the pair groups of ranks 0-1 and 2-3 differ in name, not in order."""
     orders = run_on_ranks(reorder_rank.orders, 4, rp.CASES)
     assert all(o == orders[0] for o in orders[1:])
+
+
+def test_the_memory_tree_adds_and_finds_as_a_list_does():
+    """refimpl.reorder's range-add / range-max tree (RO-10's exact test) against a plain
+    list: every range max and the last position above a bound, after random adds."""
+    import random
+
+    from refimpl.reorder import _PLACED, _MaxTree
+
+    rng = random.Random(7)
+    for _ in range(200):
+        n = rng.randint(1, 40)
+        values = [rng.randint(0, 50) for _ in range(n)]
+        tree = _MaxTree(list(values))
+        for _ in range(25):
+            lo, hi, add = rng.randint(0, n), rng.randint(0, n), rng.randint(-10, 10)
+            lo, hi = min(lo, hi), max(lo, hi)
+            tree.add(lo, hi, add)
+            values[lo:hi] = [v + add for v in values[lo:hi]]
+            a, b, bound = rng.randint(0, n), rng.randint(0, n), rng.randint(0, 60)
+            a, b = min(a, b), max(a, b)
+            assert tree.max(a, b) == (max(values[a:b]) if b > a else _PLACED)
+            assert tree.last_above(a, b, bound) == max(
+                (i for i in range(a, b) if values[i] > bound), default=a - 1)
