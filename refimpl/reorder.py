@@ -756,6 +756,25 @@ class _Scheduler:
                 else:
                     block.unplaced_non_wait += 1
         self._needs()
+        self._first_uses()
+
+    def _first_uses(self) -> None:
+        """For RO-14: the compute durations before each original position, and per
+        collective block the first position that uses its results through its waits."""
+        p, total = self.p, 0.0
+        self.compute_before = [0.0] * (self.n + 1)
+        for i in range(self.n):
+            if i not in p.group and i not in p.completes:  # compute, not comm or a wait
+                total += p.duration[i]
+            self.compute_before[i + 1] = total
+        self.first_use: dict[int, int] = {}
+        for block in self.blocks:
+            if block.kind != COLLECTIVE:
+                continue
+            users = [u.members[0] for w in block.completed_by
+                     for u in self.blocks[w].users if u.kind != WAIT]
+            if users:
+                self.first_use[block.index] = min(users)
 
     def _needs(self) -> None:
         """Each block's `need`: the original position of the first collective block that
@@ -836,11 +855,13 @@ class _Scheduler:
     def _free_a_limit(self) -> bool:
         """RO-14: a collective RO-8 holds back is let go early when that hides more of it
         than it exposes. The waits that complete the in-flight collective of its
-        (group, kind) that ends first are placed now, before the compute RO-12 would
-        place, when `min(d_C, d_B) > stall_now - stall_after_B`: C the held-back
-        collective, B the block RO-12 chooses, each stall what the waits would keep the
-        compute stream waiting, placed now or after B. The largest gain first, ties by
-        C's original position; RO-10 then raises C."""
+        (group, kind) that ends first are placed now, before the compute B that RO-12
+        would place, when the exposure of the held-back collective C that B would hide
+        is more than the stall the waits add placed now rather than after B:
+        `max(0, d_C - R) - max(0, d_C - R - d_B) > stall_now - stall_after_B`, where R
+        is the compute the original order runs after B and before C's result is first
+        used (the rest of C that compute would hide anyway). The largest gain first,
+        ties by C's original position; RO-10 then raises C."""
         if not self.blocked:
             return False
         compute = self._best_compute()
@@ -855,7 +876,8 @@ class _Scheduler:
             end = max(w.finish_us for w in waits)
             stall_now = max(0.0, end - self.clock)
             stall_later = max(0.0, end - self.clock - compute.duration)
-            gain = min(held.duration, compute.duration) - (stall_now - stall_later)
+            rest = max(0.0, held.duration - self._compute_before_use(compute, held))
+            gain = (rest - max(0.0, rest - compute.duration)) - (stall_now - stall_later)
             if gain > 0 and (best is None or (-gain, held.pos) < best[0]):
                 best = ((-gain, held.pos), waits)
         if best is None:
@@ -866,6 +888,15 @@ class _Scheduler:
         for wait in waits:
             self._place(wait)
         return True
+
+    def _compute_before_use(self, block: _Block, collective: _Block) -> float:
+        """The compute durations the original order runs after `block` and before the
+        first node that uses a result of `collective` through its waits (RO-14's R)."""
+        first_use = self.first_use.get(collective.index)
+        if first_use is None:
+            return 0.0
+        after = block.members[-1] + 1
+        return max(0.0, self.compute_before[first_use] - self.compute_before[after])
 
     def _first_blocked(self, flight) -> _Block | None:
         queue = self.blocked[flight]

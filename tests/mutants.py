@@ -1133,7 +1133,7 @@ RO = [
            "the exact test adds a move's allocations but not the frees it brings forward: a "
            "move that ends a buffer early is refused as if the buffer lived on"),
     Mutant("only_the_conservative_memory_test", "RO-10", _RO,
-           "        return self.bound.fits(peak, members, self.cur, cur)",
+           "        return self.bound.fits(peak, members, self.cur, cur, allocated)",
            "        return False",
            "the O(1) bound that counts a moved buffer twice kept as the whole test"),
     Mutant("need_from_direct_users_only", "RO-12", _RO,
@@ -1149,11 +1149,18 @@ RO = [
            "            if gain > 0 and (best is None or (-gain, held.pos) < best[0]):",
            "            if gain >= 0 and (best is None or (-gain, held.pos) < best[0]):",
            "a held-back collective let go when that gains nothing"),
+    Mutant("gain_ignores_the_compute_before_use", "RO-14", _RO,
+           "            rest = max(0.0, held.duration - self._compute_before_use(compute, held))",
+           "            rest = held.duration",
+           "the held-back collective taken to be needed right after the compute it would run "
+           "under: a pipeline's waits are placed early, stalling, for gathers later compute "
+           "would hide anyway"),
     Mutant("gain_not_capped_by_the_compute", "RO-14", _RO,
-           "            gain = min(held.duration, compute.duration) - (stall_now - stall_later)",
-           "            gain = held.duration - (stall_now - stall_later)",
-           "the whole of the held-back collective counted as hidden, however short the compute "
-           "that would hide it"),
+           "            gain = (rest - max(0.0, rest - compute.duration)) - (stall_now - "
+           "stall_later)",
+           "            gain = rest - (stall_now - stall_later)",
+           "the whole rest of the held-back collective counted as hidden, however short the "
+           "compute that would hide it"),
     Mutant("check_order_barrier_reported_as_a_version", "RO-15", _RO,
            "    if barrier_reason(first) is not None or barrier_reason(then) is not None:\n"
            "        return \"RO-6\"",
@@ -2138,6 +2145,7 @@ CATCHING_CASE: dict[str, str] = {
     "limit_let_go_on_a_tie": "test_a_held_back_gather_is_let_go_when_that_hides_more_of_it[tie]",
     "gain_not_capped_by_the_compute":
         "test_a_held_back_gather_is_let_go_when_that_hides_more_of_it[tie]",
+    "gain_ignores_the_compute_before_use": "test_a_pipeline_does_not_stall_to_let_a_gather_go",
     "check_order_barrier_reported_as_a_version":
         "test_check_order_names_the_rule_and_the_nodes[barrier_crossed]",
     "budget_none_taken_as_zero": "test_the_exact_memory_test_at_its_limit[0.035]",

@@ -887,6 +887,46 @@ def test_the_last_resort_places_a_ready_wait_when_a_broken_limit_holds_the_next_
 return %11""")
 
 
+# One gather in flight, each layer's matmul as long as a gather: each gather runs under
+# the previous layer's matmul, and no wait is placed before that matmul to let the next
+# gather go early: the later layers' compute hides it anyway (RO-14's R), so letting it go
+# would only stall (30 us exposed, the first gather's, not 59).
+@pytest.mark.spec("RO-14", "RO-8")
+def test_a_pipeline_does_not_stall_to_let_a_gather_go(backend, world4):
+    case = rp.Case("fsdp_forward", math.inf, rp.ONE_ALL_GATHER, rp.EVEN_PIPELINE)
+    assert_expected_inline(golden(backend, case), """\
+%0 = input : f32[4, 8]
+%1 = input : f32[2, 8]
+%2 = input : f32[2, 8]
+%3 = input : f32[2, 8]
+%4 = input : f32[2, 8]
+%5 = aten._to_copy(%1, dtype=bf16) : bf16[2, 8]
+%6 = funcol.all_gather_into_tensor(%5, 4, ranks[0,1,2,3]) : bf16[8, 8]
+%7 = funcol.wait_tensor(%6) : bf16[8, 8]
+%8 = aten._to_copy(%2, dtype=bf16) : bf16[2, 8]
+%9 = funcol.all_gather_into_tensor(%8, 4, ranks[0,1,2,3]) : bf16[8, 8]
+%10 = aten._to_copy(%7, dtype=f32) : f32[8, 8]
+%11 = aten.mm(%0, %10) : f32[4, 8]
+%12 = aten.relu(%11) : f32[4, 8]
+%13 = funcol.wait_tensor(%9) : bf16[8, 8]
+%14 = aten._to_copy(%3, dtype=bf16) : bf16[2, 8]
+%15 = funcol.all_gather_into_tensor(%14, 4, ranks[0,1,2,3]) : bf16[8, 8]
+%16 = aten._to_copy(%13, dtype=f32) : f32[8, 8]
+%17 = aten.mm(%12, %16) : f32[4, 8]
+%18 = aten.relu(%17) : f32[4, 8]
+%19 = funcol.wait_tensor(%15) : bf16[8, 8]
+%20 = aten._to_copy(%4, dtype=bf16) : bf16[2, 8]
+%21 = funcol.all_gather_into_tensor(%20, 4, ranks[0,1,2,3]) : bf16[8, 8]
+%22 = aten._to_copy(%19, dtype=f32) : f32[8, 8]
+%23 = aten.mm(%18, %22) : f32[4, 8]
+%24 = aten.relu(%23) : f32[4, 8]
+%25 = funcol.wait_tensor(%21) : bf16[8, 8]
+%26 = aten._to_copy(%25, dtype=f32) : f32[8, 8]
+%27 = aten.mm(%24, %26) : f32[4, 8]
+%28 = aten.relu(%27) : f32[4, 8]
+return %28""")
+
+
 # record_ is a barrier: the first wait is placed before it, the second gather after it,
 # though no data edge holds either (RO-6).
 @pytest.mark.spec("RO-6", "RO-10", "RO-11")
