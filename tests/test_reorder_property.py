@@ -126,8 +126,6 @@ def test_the_memory_test_is_exact(world4, steps, seed, budget, lowered, monkeypa
     """RO-10: every move the schedule tests passes exactly when the planned peak of its
     continuation (the nodes placed, the move, the rest in original order), planned from
     scratch, is within the limit; never a move refused that raises no planned peak."""
-    from refimpl import reorder as module
-
     gm = make_fx(program(steps), tracing_mode="fake")(torch.ones(4), torch.ones(4))
     if lowered:
         from refimpl.comm_lowering import lower
@@ -136,23 +134,8 @@ def test_the_memory_test_is_exact(world4, steps, seed, budget, lowered, monkeypa
     rng = random.Random(seed)
     pinned = {n.name: float(rng.choice([0, 1, 5, 20, 30])) for n in gm.graph.nodes
               if n.op == "call_function"}
-    tested = fits = module._Scheduler._fits
-    seen = []
-
-    def checked(self, members):
-        answer = fits(self, members)
-        moving = set(members)
-        rest = [i for i in range(self.n) if not self.placed[i] and i not in moving]
-        order = [self.p.body[i] for i in [*self.order, *members, *rest]]
-        peak = self.p.model.plan(order).peak_bytes
-        seen.append((answer, peak <= self.limit, [self.p.body[i].name for i in members]))
-        return answer
-
-    monkeypatch.setattr(module._Scheduler, "_fits", checked)
-    reorder(gm, ReorderConfig(cost_model=CostModel(pinned=pinned), memory_budget=budget))
-    wrong = [(names, answer) for answer, truth, names in seen if answer != truth]
-    assert wrong == [], wrong
-    assert tested is fits
+    config = ReorderConfig(cost_model=CostModel(pinned=pinned), memory_budget=budget)
+    assert _exactness_problems(gm, config, monkeypatch) == []
 
 
 def _exactness_problems(gm, config, monkeypatch) -> list:
