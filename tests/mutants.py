@@ -1127,6 +1127,32 @@ RO = [
            "                self.completes[i] = list(dict.fromkeys(c for c, _ in done))[:1]",
            "a wait paired with one collective, as wait_tensor is: a wait_tensors of several "
            "collectives leaves all but the first in flight for the scheduler"),
+    Mutant("alloc_live_to_end_double_count", "RO-10", _RO,
+           "                    events.append((cur, k, self.bytes[b]))  "
+           "# live from now, not from k",
+           "                    events.append((cur, self.n, self.bytes[b]))  # live from now on",
+           "a moved buffer counted live to the end, on top of the original order's own count "
+           "of it: issue 30's double count again (blind red team)"),
+    Mutant("baseline_key_without_own_alloc", "RO-10", _RO,
+           "            high.append(sweep.live_bytes + p.alloc[i])",
+           "            high.append(sweep.live_bytes)",
+           "a later position's key without its own allocations (MEM-9's peak inside a node "
+           "forgotten): moves over the bound pass (blind red team)"),
+    Mutant("stall_free_key_position_before_need", "RO-12", _RO,
+           "(block.need, self.tie(block), block.index))",
+           "(self.tie(block), block.need, block.index))",
+           "original position ahead of need on one of the two paths into the stall-free queue "
+           "(blind red team)"),
+    Mutant("R_counts_B_itself", "RO-14", _RO,
+           "        after = block.members[-1] + 1",
+           "        after = block.members[0]",
+           "R read as the compute from the fill on, the fill's own duration included (blind "
+           "red team)"),
+    Mutant("check_order_peak_at_limit_refused", "RO-15", _RO,
+           "    if plan.peak_bytes <= limit:",
+           "    if plan.peak_bytes < limit:",
+           "check_order off by one at RO-9's bound: a peak exactly at the limit reported "
+           "(blind red team)"),
     Mutant("continuation_frees_nothing_early", "RO-10", _RO,
            "            for b in self.released_by[k]:\n                if self.forever[b] or",
            "            for b in ():\n                if self.forever[b] or",
@@ -1732,8 +1758,9 @@ SIM = [
            "views told by their schema only: aten._unsafe_view, whose schema says no alias, "
            "costs a roofline"),
     Mutant("an_input_read_twice_moves_twice", "SIM-3", SIMULATOR,
-           "sum(_tensor_bytes(_val(a)) for a in node.all_input_nodes)",
-           "sum(_tensor_bytes(_val(a)) for a in node.args if isinstance(a, torch.fx.Node))",
+           "                                         for a in node.all_input_nodes)",
+           "                                         for a in node.args "
+           "if isinstance(a, torch.fx.Node))",
            "bytes counted per argument, not per distinct input: x * x reads x's bytes twice"),
     Mutant("no_communication_is_no_overlap", "SIM-8", SIMULATOR,
            "overlap = (comm - exposed) / comm if comm > 0 else 1.0",
@@ -1884,6 +1911,21 @@ SIM = [
            '    "isend": dict(_P2P, algorithm="ring"),\n',
            "isend given the default every other collective has, a ring over the group, "
            "though it moves its bytes to one peer once"),
+    Mutant("estimate_zero_falls_back_to_model", "SIM-1", SIMULATOR,
+           "            if us is not None:",
+           "            if us:",
+           "a truthiness test for None: an estimate of 0 us handed back to the model (blind "
+           "red team)"),
+    Mutant("group_size_only_oversize_refused", "SIM-2", SIMULATOR,
+           "        if registered is not None and registered != given:",
+           "        if registered is not None and registered < given:",
+           "only a group_size larger than the group refused: 1 on a group of 4 makes the "
+           "collective free (blind red team)"),
+    Mutant("collective_times_miss_enclosing_stall", "SIM-8", SIMULATOR,
+           "        k = max(bisect.bisect_right(starts, e.start_us) - 1, 0)",
+           "        k = bisect.bisect_left(starts, e.start_us)",
+           "the stalls searched from the first that starts at or after the collective: one "
+           "already going when it starts is missed (blind red team)"),
     Mutant("estimate_asked_before_pinned", "SIM-1", SIMULATOR,
            "        if node.name in self.pinned:\n"
            "            return float(self.pinned[node.name])\n"
@@ -2135,6 +2177,8 @@ _FUSED = "test_pointwise_chains_run_in_the_one_shot_kernel"
 _CALLED = "test_the_lowered_program_is_called_as_any_module"
 CATCHING_CASE: dict[str, str] = {
     "estimate_asked_before_pinned": "test_an_estimator_gives_durations_by_node_pinned_names_first",
+    "collective_times_miss_enclosing_stall":
+        "test_a_collective_queued_behind_another_is_exposed_by_a_stall_begun_before_it",
     "estimate_not_checked": "test_an_estimate_that_is_no_duration_is_refused_naming_the_node[-1.0]",
     "group_size_argument_trusted": "test_a_group_size_that_is_not_the_groups_is_refused[1]",
     "fully_exposed_when_any_part_is": "test_each_collective_reports_its_hidden_and_exposed_time",

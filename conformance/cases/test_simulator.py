@@ -732,3 +732,26 @@ def test_a_group_size_that_is_not_the_groups_is_refused(backend, world4, group_s
     said = rf"{ag.name}.*group_size {group_size}.*4 ranks.*\[SIM-2\]"
     with pytest.raises(ValueError, match=said):
         ns.simulate(gm, cost)
+
+
+@pytest.mark.spec("SIM-8")
+def test_a_collective_queued_behind_another_is_exposed_by_a_stall_begun_before_it(backend,
+                                                                                 world4):
+    """Two gathers of 10 us issued back to back on one group, the second waited at once:
+    the compute stream stands from 0 to 20 us. The first runs 0..10, the second, queued
+    behind it, 10..20, inside that one stall: both fully exposed."""
+    ns = sim(backend)
+    ops = backend.require("functional_collectives").ops
+
+    def program(x, y):
+        first = ops.all_gather_into_tensor(x, 4, "0")
+        second = ops.wait_tensor(ops.all_gather_into_tensor(y, 4, "0"))
+        return second, ops.wait_tensor(first)
+
+    gm = make_fx(program, tracing_mode="fake")(torch.ones(2), torch.ones(2))
+    g1, g2 = nodes_of(gm, "all_gather")
+    tl = ns.simulate(gm, ns.CostModel(pinned={g1.name: 10.0, g2.name: 10.0}))
+    got = {c.node.name: (c.start_us, c.end_us, c.exposed_us, c.fully_exposed)
+           for c in tl.collectives}
+    assert got == {g1.name: (0.0, 10.0, 10.0, True), g2.name: (10.0, 20.0, 10.0, True)}, got
+    assert tl.fully_exposed_count == 2
