@@ -32,8 +32,8 @@ ONE_SHOT = {"bucket_cap_mb": 25.0, "lowering": {"auto_select": True}}
 def _train(options, symm_mem=False, steps=5):
     import torch._functorch.config  # not loaded by `import torch` alone
 
-    # The strict check on: conftest.py's environment variable turns it on from torch 2.12,
-    # whose config reads it; torch 2.11 has the option but not the variable.
+    # The strict check on: conftest.py's environment variable turns it on from torch 2.13,
+    # whose config reads it; torch 2.11 and 2.12 have the option but not the variable.
     torch._functorch.config.error_on_custom_op_aliasing = True
     return compare_on_rank("refimpl", TRANSFORMER, steps, options, symm_mem=symm_mem)
 
