@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from conformance import reorder_programs as rp
+from conformance.fuzz import _split_blocks
 from conformance.memory_programs import fake_world
 from conformance.reorder_rules import _in_flight, order_violations
 from refimpl.reorder import ReorderConfig, reorder
@@ -78,6 +79,19 @@ def program(steps):
     return fn
 
 
+def drawn(steps, seed, lowered):
+    """The drawn program, traced on the fake world (lowered if drawn so), and its drawn
+    pinned costs."""
+    gm = make_fx(program(steps), tracing_mode="fake")(torch.ones(4), torch.ones(4))
+    if lowered:
+        from refimpl.comm_lowering import lower
+
+        gm = lower(gm)
+    rng = random.Random(seed)
+    return gm, {n.name: float(rng.choice([0, 1, 5, 20, 30])) for n in gm.graph.nodes
+                if n.op == "call_function"}
+
+
 @settings(max_examples=40, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(steps=st.lists(step, min_size=4, max_size=24), seed=st.integers(0, 2**16),
@@ -87,20 +101,17 @@ def program(steps):
        lowered=st.booleans())
 def test_random_graphs_keep_the_rules_and_reorder_to_themselves(world4, steps, seed, budget,
                                                                  limits, lowered):
-    gm = make_fx(program(steps), tracing_mode="fake")(torch.ones(4), torch.ones(4))
-    if lowered:
-        from refimpl.comm_lowering import lower
-
-        gm = lower(gm)
-    rng = random.Random(seed)
-    pinned = {n.name: float(rng.choice([0, 1, 5, 20, 30])) for n in gm.graph.nodes
-              if n.op == "call_function"}
+    gm, pinned = drawn(steps, seed, lowered)
     config = ReorderConfig(cost_model=CostModel(pinned=pinned), memory_budget=budget,
                            max_in_flight=limits)
     new = reorder(gm, config)
     # RO-9's exception: moves an original order over the limit forces may pass the bound.
     checked_budget = math.inf if _in_flight(gm, limits) else budget
-    assert order_violations(gm, new, checked_budget, limits) == []
+    # A collective's prologue that no order can keep together (a barrier between a view and
+    # its collective) is open in SPEC, as the fuzzer holds it (conformance/fuzz.py).
+    open_blocks = {f"RO-7: block {sorted(b)} is not contiguous" for b in _split_blocks(gm)}
+    assert [v for v in order_violations(gm, new, checked_budget, limits)
+            if v not in open_blocks] == []
     again = reorder(new, config)
     assert [n.name for n in again.graph.nodes] == [n.name for n in new.graph.nodes]
 
@@ -126,14 +137,7 @@ def test_the_memory_test_is_exact(world4, steps, seed, budget, lowered, monkeypa
     """RO-10: every move the schedule tests passes exactly when the planned peak of its
     continuation (the nodes placed, the move, the rest in original order), planned from
     scratch, is within the limit; never a move refused that raises no planned peak."""
-    gm = make_fx(program(steps), tracing_mode="fake")(torch.ones(4), torch.ones(4))
-    if lowered:
-        from refimpl.comm_lowering import lower
-
-        gm = lower(gm)
-    rng = random.Random(seed)
-    pinned = {n.name: float(rng.choice([0, 1, 5, 20, 30])) for n in gm.graph.nodes
-              if n.op == "call_function"}
+    gm, pinned = drawn(steps, seed, lowered)
     config = ReorderConfig(cost_model=CostModel(pinned=pinned), memory_budget=budget)
     assert _exactness_problems(gm, config, monkeypatch) == []
 
