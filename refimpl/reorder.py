@@ -592,6 +592,14 @@ class _MemoryBound:
                 events.append((lo, k + 1, -self.bytes[b]))
         return events
 
+    @staticmethod
+    def _pieces(events, cuts):
+        """(lo, hi, change) for each piece between consecutive `cuts`: the sum of the
+        events covering it, `_PLACED` where one marks a placed position."""
+        for lo, hi in zip(cuts, cuts[1:], strict=False):
+            change = sum(v for a, b, v in events if a <= lo and hi <= b)
+            yield lo, hi, (_PLACED if change < _PLACED // 2 else change)
+
     def _apply(self, events) -> None:
         """Add the events to the tree, one range add per piece of equal change."""
         if len(events) == 1:
@@ -599,10 +607,7 @@ class _MemoryBound:
             return
         cuts = sorted({x for lo, hi, _ in events for x in (lo, hi)})
         run_lo, run_value = cuts[0], None
-        for lo, hi in zip(cuts, cuts[1:], strict=False):
-            value = sum(v for a, b, v in events if a <= lo and hi <= b)
-            if value < _PLACED // 2:  # placed: how far below no longer matters
-                value = _PLACED
+        for lo, _, value in self._pieces(events, cuts):
             if value != run_value:
                 if run_value:
                     self.tree.add(run_lo, lo, run_value)
@@ -638,9 +643,8 @@ class _MemoryBound:
         events = self._events(members, cur)
         cuts = sorted({cur_after, last, *(x for lo, hi, _ in events for x in (lo, hi)
                                           if cur_after < x < last)})
-        for lo, hi in zip(cuts, cuts[1:], strict=False):
-            change = sum(v for a, b, v in events if a <= lo and hi <= b)
-            if change > _PLACED // 2 and tree.max(lo, hi) + change > self.limit:
+        for lo, hi, change in self._pieces(events, cuts):
+            if change != _PLACED and tree.max(lo, hi) + change > self.limit:
                 # Refused while the first unplaced position has not passed the last
                 # position of the piece over the limit (and no move ahead changes keys).
                 if self._stable(members):
@@ -710,8 +714,8 @@ class _Scheduler:
         self.clock = 0.0  # the compute stream, as SIM-5..SIM-7 replay the order
         self.stream_free: dict[str, float] = {}
         self.finish: dict[int, float] = {}  # collective position -> its end
-        self.in_flight = {}  # (group, kind) -> collective blocks issued, not completed
-        self.flying: dict[tuple[str, str], list[_Block]] = {}  # the same, the blocks
+        # (group, kind) -> the collective blocks issued and not completed (RO-8)
+        self.flying: dict[tuple[str, str], list[_Block]] = {}
         self.order: list[int] = []
         self.queues = {"collective": [], "stall_free": [], "stalling": [], "waits": []}
         self.blocked: dict[tuple[str, str], list] = {}
@@ -1049,14 +1053,13 @@ class _Scheduler:
     def _flight_allows(self, block: _Block) -> bool:
         group, kind = block.flight
         limit = self.config.max_in_flight.get(kind)
-        return limit is None or self.in_flight.get(block.flight, 0) < limit
+        return limit is None or len(self.flying.get(block.flight, ())) < limit
 
     def _block_on_flight(self, block: _Block) -> None:
         block.queued = "blocked"
         heapq.heappush(self.blocked.setdefault(block.flight, []), (self.tie(block), block.index))
 
     def _release(self, flight: tuple[str, str]) -> None:
-        self.in_flight[flight] -= 1
         queue = self.blocked.get(flight, [])
         while queue:
             _, index = heapq.heappop(queue)
@@ -1117,7 +1120,6 @@ class _Scheduler:
                 self.ahead -= self.p.alloc[self.cur]
                 self.cur += 1
         if block.kind == COLLECTIVE:  # one no wait completes stays in flight (MEM-5)
-            self.in_flight[block.flight] = self.in_flight.get(block.flight, 0) + 1
             self.flying.setdefault(block.flight, []).append(block)
         for c in block.completes:
             collective = self.blocks[c]

@@ -1022,8 +1022,8 @@ RO = [
            '            tag = node.meta.get("refimpl_bucket")',
            "blocks read from the wrong meta key: bucketing's blocks are torn apart"),
     Mutant("ro_in_flight_off_by_one", "RO-8", _RO,
-           "self.in_flight.get(block.flight, 0) < limit",
-           "self.in_flight.get(block.flight, 0) <= limit",
+           "len(self.flying.get(block.flight, ())) < limit",
+           "len(self.flying.get(block.flight, ())) <= limit",
            "the in-flight limit compared with <=: one collective more than the limit"),
     Mutant("raise_left_queued_as_compute", "RO-8", _RO,
            'user.queued in ("stall_free", "stalling") and \\',
@@ -1040,8 +1040,8 @@ RO = [
            "spreads that block (a prologue early, its collective behind its group's), RO-9's "
            "exception places any block past the memory bound (found by the fuzzer)"),
     Mutant("ro_memory_bound_strict", "RO-9", _RO,
-           "            if change > _PLACED // 2 and tree.max(lo, hi) + change > self.limit:",
-           "            if change > _PLACED // 2 and tree.max(lo, hi) + change >= self.limit:",
+           "            if change != _PLACED and tree.max(lo, hi) + change > self.limit:",
+           "            if change != _PLACED and tree.max(lo, hi) + change >= self.limit:",
            "the memory bound compared with <: a move that reaches the limit exactly is "
            "refused"),
     Mutant("ro_memory_bound_of_the_handed_in_order", "RO-9", _RO,
