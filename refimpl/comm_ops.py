@@ -259,11 +259,29 @@ def not_modelled(target) -> str | None:
     return NOT_MODELLED.get(key) if key is not None else None
 
 
+# id(op) -> (op, its row): every pass asks for the row of every node several times, and
+# an OpOverload hashes in Python. The entry holds its op, so the id is never reused.
+_FOUND: dict[int, tuple[torch._ops.OpOverload, CommOp | None]] = {}
+
+
 def find(target) -> CommOp | None:
     """The row of a graph node's target; None for what is not a communication op of the
     catalogue (ATen, Python functions) and for an op deliberately not modelled. An op of
     a catalogued namespace with neither a row nor a reason raises NotModelled."""
-    return _find(target) if isinstance(target, torch._ops.OpOverload) else None
+    hit = _FOUND.get(id(target))
+    if hit is not None and hit[0] is target:
+        return hit[1]
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    row = _find(target)
+    _FOUND[id(target)] = (target, row)
+    return row
+
+
+def forget_rows() -> None:
+    """Drop what `find` remembers (after a test edits ROWS or NOT_MODELLED)."""
+    _FOUND.clear()
+    _find.cache_clear()
 
 
 @functools.cache  # op overloads only: a cache of every Python callable would keep them

@@ -387,16 +387,17 @@ _PLACED = -(1 << 62)  # the key of a placed position: below any sum of byte coun
 
 class _MaxTree:
     """Range add and range max over positions 0..n-1: a segment tree with lazy adds,
-    iterative, each call O(log n)."""
+    iterative, each call O(log n). `t[p]` is the largest value under node p with the adds
+    of p and its descendants (`d`), not those of its ancestors: reads add those up."""
 
     def __init__(self, values: list[int]):
         size = 1
         while size < max(len(values), 1):
             size *= 2
-        self.size, self.height = size, size.bit_length() - 1
+        self.size = size
         t = self.t = [_PLACED] * (2 * size)
         t[size:size + len(values)] = values
-        self.d = [0] * size
+        self.d = [0] * (2 * size)  # adds pending over a node's subtree; 0 at leaves
         for p in range(size - 1, 0, -1):
             t[p] = max(t[2 * p], t[2 * p + 1])
 
@@ -459,35 +460,39 @@ class _MaxTree:
         return lo - 1
 
     def max(self, lo: int, hi: int) -> int:
-        """The largest value of positions lo..hi-1 (_PLACED for none)."""
+        """The largest value of positions lo..hi-1 (_PLACED for none), reading only: the
+        range's nodes bottom-up, each side's best raised by the adds pending above it."""
         if lo >= hi:
             return _PLACED
         t, d, size = self.t, self.d, self.size
         lo += size
         hi += size
-        for p in (lo, hi - 1):  # push the pending adds above both ends down to them
-            for s in range(self.height, 0, -1):
-                i = p >> s
-                value = d[i]
-                if value:
-                    t[2 * i] += value
-                    t[2 * i + 1] += value
-                    if 2 * i < size:
-                        d[2 * i] += value
-                        d[2 * i + 1] += value
-                    d[i] = 0
-        best = _PLACED
+        left = right = _PLACED
         while lo < hi:
             if lo & 1:
-                if t[lo] > best:
-                    best = t[lo]
+                if t[lo] > left:
+                    left = t[lo]
                 lo += 1
             if hi & 1:
                 hi -= 1
-                if t[hi] > best:
-                    best = t[hi]
+                if t[hi] > right:
+                    right = t[hi]
             lo >>= 1
             hi >>= 1
+            # Every node taken on the left lies under lo - 1, on the right under hi.
+            left += d[lo - 1]
+            right += d[hi]
+        lo -= 1
+        while lo != hi:  # up to where the two sides meet, then once for both
+            lo >>= 1
+            hi >>= 1
+            left += d[lo]
+            right += d[hi]
+        best = left if left > right else right
+        lo >>= 1
+        while lo:
+            best += d[lo]
+            lo >>= 1
         return best
 
 
@@ -593,27 +598,37 @@ class _MemoryBound:
         return events
 
     @staticmethod
-    def _pieces(events, cuts):
-        """(lo, hi, change) for each piece between consecutive `cuts`: the sum of the
-        events covering it, `_PLACED` where one marks a placed position."""
-        for lo, hi in zip(cuts, cuts[1:], strict=False):
-            change = sum(v for a, b, v in events if a <= lo and hi <= b)
+    def _pieces(events, start: int, stop: int):
+        """(lo, hi, change) for each piece of start..stop-1 between the ends of `events`,
+        in order: the sum of the events covering it, `_PLACED` where one marks a placed
+        position. One sweep over the ends."""
+        delta = {start: 0, stop: 0}
+        for lo, hi, value in events:
+            lo, hi = max(lo, start), min(hi, stop)
+            if lo < hi:
+                delta[lo] = delta.get(lo, 0) + value
+                delta[hi] = delta.get(hi, 0) - value
+        ends = sorted(delta)
+        change = 0
+        for lo, hi in zip(ends, ends[1:], strict=False):
+            change += delta[lo]
             yield lo, hi, (_PLACED if change < _PLACED // 2 else change)
 
     def _apply(self, events) -> None:
-        """Add the events to the tree, one range add per piece of equal change."""
+        """Add the events to the tree, one range add per run of equal change."""
         if len(events) == 1:
             self.tree.add(*events[0])
             return
-        cuts = sorted({x for lo, hi, _ in events for x in (lo, hi)})
-        run_lo, run_value = cuts[0], None
-        for lo, _, value in self._pieces(events, cuts):
+        start = min(lo for lo, _, _ in events)
+        run_lo, run_hi, run_value = start, start, 0
+        for lo, hi, value in self._pieces(events, start, max(hi for _, hi, _ in events)):
             if value != run_value:
                 if run_value:
                     self.tree.add(run_lo, lo, run_value)
                 run_lo, run_value = lo, value
+            run_hi = hi
         if run_value:
-            self.tree.add(run_lo, cuts[-1], run_value)
+            self.tree.add(run_lo, run_hi, run_value)
 
     def _stable(self, members: list[int]) -> bool:
         """Whether the move's own changes stay as they are while only the original
@@ -640,10 +655,7 @@ class _MemoryBound:
         tree, last = self.tree, max(members) + 1  # (from `last` on nothing changes, and
         if tree.max(cur_after, last) + allocated <= self.limit:  # the continuation is
             return True                                          # within the limit)
-        events = self._events(members, cur)
-        cuts = sorted({cur_after, last, *(x for lo, hi, _ in events for x in (lo, hi)
-                                          if cur_after < x < last)})
-        for lo, hi, change in self._pieces(events, cuts):
+        for lo, hi, change in self._pieces(self._events(members, cur), cur_after, last):
             if change != _PLACED and tree.max(lo, hi) + change > self.limit:
                 # Refused while the first unplaced position has not passed the last
                 # position of the piece over the limit (and no move ahead changes keys).
@@ -670,7 +682,7 @@ class _MemoryBound:
 COLLECTIVE, WAIT, COMPUTE = "collective", "wait", "compute"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # thousands of them: no dict each
 class _Block:
     index: int
     members: list[int]  # original positions, ascending
@@ -1182,8 +1194,12 @@ def reorder(gm: torch.fx.GraphModule, config: ReorderConfig | None = None
     with collector_paused():
         program = _Program(gm, config)
         body = [program.body[i] for i in _Scheduler(program, config).run()]
-        return _rebuilt(gm, program.inputs + body + program.output,
-                        [n.name for n in program.inputs + program.body + program.output])
+        result = _rebuilt(gm, program.inputs + body + program.output,
+                          [n.name for n in program.inputs + program.body + program.output])
+        # Freed here rather than scanned by the collection that resuming the collector
+        # starts (the pass's objects would be young garbage to it).
+        del program, body
+    return result
 
 
 def _rebuilt(gm: torch.fx.GraphModule, order: list[torch.fx.Node],

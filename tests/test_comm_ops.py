@@ -112,13 +112,13 @@ def test_a_pass_meeting_an_op_without_a_row_names_it(monkeypatch):
     node = graph.call_function(torch.ops._c10d_functional.all_reduce.default, (x, "sum", "0"))
     key = ("_c10d_functional", "all_reduce")
     monkeypatch.delitem(comm_ops.ROWS, key)
-    comm_ops._find.cache_clear()
+    comm_ops.forget_rows()
     try:
         with pytest.raises(comm_ops.NotModelled, match="_c10d_functional::all_reduce"):
             is_collective(node)
     finally:
         monkeypatch.undo()
-        comm_ops._find.cache_clear()
+        comm_ops.forget_rows()
     assert is_collective(node)
 
 

@@ -234,7 +234,7 @@ def test_the_memory_tree_adds_and_finds_as_a_list_does():
 
     rng = random.Random(7)
     for _ in range(200):
-        n = rng.randint(1, 40)
+        n = rng.randint(1, 130)  # trees of 1 to 8 levels
         values = [rng.randint(0, 50) for _ in range(n)]
         tree = _MaxTree(list(values))
         for _ in range(25):
