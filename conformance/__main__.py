@@ -15,6 +15,7 @@ of BK, CL, RO and MEM instead of the cases, with the same report.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -193,6 +194,7 @@ def print_report(meta, cases, verbose=False) -> None:
     print()
     print(f"conformance report: backend {_backend_label(meta)}, torch {meta['torch_version']}, "
           f"world sizes {meta['world_sizes'] or '-'}, {meta['seconds']:.0f} s")
+    print(_where(meta))
     header = f"{'section':28s}" + "".join(f"{o:>16s}" for o in OUTCOMES)
     print(header)
     print("-" * len(header))
@@ -213,6 +215,16 @@ def print_report(meta, cases, verbose=False) -> None:
                 print(f"  {'':15s} {line}")
     if not verbose:
         _print_counts_per_section(cases)
+
+
+def _where(meta) -> str:
+    """The ranks the cases ran on: refimpl's own workers, or the launched world."""
+    world = meta.get("launched")
+    if world:
+        return (f"ranks: a launched world of {world['world_size']} processes (torchrun), "
+                f"process group {world['process_group']}, device {world['device']}")
+    return (f"ranks: refimpl's worker processes on this machine, process group "
+            f"{meta.get('process_group', 'gloo')}, device {meta.get('device', 'cpu')}")
 
 
 def _backend_label(meta) -> str:
@@ -292,6 +304,17 @@ def _parser() -> argparse.ArgumentParser:
                              "implements (--section: some of them); a failure is shrunk and "
                              "printed with its reproducer. See conformance/README.md, "
                              "'Generated programs'")
+    parser.add_argument("--device", default=os.environ.get("REFIMPL_DEVICE") or "cpu",
+                        metavar="DEVICE",
+                        help="where the ranks of numeric cases make their tensors: cpu "
+                             "(default; $REFIMPL_DEVICE), cuda (each rank its own GPU), ...; "
+                             "the oracle stays on the CPU")
+    parser.add_argument("--process-group", default=os.environ.get("REFIMPL_PROCESS_GROUP")
+                        or "gloo", metavar="NAME|module:attr",
+                        help="the torch.distributed backend the ranks talk over: gloo "
+                             "(default; $REFIMPL_PROCESS_GROUP), nccl, a name registered "
+                             "with Backend.register_backend, or module:attr of a function "
+                             "that registers one and returns its name")
     parser.add_argument("--seed", type=int, metavar="S",
                         help="with --fuzz: program i is the program of seed S + i, so a run "
                              "repeats with its seed (default: a random seed, printed)")
@@ -309,9 +332,52 @@ def _load_backend(spec: str) -> tuple[str, str]:
         return spec, f"{type(exc).__name__}: {exc}"
 
 
+# Options every rank of a launched world must be started with alike (CF-13); --json and
+# -v only shape what rank 0 writes.
+AGREED_OPTIONS = {"backend": "--backend", "k": "-k", "section": "--section",
+                  "first": "--first", "exitfirst": "-x", "case_timeout": "--case-timeout",
+                  "list": "--list", "device": "--device", "process_group": "--process-group"}
+
+
+def _join_world(parser, args):
+    """The launched world this run is a rank of (torchrun), None for a run on refimpl's
+    own worker processes. Either way the process group and device are checked before
+    any case runs, on every rank, naming the option (CF-13)."""
+    from refimpl import launched
+
+    try:
+        if not launched.launched_by_env():
+            launched.check_device(args.device, launched.resolve_process_group(
+                args.process_group))
+            return None
+        if args.fuzz is not None:
+            parser.error("--fuzz: generated programs run in one process; run it without "
+                         "torchrun")
+        world = launched.attach(args.process_group, args.device)
+        world.agree({flag: getattr(args, dest) for dest, flag in AGREED_OPTIONS.items()})
+        return world
+    except (ValueError, RuntimeError) as exc:
+        print(f"python -m conformance: {exc}", file=sys.stderr, flush=True)
+        world = launched.joined()
+        if world is not None:  # torchrun stops the others once one exits: all say it first
+            world.finish()
+        sys.exit(2)
+
+
 def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    world = _join_world(parser, args)
+    code = _main(parser, args, world)
+    if world is not None:  # torchrun stops every rank once one exits non-zero: rank 0
+        world.finish()     # must have written its report by then
+    return code
+
+
+def _main(parser, args, world) -> int:
+    # The workers of refimpl's harness read both (REFIMPL_* variables follow every task).
+    os.environ["REFIMPL_PROCESS_GROUP"] = args.process_group
+    os.environ["REFIMPL_DEVICE"] = args.device
     if args.fuzz is not None or args.seed is not None:
         return fuzz_main(parser, args)
     import pytest
@@ -324,11 +390,22 @@ def main(argv=None) -> int:
     # cost milliseconds, not a second.
     gc.freeze()
     plugin = ListPlugin() if args.list else ReportPlugin(start)
-    exit_code = pytest.main(_pytest_args(args), plugins=[plugin])
+    if world is not None:
+        args.workers = 0  # the launched processes are the ranks: one pytest per rank
+    quiet = world is not None and world.rank != 0  # every rank checks; rank 0 reports
+    with open(os.devnull, "w") if quiet else contextlib.nullcontext() as sink, \
+            contextlib.redirect_stdout(sink) if quiet else contextlib.nullcontext():
+        exit_code = pytest.main(_pytest_args(args), plugins=[plugin])
     meta = {"backend": name, "backend_spec": args.backend, "torch_version": torch.__version__,
-            "python": sys.version.split()[0], "pytest_exit_code": int(exit_code)}
+            "python": sys.version.split()[0], "pytest_exit_code": int(exit_code),
+            "process_group": args.process_group, "device": args.device}
+    if world is not None:
+        meta["launched"] = {"world_size": world.world_size, "rank": world.rank,
+                            "process_group": world.process_group, "device": str(world.device)}
     if error:
         meta["backend_error"] = error
+    if quiet:
+        return _rank_exit_code(args, plugin, exit_code)
     if args.list:
         return _finish_listing(args, meta, plugin.cases, exit_code)
     cases = [c for c in plugin.cases.values() if c["outcome"] is not None]
@@ -349,6 +426,18 @@ def main(argv=None) -> int:
         print("no case ran", file=sys.stderr)
         return 1
     return 1 if unexpected else 0
+
+
+def _rank_exit_code(args, plugin, exit_code) -> int:
+    """A rank other than 0 of a launched world: no report, the exit status rank 0 gives
+    (every rank checked the same assertions)."""
+    if args.list:
+        return 0 if exit_code in (0, 5) else 1
+    cases = [c for c in plugin.cases.values() if c["outcome"] is not None]
+    unexpected = any(c["outcome"] in UNEXPECTED for c in cases)
+    if exit_code not in (0, 1, 2, 5) or (exit_code in (1, 2) and not unexpected):
+        return 1
+    return 1 if unexpected or not cases else 0
 
 
 def fuzz_main(parser, args) -> int:

@@ -14,6 +14,12 @@ pickle, so `fn` must be importable by the workers: defined at module level in a 
 file, not in `<stdin>`, `-c` or the REPL (refused at once, saying so). Environment
 variables named `REFIMPL_*` travel with every task, so a switch such as
 `REFIMPL_CHECK_COLLECTIVES=1` set in the caller holds on every rank (FC-28).
+
+The process group backend is `$REFIMPL_PROCESS_GROUP` (default gloo; a name
+`torch.distributed` knows, or `module:attr` of a function that registers one) and the
+tensors a rank makes land on `$REFIMPL_DEVICE` (default cpu; `cuda` is each rank's own
+GPU); results come back on the CPU. Under torchrun (refimpl/launched.py) the launched
+processes are the ranks and no worker is spawned.
 """
 
 from __future__ import annotations
@@ -69,35 +75,57 @@ class RankTimeout(RuntimeError):
         )
 
 
-def _worker_main(rank, world_size, store_port, prefix, sys_path, conn):
-    """Body of one rank: join the gloo group, then run tasks until told to stop."""
+def _worker_main(rank, world_size, store_address, prefix, sys_path, conn, setting):
+    """Body of one rank: join the process group, then run tasks until told to stop.
+
+    `store_address`: (host, port) of the TCPStore the group meets at; `setting`: (process
+    group, device, local rank)."""
     sys.path[:] = sys_path
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    host, port = store_address
+    if host == "127.0.0.1":
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     import torch
     import torch.distributed as dist
 
+    from refimpl import launched
+
     torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", store_port, is_master=False,
+    process_group, device, local_rank = setting
+    name = launched.resolve_process_group(process_group)  # registers a module:attr one
+    device = launched.local_device(device, local_rank)
+    if device.type != "cpu":
+        getattr(torch, device.type).set_device(device)
+    store = dist.TCPStore(host, port, is_master=False,
                           timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
     dist.init_process_group(
-        "gloo", store=dist.PrefixStore(prefix, store), rank=rank, world_size=world_size,
+        name, store=dist.PrefixStore(prefix, store), rank=rank, world_size=world_size,
         timeout=datetime.timedelta(seconds=PG_TIMEOUT_S),
     )
     while True:
         task = conn.recv_bytes()
         if not task:
             break
-        conn.send_bytes(_run_task(task))
+        conn.send_bytes(_run_task(task, device))
     dist.destroy_process_group()
 
 
-def _run_task(task: bytes) -> bytes:
+def _run_task(task: bytes, device) -> bytes:
+    from refimpl import launched
+
     try:
         env, fn, args, kwargs = pickle.loads(task)
         _apply_env(env)
-        return pickle.dumps(("ok", fn(*args, **kwargs)))
+        with launched.on_device(device):
+            result = fn(*args, **kwargs)
+        return pickle.dumps(("ok", launched.to_cpu(result)))
     except BaseException as exc:  # report everything, the caller decides
         return pickle.dumps(("err", type(exc).__name__, str(exc), traceback.format_exc()))
+
+
+def _setting() -> tuple[str, str]:
+    """(process group, device) the workers are started with: the caller's choice now."""
+    return (os.environ.get("REFIMPL_PROCESS_GROUP") or "gloo",
+            os.environ.get("REFIMPL_DEVICE") or "cpu")
 
 
 def _forwarded_env() -> dict[str, str]:
@@ -120,8 +148,14 @@ class _WorkerGroup:
     def __init__(self, world_size: int):
         import torch.distributed as dist
 
+        from refimpl import launched
+
         _WorkerGroup._generation += 1
         self.world_size = world_size
+        self.setting = _setting()
+        # A bad choice is refused here, once, naming the option (not by every worker).
+        launched.check_device(self.setting[1],
+                              launched.resolve_process_group(self.setting[0]))
         self.store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True,
                                    wait_for_workers=False)
         prefix = f"refimpl-harness-{os.getpid()}-{_WorkerGroup._generation}"
@@ -135,8 +169,8 @@ class _WorkerGroup:
             parent_end, child_end = ctx.Pipe()
             proc = ctx.Process(
                 target=_worker_main,
-                args=(rank, self.world_size, self.store.port, prefix, list(sys.path),
-                      child_end),
+                args=(rank, self.world_size, ("127.0.0.1", self.store.port), prefix,
+                      list(sys.path), child_end, (*self.setting, rank)),
                 daemon=True, name=f"refimpl-rank{rank}",
             )
             proc.start()
@@ -263,11 +297,21 @@ def run_on_ranks(fn, world_size: int, *args, timeout: float = DEFAULT_TIMEOUT_S,
     Raises `RankError` for the lowest rank that raised, `RankTimeout` naming the ranks
     that did not answer within `timeout` seconds (they are killed).
     """
+    from refimpl import launched
+
+    world = launched.current()
+    if world is not None:  # the ranks torchrun started (refimpl/launched.py)
+        if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+            raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+        return world.run(fn, world_size, args, kwargs, timeout)
     if not isinstance(world_size, int) or not 1 <= world_size <= MAX_WORKER_PROCESSES:
         raise ValueError(f"world_size must be an int in 1..{MAX_WORKER_PROCESSES}, got "
                          f"{world_size!r}")
     _check_importable(fn)
     group = _groups.get(world_size)
+    if group is not None and group.setting != _setting():  # started for another choice
+        shutdown(world_size)
+        group = None
     if group is None or not group.alive():
         if group is not None:
             group.shutdown(graceful=False)
@@ -283,7 +327,14 @@ def run_on_ranks(fn, world_size: int, *args, timeout: float = DEFAULT_TIMEOUT_S,
 
 def shutdown(world_size: int) -> None:
     """Stop the worker group of this size, if any; the next call starts a fresh one (for
-    callers that left its ranks out of step on purpose)."""
+    callers that left its ranks out of step on purpose). In a launched world every rank
+    calls it alike and stops its own worker of that size."""
+    from refimpl import launched
+
+    world = launched.current()
+    if world is not None:
+        world.restart(world_size)
+        return
     group = _groups.pop(world_size, None)
     if group is not None:
         group.shutdown(graceful=False)

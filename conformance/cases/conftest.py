@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import signal
@@ -34,6 +35,7 @@ import pytest
 from conformance import harness
 from conformance.backends import BackendSpecError, NotImplementedConcept, get_backend
 from conformance.spec import section_prefix
+from refimpl import launched
 
 NOT_IMPLEMENTED = "not implemented"
 # Far above any case: the whole suite takes about a minute against refimpl on 2 workers.
@@ -242,8 +244,18 @@ def _run_first(config, items):
 
 def pytest_collection_finish(session):
     """Each case carries its section's number of selected cases, so that the runner can
-    say when a section is complete (also under xdist, where only workers collect)."""
+    say when a section is complete (also under xdist, where only workers collect). In a
+    launched world every rank must have collected the same cases in the same order
+    (CF-13): checked here, before any case runs."""
     items = _conformance_items(session.items)
+    world = launched.current()
+    if world is not None:
+        ids = [case_id(item) for item in items]
+        try:
+            world.agree({"selected cases": hashlib.sha256("\n".join(ids).encode()).hexdigest()
+                         + f" ({len(ids)} cases)"})
+        except launched.MismatchedRanks as exc:
+            raise pytest.UsageError(str(exc)) from None
     totals = Counter(section_of(_spec_ids(item)) for item in items)
     for item in items:
         item.user_properties.append(("section_total", totals[section_of(_spec_ids(item))]))
@@ -261,12 +273,18 @@ def _record_world_sizes(request):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if call.excinfo is not None and call.excinfo.errisinstance(NotImplementedConcept):
-        report.outcome = "skipped"
-        report.longrepr = (str(item.path), item.location[1] or 0,
-                           f"{NOT_IMPLEMENTED}: {call.excinfo.value}")
-        if hasattr(report, "wasxfail"):
-            del report.wasxfail
+    if call.excinfo is None:
+        return
+    if call.excinfo.errisinstance(NotImplementedConcept):
+        reason = f"{NOT_IMPLEMENTED}: {call.excinfo.value}"
+    elif call.excinfo.errisinstance(launched.NotOnThisWorld):  # CF-13: never a pass
+        reason = f"launched world: {call.excinfo.value}"
+    else:
+        return
+    report.outcome = "skipped"
+    report.longrepr = (str(item.path), item.location[1] or 0, reason)
+    if hasattr(report, "wasxfail"):
+        del report.wasxfail
 
 
 # --------------------------------------------------------------------------------------

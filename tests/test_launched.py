@@ -1,0 +1,251 @@
+"""CF-13: the conformance suite and `run_on_ranks` on a world torchrun launched.
+
+Everything here runs on this machine's CPU over gloo: torchrun with 2 and with 4
+processes, and two torchrun commands joined as 2 nodes of 2 processes by a c10d
+rendezvous on loopback. A section per launch (the suite's FC and SM sections; a launch
+costs what the section costs, on 2 cores), each case's outcome against refimpl's own
+workers' run of the same section; a vendor's process group with a deliberate bug; the
+options refused on every rank before any case runs; and `run_on_ranks` itself.
+Set REFIMPL_TEST_EVERY_LAUNCH=1 to run both sections under every launch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+LAUNCH_TIMEOUT_S = 900
+# (label, torchrun options for each node, sections): one section per launch by default
+# (FC on the world of 4 that runs every FC case; SM, whose cases use 1 to 4 ranks, where
+# the world is smaller); REFIMPL_TEST_EVERY_LAUNCH=1 runs both under each (7 minutes
+# here, all equal to the in-house run).
+EVERY = os.environ.get("REFIMPL_TEST_EVERY_LAUNCH") == "1"
+LAUNCHES = [
+    ("2 processes", [["--nproc-per-node", "2"]], ["FC", "SM"] if EVERY else ["SM"]),
+    ("4 processes", [["--nproc-per-node", "4"]], ["FC", "SM"] if EVERY else ["FC"]),
+    ("2 nodes of 2", [["--nnodes", "2", "--nproc-per-node", "2", "--node-rank", str(node)]
+                      for node in (0, 1)], ["FC", "SM"] if EVERY else ["SM"]),
+]
+NEEDS_MORE = re.compile(r"^launched world: needs (\d+) ranks; the launched world has (\d+)$")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(node_options: list[list[str]], *args, env=None, tmp: Path) -> list:
+    """torchrun on each node's options (one command per node, all at once, meeting at one
+    c10d rendezvous); `args` follow `-m`. The finished processes, node by node."""
+    port = free_port()
+    rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                  "--rdzv-id", f"refimpl-{port}"] if len(node_options) > 1 else \
+        ["--master-port", str(port)]
+    procs = [subprocess.Popen([*TORCHRUN, *options, *rendezvous, *args], cwd=ROOT,
+                              env={**os.environ, **(env or {})}, text=True,
+                              stdout=open(tmp / f"node{i}.out", "w"),
+                              stderr=subprocess.STDOUT)
+             for i, options in enumerate(node_options)]
+    for proc in procs:
+        proc.wait(timeout=LAUNCH_TIMEOUT_S)
+    return [(proc.returncode, (tmp / f"node{i}.out").read_text()) for i, proc in
+            enumerate(procs)]
+
+
+def report(tmp: Path, *args, env=None) -> dict:
+    """The JSON report of `python -m conformance *args` on refimpl's own workers."""
+    out = tmp / "in_house.json"
+    proc = subprocess.run([sys.executable, "-m", "conformance", *args, "--json", str(out)],
+                          cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True,
+                          text=True, timeout=LAUNCH_TIMEOUT_S)
+    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def in_house(tmp_path_factory):
+    """Per section, refimpl's report on its own workers (the run a launch must equal)."""
+    runs: dict[str, dict] = {}
+
+    def get(section: str) -> dict:
+        if section not in runs:
+            runs[section] = report(tmp_path_factory.mktemp(f"in_house_{section}"),
+                                   "--section", section)
+        return runs[section]
+
+    return get
+
+
+@pytest.mark.parametrize("label, node_options, sections", LAUNCHES,
+                         ids=[label for label, _, _ in LAUNCHES])
+def test_a_launched_world_gives_each_case_the_in_house_outcome(
+        tmp_path, in_house, label, node_options, sections):
+    """CF-13: under torchrun every case ends as on refimpl's own workers, except a case
+    that needs more ranks than the world has: skipped, naming both numbers."""
+    world = sum(int(opts[opts.index("--nproc-per-node") + 1]) for opts in node_options)
+    for section in sections:
+        out = tmp_path / f"{section}.json"
+        runs = launch(node_options, "-m", "conformance", "--section", section,
+                      "--json", str(out), tmp=tmp_path)
+        assert out.exists(), "rank 0 wrote no report:\n" + runs[0][1][-4000:]
+        launched, mine = json.loads(out.read_text()), in_house(section)
+        assert launched["launched"]["world_size"] == world
+        assert f"a launched world of {world} processes (torchrun)" in runs[0][1]
+        want = {c["id"]: c for c in mine["cases"]}
+        got = {c["id"]: c for c in launched["cases"]}
+        assert got.keys() == want.keys()
+        differ = []
+        for cid, case in got.items():
+            if case["outcome"] == want[cid]["outcome"]:
+                continue
+            needs = NEEDS_MORE.match(case["reason"])
+            if case["outcome"] == "skipped" and needs and int(needs[1]) > world == \
+                    int(needs[2]):
+                continue  # the listed skip: more ranks than the world has
+            differ.append(f"{cid}: {case['outcome']} ({case['reason'][:300]}) launched, "
+                          f"{want[cid]['outcome']} on one machine")
+        assert not differ, f"{label}, {section}:\n" + "\n".join(differ[:20])
+        # every node's torchrun ends as rank 0 says: 1 on an unexpected result, else 0
+        expected = 1 if any(c["outcome"] in ("failed", "xpassed") for c in got.values()) \
+            else 0
+        assert [code for code, _ in runs] == [expected] * len(runs), runs[0][1][-3000:]
+
+
+MAX_CASE = re.compile(r":max\]$", re.I)  # all_reduce[_coalesced] with max (name or object)
+SELECTION = "test_eager_values and all_reduce and mesh and (max or sum)"
+
+
+def _judge_the_bug(cases: list[dict]) -> None:
+    """Every `max` case fails, every other case passes (cases of more ranks than the
+    world has: skipped)."""
+    ran = [c for c in cases if c["outcome"] != "skipped"]
+    assert {c["outcome"] for c in cases} <= {"passed", "failed", "skipped"}
+    assert any(MAX_CASE.search(c["id"]) for c in ran) and \
+        any(not MAX_CASE.search(c["id"]) for c in ran)
+    wrong = [(c["id"], c["outcome"]) for c in ran
+             if (c["outcome"] == "failed") != bool(MAX_CASE.search(c["id"]))]
+    assert not wrong, wrong
+    assert all(NEEDS_MORE.match(c["reason"]) for c in cases if c["outcome"] == "skipped")
+
+
+def test_a_vendor_process_group_with_a_bug_fails_the_cases_it_breaks(tmp_path):
+    """CF-13: a process group registered from Python (examples/, gloo with all-reduce
+    `max` summing) under torchrun: exactly the `max` cases of all_reduce fail, each named
+    in the report; the `sum` ones of the same selection pass."""
+    out = tmp_path / "bug.json"
+    runs = launch([["--nproc-per-node", "2"]], "-m", "conformance", "--section", "FC",
+                  "-k", SELECTION, "--process-group",
+                  "examples.max_as_sum_process_group:register", "--json", str(out),
+                  tmp=tmp_path)
+    got = json.loads(out.read_text())
+    assert got["launched"]["process_group"] == "max_as_sum"
+    _judge_the_bug(got["cases"])
+    failed = [c["id"] for c in got["cases"] if c["outcome"] == "failed"]
+    assert all(cid in runs[0][1] for cid in failed), "the report lists every failed case"
+    assert runs[0][0] != 0
+
+
+def test_the_same_bug_is_caught_on_refimpls_own_workers(tmp_path):
+    """CF-13: --process-group works without torchrun (refimpl's workers register it)."""
+    got = report(tmp_path, "--section", "FC", "-k", SELECTION, "--process-group",
+                 "examples.max_as_sum_process_group:register")
+    _judge_the_bug(got["cases"])
+
+
+BAD = [
+    (["--process-group", "nosuch"], "--process-group nosuch: torch.distributed has no "
+                                    "backend named 'nosuch'"),
+    (["--process-group", "examples.nowhere:register"], "--process-group "
+                                                       "examples.nowhere:register: cannot"),
+    (["--device", "cuda"], "--device cuda: this machine has no cuda device"),
+    (["--process-group", "nccl"], "--device cpu: process group 'nccl' serves cuda, not cpu"),
+]
+
+
+@pytest.mark.parametrize("options, words", BAD, ids=["unregistered", "unimportable",
+                                                     "no_such_device", "device_not_served"])
+def test_a_bad_option_is_refused_on_every_rank_before_any_case(tmp_path, options, words):
+    """CF-13: refused on each rank, naming the option and the rule; no case ran."""
+    runs = launch([["--nproc-per-node", "2", "--tee", "3", "--log-dir", str(tmp_path)]],
+                  "-m", "conformance", "--section", "SIM", *options, tmp=tmp_path)
+    code, _ = runs[0]
+    assert code != 0
+    for rank in (0, 1):
+        logs = list(tmp_path.rglob(f"attempt_0/{rank}/stderr.log"))
+        assert logs, f"no log of rank {rank}"
+        text = logs[0].read_text()
+        assert words in text and "[CF-13]" in text, f"rank {rank}:\n{text[-2000:]}"
+        assert "passed" not in text
+
+
+def test_a_bad_option_is_refused_without_torchrun_too(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "conformance", "--section", "SIM",
+                           "--device", "cuda"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2
+    assert "--device cuda: this machine has no cuda device [CF-13]" in proc.stderr
+
+
+def test_ranks_started_with_different_options_are_refused_naming_the_option(tmp_path):
+    """CF-13: two ranks of one world (launched by hand through the env:// variables),
+    one given --section SIM and the other MEM: both refuse, naming --section and each
+    rank's value."""
+    port = str(free_port())
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "conformance", "--section", section], cwd=ROOT,
+        env={**os.environ, "REFIMPL_LAUNCHED": "1", "RANK": str(rank), "WORLD_SIZE": "2",
+             "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for rank, section in enumerate(("SIM", "MEM"))]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 2, err[-2000:]
+        assert "--section: every rank of a launched world must be started with the same " \
+               "value; got rank 0: ['SIM'], rank 1: ['MEM'] [CF-13]" in err, err[-2000:]
+
+
+def test_run_on_ranks_under_torchrun(tmp_path):
+    """CF-13: `run_on_ranks(fn, n)` on a launched world of 3: ranks 0..n-1 run fn in a
+    world of n (each in a worker of its own, kept between calls of that size); every
+    rank returns the same results or raises the same error; a rank that exits is named
+    and its size restarted; more ranks than the world has is NotOnThisWorld; the
+    caller's REFIMPL_* variables reach the ranks and what a rank sets does not leak."""
+    runs = launch([["--nproc-per-node", "3"]], str(ROOT / "tests" / "launched_rank.py"),
+                  str(tmp_path), tmp=tmp_path)
+    assert runs[0][0] == 0, runs[0][1][-3000:]
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
+    assert seen[1] == seen[0] and seen[2] == seen[0]
+    s = seen[0]
+    assert s["launched"] and not s["default group in the launched process"]
+    assert not s["default group after"]
+
+    def ranks_of(key):
+        status, results = s[key]
+        assert status == "ok", s[key]
+        return [(r, n, total) for r, n, _, total in results]
+
+    def pids_of(key):
+        return [pid for _, _, pid, _ in s[key][1]]
+
+    assert ranks_of("two") == [(0, 2, 3.0), (1, 2, 3.0)]
+    assert ranks_of("three") == [(0, 3, 6.0), (1, 3, 6.0), (2, 3, 6.0)]
+    assert pids_of("two again") == pids_of("two")  # kept between calls of one size
+    assert not set(pids_of("two")) & set(pids_of("three"))
+    assert s["four"] == ["NotOnThisWorld", "needs 4 ranks; the launched world has 3"]
+    assert s["error"] == ["RankError", 1, "ValueError"]
+    assert s["exit"] == ["RankError", 1, "ProcessDied"]
+    assert ranks_of("after the exit") == ranks_of("two")
+    assert not set(pids_of("after the exit")) & set(pids_of("two"))  # restarted
+    assert not set(pids_of("after shutdown")) & set(pids_of("three"))
+    assert s["variable"] == ["ok", ["the caller's", "the caller's"]]
+    assert s["variable left"] == "not here"
