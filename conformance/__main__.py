@@ -405,7 +405,7 @@ def _main(parser, args, world) -> int:
     if error:
         meta["backend_error"] = error
     if quiet:
-        return _rank_exit_code(args, plugin, exit_code)
+        return _rank_exit_code(args, plugin, exit_code, world)
     if args.list:
         return _finish_listing(args, meta, plugin.cases, exit_code)
     cases = [c for c in plugin.cases.values() if c["outcome"] is not None]
@@ -425,10 +425,29 @@ def _main(parser, args, world) -> int:
     if not cases:
         print("no case ran", file=sys.stderr)
         return 1
+    small = _world_too_small(world, cases)
+    if small:
+        print(f"python -m conformance: {small}", file=sys.stderr)
+        return 2
     return 1 if unexpected else 0
 
 
-def _rank_exit_code(args, plugin, exit_code) -> int:
+WORLD_SKIP = re.compile(r"^launched world: needs (\d+) ranks; the launched world has \d+$")
+
+
+def _world_too_small(world, cases) -> str | None:
+    """A launched world smaller than every selected case needs (each skipped before any
+    rank ran it) is a bad launch, not a passing run (CF-13)."""
+    needs = [WORLD_SKIP.match(c["reason"]) for c in cases]
+    if world is None or not all(needs):
+        return None
+    least = min(int(m[1]) for m in needs)
+    return (f"--nproc-per-node: the launched world of {world.world_size} ranks is too small "
+            f"for every selected case (each needs {least} ranks or more): launch at least "
+            f"{least} [CF-13]")
+
+
+def _rank_exit_code(args, plugin, exit_code, world) -> int:
     """A rank other than 0 of a launched world: no report, the exit status rank 0 gives
     (every rank checked the same assertions)."""
     if args.list:
@@ -437,7 +456,13 @@ def _rank_exit_code(args, plugin, exit_code) -> int:
     unexpected = any(c["outcome"] in UNEXPECTED for c in cases)
     if exit_code not in (0, 1, 2, 5) or (exit_code in (1, 2) and not unexpected):
         return 1
-    return 1 if unexpected or not cases else 0
+    if not cases:
+        return 1
+    small = _world_too_small(world, cases)
+    if small:
+        print(f"python -m conformance: {small}", file=sys.stderr)
+        return 2
+    return 1 if unexpected else 0
 
 
 def fuzz_main(parser, args) -> int:

@@ -15,7 +15,8 @@ import os
 from conformance.backends import NotImplementedConcept, get_backend
 from refimpl.multiprocess import RankError, run_on_ranks, shutdown
 
-__all__ = ["run", "backend_in_rank", "fresh_ranks", "NotImplementedConcept"]
+__all__ = ["run", "backend_in_rank", "fresh_ranks", "NotImplementedConcept", "chosen_device",
+           "needs_the_cpu"]
 
 # run_on_ranks forwards REFIMPL_* variables to every rank with each task. Peers of a
 # case reach each collective within milliseconds; 10 s bounds a wait for one that never
@@ -47,6 +48,22 @@ def run(backend, fn, world_size: int, *args, restart_after: bool = False, **kwar
     finally:
         if restart_after:
             fresh_ranks(world_size)
+
+
+def chosen_device() -> str:
+    """This run's --device: where rank functions make their tensors (CF-13)."""
+    return os.environ.get("REFIMPL_DEVICE") or "cpu"
+
+
+def needs_the_cpu(what: str) -> None:
+    """Skip the calling case, naming the CPU-only feature it needs (`what`), when this run
+    makes its tensors on another device (CF-13)."""
+    import pytest
+    import torch
+
+    device = chosen_device()
+    if torch.device(device).type != "cpu":
+        pytest.skip(f"needs the CPU: {what}; this run's --device is {device}")
 
 
 def fresh_ranks(world_size: int) -> None:

@@ -14,10 +14,11 @@ import torch
 def rank_input(rank: int, shape, dtype=torch.float32, salt: int = 0) -> torch.Tensor:
     """The input that `rank` contributes: small integers in [-3, 3], fixed by the seed."""
     gen = torch.Generator().manual_seed(7919 * salt + 104729 * len(shape) + rank)
-    values = torch.randint(-3, 4, tuple(shape), generator=gen)
-    if dtype == torch.bool:
-        return values > 0
-    return values.to(dtype)
+    values = torch.randint(-3, 4, tuple(shape), generator=gen, device="cpu")
+    values = values > 0 if dtype == torch.bool else values.to(dtype)
+    # Drawn on the CPU, where the oracle recomputes it; made on the default device, which
+    # a rank function of a --device cuda run has set to its GPU (CF-13).
+    return values.to(torch.get_default_device())
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:

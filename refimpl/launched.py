@@ -31,12 +31,24 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
-import importlib
 import json
 import os
 import pickle
 import sys
 import time
+
+from refimpl._rank_process import (
+    PEER_GRACE_S,
+    RankError,
+    RankTimeout,
+    check_device,
+    context,
+    forwarded_env,
+    local_device,
+    main_without_fake_file,
+    resolve_process_group,
+    worker_main,
+)
 
 __all__ = ["LaunchedWorld", "NotOnThisWorld", "MismatchedRanks", "launched_by_env",
            "attach", "current", "joined", "resolve_process_group", "check_device"]
@@ -74,114 +86,23 @@ def launched_by_env() -> bool:
 
 
 # --------------------------------------------------------------------------------------
-# Options: a process group and a device every rank can serve
-# --------------------------------------------------------------------------------------
-def resolve_process_group(spec: str) -> str:
-    """The backend name `torch.distributed` knows for `spec`: a name it has (`gloo`,
-    `nccl`, one registered with `Backend.register_backend`), or `module:attr` of a
-    function that registers one and returns its name (called here, once per process)."""
-    import torch.distributed as dist
-
-    if not isinstance(spec, str) or not spec:
-        raise ValueError(f"--process-group: expected a backend name or module:attr, got "
-                         f"{spec!r} [CF-13]")
-    name = spec
-    if ":" in spec:
-        module_name, _, attr = spec.partition(":")
-        try:
-            register = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"--process-group {spec}: cannot import it ({exc}) "
-                             f"[CF-13]") from None
-        name = register()
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"--process-group {spec}: the function must register a "
-                             f"backend and return its name; it returned {name!r} [CF-13]")
-    if name.lower() not in dist.Backend.backend_list:
-        known = [b for b in dist.Backend.backend_list if b != "undefined"]
-        raise ValueError(f"--process-group {spec}: torch.distributed has no backend named "
-                         f"{name!r} (known: {', '.join(known)}; register one with "
-                         f"torch.distributed.Backend.register_backend and pass "
-                         f"module:attr of the function that does) [CF-13]")
-    return name
-
-
-def check_device(device: str, process_group: str) -> None:
-    """Refuse, naming the option, a device this process cannot use or the process group
-    cannot serve."""
-    import torch
-    import torch.distributed as dist
-
-    try:
-        kind = torch.device(device).type
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"--device {device}: not a device ({exc}) [CF-13]") from None
-    if kind != "cpu":
-        module = getattr(torch, kind, None)
-        if module is None or not module.is_available() or module.device_count() == 0:
-            raise ValueError(f"--device {device}: this machine has no {kind} device "
-                             f"[CF-13]")
-    served = dist.Backend.backend_capability.get(process_group.lower(), [])
-    if kind not in served:
-        raise ValueError(f"--device {device}: process group {process_group!r} serves "
-                         f"{', '.join(served) or 'no device'}, not {kind} (choose "
-                         f"--process-group accordingly) [CF-13]")
-    available = {"gloo": dist.is_gloo_available, "nccl": dist.is_nccl_available,
-                 "mpi": dist.is_mpi_available}.get(process_group.lower())
-    if available is not None and not available():
-        raise ValueError(f"--process-group {process_group}: this build of torch has no "
-                         f"{process_group} [CF-13]")
-
-
-def local_device(device: str, local_rank: int):
-    """`cuda` means this rank's own device: cuda:(local rank mod the device count)."""
-    import torch
-
-    dev = torch.device(device)
-    if dev.type == "cpu" or dev.index is not None:
-        return dev
-    module = getattr(torch, dev.type)
-    return torch.device(dev.type, local_rank % module.device_count())
-
-
-def to_cpu(value):
-    """`value` with every tensor in it (lists, tuples, dicts) moved to the CPU."""
-    import torch
-    from torch.utils._pytree import tree_map
-
-    return tree_map(lambda v: v.cpu() if isinstance(v, torch.Tensor) else v, value)
-
-
-@contextlib.contextmanager
-def on_device(device):
-    """Tensors a rank function makes land on `device` (the CPU: nothing to do)."""
-    if device.type == "cpu":
-        yield
-        return
-    with device:
-        yield
-
-
-# --------------------------------------------------------------------------------------
 # The world
 # --------------------------------------------------------------------------------------
 class _LocalWorker:
     """This rank's worker process in the world of n ranks: refimpl's own worker
-    (`multiprocess._worker_main`), joined to its n peers through the launched store."""
+    (`_rank_process.worker_main`), joined to its n peers through the launched store."""
 
     def __init__(self, world: LaunchedWorld, n: int, generation: int):
-        from refimpl import multiprocess
-
-        ctx = multiprocess._context()
+        ctx = context()
         self.conn, child = ctx.Pipe()
         self.rank = world.rank
         self.proc = ctx.Process(
-            target=multiprocess._worker_main,
+            target=worker_main,
             args=(world.rank, n, world.store_address, f"{KEY_PREFIX}/world-{n}-{generation}",
                   list(sys.path), child, (world.process_group_spec, world.device_spec,
                                           world.local_rank)),
             daemon=True, name=f"refimpl-rank{world.rank}-of-{n}")
-        with multiprocess._main_without_fake_file():
+        with main_without_fake_file():
             self.proc.start()
         child.close()
 
@@ -278,8 +199,6 @@ class LaunchedWorld:
 
     # ---- one call ---------------------------------------------------------------------
     def run(self, fn, n: int, args, kwargs, timeout_s: float) -> list:
-        from refimpl.multiprocess import RankError, RankTimeout
-
         if self.lost:
             raise NotOnThisWorld(f"the launched world was lost earlier: {self.lost}")
         if n > self.world_size:
@@ -321,8 +240,6 @@ class LaunchedWorld:
     def _run_locally(self, fn, n, args, kwargs, timeout_s, tag) -> tuple:
         """This rank's reply: its worker's, ("timeout",) after `timeout_s`, or sooner once
         a peer failed and this one has had PEER_GRACE_S to report its own error."""
-        from refimpl import multiprocess
-
         worker = self.workers.get(n)
         if worker is None or not worker.proc.is_alive():
             if worker is not None:
@@ -330,7 +247,7 @@ class LaunchedWorld:
             self.generations[n] = self.generations.get(n, 0) + 1
             worker = self.workers[n] = _LocalWorker(self, n, self.generations[n])
         try:
-            worker.conn.send_bytes(pickle.dumps((multiprocess._forwarded_env(), fn, args,
+            worker.conn.send_bytes(pickle.dumps((forwarded_env(), fn, args,
                                                  kwargs)))
         except OSError:
             return worker.reply(0) or ("err", "ProcessDied", f"rank {self.rank} is gone", "")
@@ -345,7 +262,7 @@ class LaunchedWorld:
             if time.monotonic() >= deadline:
                 return ("timeout",)
             if self.store.check([failed]):
-                deadline = min(deadline, time.monotonic() + multiprocess.PEER_GRACE_S)
+                deadline = min(deadline, time.monotonic() + PEER_GRACE_S)
 
     def restart(self, n: int) -> None:
         """Stop this rank's worker of the world of n; the next call starts a fresh one

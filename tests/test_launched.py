@@ -157,7 +157,7 @@ def test_a_vendor_process_group_with_a_bug_fails_the_cases_it_breaks(tmp_path):
 
 def test_the_same_bug_is_caught_on_refimpls_own_workers(tmp_path):
     """CF-13: --process-group works without torchrun (refimpl's workers register it)."""
-    got = report(tmp_path, "--section", "FC", "-k", SELECTION, "--process-group",
+    got = report(tmp_path, "--section", "FC", "-k", SELECTION, "-n", "0", "--process-group",
                  "examples.max_as_sum_process_group:register")
     _judge_the_bug(got["cases"])
 
@@ -186,6 +186,22 @@ def test_a_bad_option_is_refused_on_every_rank_before_any_case(tmp_path, options
         text = logs[0].read_text()
         assert words in text and "[CF-13]" in text, f"rank {rank}:\n{text[-2000:]}"
         assert "passed" not in text
+
+
+def test_a_world_too_small_for_every_selected_case_is_an_error_on_every_rank(tmp_path):
+    """CF-13: 2 ranks for cases that all need 4 (FC's world-4 eager values of one op and
+    dtype): each skipped before any rank ran it, and the run ends as an error naming
+    --nproc-per-node and the size to launch, on both ranks, not as a pass."""
+    runs = launch([["--nproc-per-node", "2", "--tee", "3", "--log-dir", str(tmp_path)]],
+                  "-m", "conformance", "--section", "FC", "-k",
+                  "test_eager_values and mesh and bf16 and all_reduce and sum and not 2",
+                  tmp=tmp_path)
+    assert runs[0][0] != 0
+    words = ("--nproc-per-node: the launched world of 2 ranks is too small for every "
+             "selected case (each needs 4 ranks or more): launch at least 4 [CF-13]")
+    for rank in (0, 1):
+        text = next(tmp_path.rglob(f"attempt_0/{rank}/stderr.log")).read_text()
+        assert words in text, f"rank {rank}:\n{text[-2000:]}"
 
 
 def test_a_bad_option_is_refused_without_torchrun_too(tmp_path):
@@ -249,3 +265,19 @@ def test_run_on_ranks_under_torchrun(tmp_path):
     assert not set(pids_of("after shutdown")) & set(pids_of("three"))
     assert s["variable"] == ["ok", ["the caller's", "the caller's"]]
     assert s["variable left"] == "not here"
+
+
+def test_a_case_that_needs_the_cpu_is_skipped_on_another_device():
+    """CF-13: refimpl's symmetric memory on the CPU is host shared memory: with tensors
+    on another device its cases are skipped, saying what they need, and nothing runs."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-rs",
+         "conformance/cases/test_symmetric_memory.py", "-k",
+         "test_rendezvous_gives_one_handle_over_every_peers_buffer"],
+        cwd=ROOT, env={**os.environ, "REFIMPL_DEVICE": "cuda"}, capture_output=True,
+        text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert re.search(r"\b\d+ skipped\b", out) and "passed" not in out, out[-3000:]
+    assert "needs the CPU: symmetric memory in host shared memory; this run's --device " \
+           "is cuda" in out, out[-3000:]

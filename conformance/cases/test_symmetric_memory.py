@@ -20,6 +20,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from conformance import harness
+from conformance.backends import NotImplementedConcept
 from conformance.harness import backend_in_rank, fresh_ranks, run
 
 CONCEPT = "symmetric_memory"
@@ -27,6 +29,19 @@ CONCEPT = "symmetric_memory"
 # caller choose (refimpl's `set_default_timeout`): a backend that loses a signal fails a
 # case in seconds, not at the harness's limit.
 CASE_TIMEOUT_MS = 15_000
+
+
+@pytest.fixture(autouse=True)
+def _host_memory_needs_the_cpu(backend):
+    """CF-13: symmetric memory on the CPU lives in host shared memory, a CPU-only
+    feature: its cases are skipped, saying so, on another --device (the CUDA ones are
+    conformance/cases/test_symmetric_memory_cuda.py's)."""
+    try:
+        sm = backend.require(CONCEPT)
+    except NotImplementedConcept:
+        return  # each case reports that itself
+    if getattr(sm, "DEVICE", "cpu") == "cpu":
+        harness.needs_the_cpu("symmetric memory in host shared memory")
 
 
 def _setup(spec: str, *attrs: str):
