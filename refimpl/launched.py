@@ -208,6 +208,14 @@ class LaunchedWorld:
         tag = f"call/{self.calls}"
         self._forget(self.calls - 2)  # every rank has read those: it posted a later one
         label = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}"
+        # Every rank hands its task over at once, as the harness sends all of its own: a
+        # case whose peers must meet within a second is not judged on how far apart the
+        # ranks' own processes ran before the call.
+        started = self._gather(f"{tag}/start", b"", timeout_s)
+        late = [r for r, p in enumerate(started) if p is None]
+        if late:
+            self.lost = f"rank(s) {late} did not reach {label}"
+            raise RankTimeout(late, timeout_s, self.world_size)
         reply = self._run_locally(fn, n, args, kwargs, timeout_s, tag) if self.rank < n \
             else ("idle",)
         # Every rank's own wait is bounded by timeout_s; a rank later than that is lost.
@@ -275,6 +283,7 @@ class LaunchedWorld:
         if call > 0:
             with contextlib.suppress(Exception):  # a store without delete_key keeps it
                 self.store.delete_key(f"call/{call}/{self.rank}")
+                self.store.delete_key(f"call/{call}/start/{self.rank}")
 
     def close(self) -> None:
         for n in list(self.workers):
