@@ -2,15 +2,17 @@
 
 Everything here runs on this machine's CPU over gloo: torchrun with 2 and with 4
 processes, and two torchrun commands joined as 2 nodes of 2 processes by a c10d
-rendezvous on loopback. A section per launch (the suite's FC and SM sections; a launch
-costs what the section costs, on 2 cores), each case's outcome against refimpl's own
-workers' run of the same section; a vendor's process group with a deliberate bug; the
+rendezvous on loopback. The suite's FC and SM sections under each launch, a section per
+torchrun command (a launch costs what its section costs, on 2 cores), each case's
+outcome against refimpl's own workers' run of the same section (made once per section
+for all of pytest's workers); a vendor's process group with a deliberate bug; the
 options refused on every rank before any case runs; and `run_on_ranks` itself.
-Set REFIMPL_TEST_EVERY_LAUNCH=1 to run both sections under every launch.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -24,19 +26,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 LAUNCH_TIMEOUT_S = 900
-# (label, torchrun options for each node, sections): one section per launch by default;
-# REFIMPL_TEST_EVERY_LAUNCH=1 runs both under each (7 minutes here, all equal to the
-# in-house run on a quiet machine). FC under 4 processes is not a default: beside the rest
-# of the suite on 2 cores, two FC fault cases whose peers must meet within 1 s
-# (test_a_failed_peer_of_a_larger_group_is_named_among_the_candidates,
-# test_disagreeing_rank_lists_end_in_an_error) lose that race with 8 processes running.
-EVERY = os.environ.get("REFIMPL_TEST_EVERY_LAUNCH") == "1"
+# (label, torchrun options for each node): each runs the FC and the SM section.
 LAUNCHES = [
-    ("2 processes", [["--nproc-per-node", "2"]], ["FC", "SM"] if EVERY else ["FC"]),
-    ("4 processes", [["--nproc-per-node", "4"]], ["FC", "SM"] if EVERY else ["SM"]),
+    ("2 processes", [["--nproc-per-node", "2"]]),
+    ("4 processes", [["--nproc-per-node", "4"]]),
     ("2 nodes of 2", [["--nnodes", "2", "--nproc-per-node", "2", "--node-rank", str(node)]
-                      for node in (0, 1)], ["FC", "SM"] if EVERY else ["SM"]),
+                      for node in (0, 1)]),
 ]
+SECTIONS = ["FC", "SM"]
 NEEDS_MORE = re.compile(r"^launched world: needs (\d+) ranks; the launched world has (\d+)$")
 
 
@@ -74,53 +71,73 @@ def report(tmp: Path, *args, env=None) -> dict:
     return json.loads(out.read_text())
 
 
-@pytest.fixture(scope="module")
+@contextlib.contextmanager
+def _locked(path: Path):
+    """Hold an exclusive lock on `path` (pytest's workers share the folder)."""
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session")
 def in_house(tmp_path_factory):
-    """Per section, refimpl's report on its own workers (the run a launch must equal)."""
-    runs: dict[str, dict] = {}
+    """Per section, refimpl's report on its own workers (the run a launch must equal),
+    made once for all of pytest-xdist's workers of this run: the first to ask makes it
+    under a lock, the others read it."""
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    shared = tmp_path_factory.getbasetemp()
+    if run_id:  # every worker's base folder lies in the run's own folder
+        shared = shared.parent / f"in_house-{run_id}"
+        shared.mkdir(exist_ok=True)
 
     def get(section: str) -> dict:
-        if section not in runs:
-            runs[section] = report(tmp_path_factory.mktemp(f"in_house_{section}"),
-                                   "--section", section)
-        return runs[section]
+        done = shared / f"{section}.json"
+        with _locked(shared / f"{section}.lock"):
+            if not done.exists():
+                made = report(tmp_path_factory.mktemp(f"in_house_{section}"),
+                              "--section", section)
+                done.write_text(json.dumps(made))
+        return json.loads(done.read_text())
 
     return get
 
 
-@pytest.mark.parametrize("label, node_options, sections", LAUNCHES,
-                         ids=[label for label, _, _ in LAUNCHES])
+@pytest.mark.parametrize("section", SECTIONS)
+@pytest.mark.parametrize("label, node_options", LAUNCHES,
+                         ids=[label for label, _ in LAUNCHES])
 def test_a_launched_world_gives_each_case_the_in_house_outcome(
-        tmp_path, in_house, label, node_options, sections):
+        tmp_path, in_house, label, node_options, section):
     """CF-13: under torchrun every case ends as on refimpl's own workers, except a case
     that needs more ranks than the world has: skipped, naming both numbers."""
     world = sum(int(opts[opts.index("--nproc-per-node") + 1]) for opts in node_options)
-    for section in sections:
-        out = tmp_path / f"{section}.json"
-        runs = launch(node_options, "-m", "conformance", "--section", section,
-                      "--json", str(out), tmp=tmp_path)
-        assert out.exists(), "rank 0 wrote no report:\n" + runs[0][1][-4000:]
-        launched, mine = json.loads(out.read_text()), in_house(section)
-        assert launched["launched"]["world_size"] == world
-        assert f"a launched world of {world} processes (torchrun)" in runs[0][1]
-        want = {c["id"]: c for c in mine["cases"]}
-        got = {c["id"]: c for c in launched["cases"]}
-        assert got.keys() == want.keys()
-        differ = []
-        for cid, case in got.items():
-            if case["outcome"] == want[cid]["outcome"]:
-                continue
-            needs = NEEDS_MORE.match(case["reason"])
-            if case["outcome"] == "skipped" and needs and int(needs[1]) > world == \
-                    int(needs[2]):
-                continue  # the listed skip: more ranks than the world has
-            differ.append(f"{cid}: {case['outcome']} ({case['reason'][:300]}) launched, "
-                          f"{want[cid]['outcome']} on one machine")
-        assert not differ, f"{label}, {section}:\n" + "\n".join(differ[:20])
-        # every node's torchrun ends as rank 0 says: 1 on an unexpected result, else 0
-        expected = 1 if any(c["outcome"] in ("failed", "xpassed") for c in got.values()) \
-            else 0
-        assert [code for code, _ in runs] == [expected] * len(runs), runs[0][1][-3000:]
+    out = tmp_path / f"{section}.json"
+    runs = launch(node_options, "-m", "conformance", "--section", section,
+                  "--json", str(out), tmp=tmp_path)
+    assert out.exists(), "rank 0 wrote no report:\n" + runs[0][1][-4000:]
+    launched, mine = json.loads(out.read_text()), in_house(section)
+    assert launched["launched"]["world_size"] == world
+    assert f"a launched world of {world} processes (torchrun)" in runs[0][1]
+    want = {c["id"]: c for c in mine["cases"]}
+    got = {c["id"]: c for c in launched["cases"]}
+    assert got.keys() == want.keys()
+    differ = []
+    for cid, case in got.items():
+        if case["outcome"] == want[cid]["outcome"]:
+            continue
+        needs = NEEDS_MORE.match(case["reason"])
+        if case["outcome"] == "skipped" and needs and int(needs[1]) > world == \
+                int(needs[2]):
+            continue  # the listed skip: more ranks than the world has
+        differ.append(f"{cid}: {case['outcome']} ({case['reason'][:300]}) launched, "
+                      f"{want[cid]['outcome']} on one machine")
+    assert not differ, f"{label}, {section}:\n" + "\n".join(differ[:20])
+    # every node's torchrun ends as rank 0 says: 1 on an unexpected result, else 0
+    expected = 1 if any(c["outcome"] in ("failed", "xpassed") for c in got.values()) \
+        else 0
+    assert [code for code, _ in runs] == [expected] * len(runs), runs[0][1][-3000:]
 
 
 MAX_CASE = re.compile(r":max\]$", re.I)  # all_reduce[_coalesced] with max (name or object)

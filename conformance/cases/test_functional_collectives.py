@@ -14,6 +14,7 @@ import functools
 import gc
 import os
 import time
+import uuid
 
 import pytest
 import torch
@@ -1265,15 +1266,42 @@ def test_set_collective_checks_false_switches_the_check_off_whatever_the_environ
 
 
 # ---- FC-29: a peer that dies or never comes during the collective ----------------------
-def _peer_dies(spec, dies):
+def _connected_and_in_step(fc, group) -> None:
+    """One collective on `group` first: every connection is made and every first call's
+    work done, so that what fails next is the peer, not a connection or a slow start."""
+    fc.all_reduce(torch.ones(1), "sum", group).wait()
+
+
+def _entering(token: str, rank: int) -> None:
+    """Say through the store that `rank` is about to wait in the collective."""
+    dist.distributed_c10d._get_default_store().set(f"{token}/entering/{rank}", "1")
+
+
+def _die_once_entered(token: str, ranks: list[int]) -> None:
+    """Exit once every rank of `ranks` is about to wait in the collective, and a moment
+    more, however loaded the machine (a fixed sleep lost that race beside 8 processes on
+    2 cores: the peers met a rank already gone, on connecting rather than in the op)."""
+    dist.distributed_c10d._get_default_store().wait(
+        [f"{token}/entering/{r}" for r in ranks], datetime.timedelta(seconds=60))
+    time.sleep(0.3)  # they are waiting in the collective by now
+    os._exit(0)
+
+
+def _peer_dies(spec, dies, token):
     os.environ["REFIMPL_CHECK_COLLECTIVES"] = "0"  # the failure is the backend's, not a check's
     fc = funcol_api(spec)
-    group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=1))
+    # A peer that never comes is seen when the group's 1 s runs out; one that dies, at
+    # once (its connections close), so its group has 5 s: the first collective must not
+    # time out under load.
+    group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=5 if dies else 1))
     if dist.get_rank() == 1:
         if dies:
-            time.sleep(0.3)  # rank 0 is waiting in the collective by now
-            os._exit(0)
+            _connected_and_in_step(fc, group)
+            _die_once_entered(token, [0])
         return None
+    if dies:
+        _connected_and_in_step(fc, group)
+        _entering(token, 0)
     fc.all_reduce(torch.ones(1000), "sum", group).wait()
     return "no error"
 
@@ -1283,23 +1311,26 @@ def _peer_dies(spec, dies):
 def test_a_failed_peer_is_named(backend, dies):
     backend.require("functional_collectives")
     with pytest.raises(RankError) as info:
-        run(backend, _peer_dies, 2, dies, timeout=60)
+        run(backend, _peer_dies, 2, dies, uuid.uuid4().hex, timeout=60)
     err = info.value
     assert err.rank == 0, f"rank 0 should report the failure: {err}"
     for word in ("all_reduce", "[0, 1]", "rank 1"):
         assert word in err.message, f"the error does not name {word!r}: {err.message}"
 
 
-def _member_dies(spec):
+def _member_dies(spec, token):
     os.environ["REFIMPL_CHECK_COLLECTIVES"] = "0"  # the failure is the backend's, not a check's
     fc = funcol_api(spec)
-    group = dist.new_group([1, 2, 3], timeout=datetime.timedelta(seconds=1))
+    # 5 s: the first collective must not time out under load; the dying rank's
+    # connections close at once, so the failure does not wait for it.
+    group = dist.new_group([1, 2, 3], timeout=datetime.timedelta(seconds=5))
     rank = dist.get_rank()
     if rank == 0:
         return None  # not a member
+    _connected_and_in_step(fc, group)
     if rank == 3:
-        time.sleep(0.3)  # ranks 1 and 2 are waiting in the collective by now
-        os._exit(0)
+        _die_once_entered(token, [1, 2])
+    _entering(token, rank)
     fc.all_reduce(torch.ones(1000), "sum", group).wait()
     return "no error"
 
@@ -1312,7 +1343,7 @@ def test_a_failed_peer_of_a_larger_group_is_named_among_the_candidates(backend):
     rank as the failed one (gloo does not say which)."""
     backend.require("functional_collectives")
     with pytest.raises(RankError) as info:
-        run(backend, _member_dies, 4, timeout=60)
+        run(backend, _member_dies, 4, uuid.uuid4().hex, timeout=60)
     err = info.value
     assert err.rank == 1, f"rank 1 should report the failure: {err}"
     for words in ("all_reduce", "[1, 2, 3]", "rank 1", "one of ranks [2, 3]"):
@@ -1322,10 +1353,13 @@ def test_a_failed_peer_of_a_larger_group_is_named_among_the_candidates(backend):
 
 # ---- FC-31: rank lists that disagree between ranks -------------------------------------
 def _disagreeing_rank_lists(spec):
-    os.environ.update(SHORT_CHECK_TIMEOUT)
+    # Each rank waits out the whole check (no member ever asks for its list): 3 s, so a
+    # peer delayed by a loaded machine has still said what it asked for by then.
+    os.environ["REFIMPL_CHECK_TIMEOUT_S"] = "3"
     fc = funcol_api(spec)
     me = dist.get_rank()
     mine = [me, (me + 1) % 3]  # [0, 1], [1, 2], [2, 0]
+    dist.barrier()  # ranks start the call together, whatever their imports cost
     start = time.monotonic()
     outcome = _error(lambda: fc.all_reduce(torch.ones(1), "sum", mine))
     return outcome, time.monotonic() - start
