@@ -188,6 +188,16 @@ def _run_task(task: bytes, device) -> bytes:
         return pickle.dumps(("err", type(exc).__name__, str(exc), traceback.format_exc()))
 
 
+def receive_reply(conn, rank: int, proc) -> tuple:
+    """The reply a worker sent through `conn`; a worker that died before it answered
+    gives ("err", "ProcessDied", ...) naming its rank and exit code."""
+    try:
+        return pickle.loads(conn.recv_bytes())
+    except (EOFError, OSError):
+        proc.join(1.0)
+        return ("err", "ProcessDied", f"rank {rank} exited with code {proc.exitcode}", "")
+
+
 def forwarded_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIX)}
 

@@ -46,6 +46,7 @@ from refimpl._rank_process import (
     forwarded_env,
     local_device,
     main_without_fake_file,
+    receive_reply,
     resolve_process_group,
     worker_main,
 )
@@ -60,7 +61,12 @@ KEY_PREFIX = "refimpl-launched"
 
 
 class NotOnThisWorld(RuntimeError):
-    """What the launched world cannot run (the suite reports the case skipped)."""
+    """What the launched world cannot run (the suite reports the case skipped).
+    `needs_ranks`: the ranks the call asked for, when the world is too small for it."""
+
+    def __init__(self, reason: str, needs_ranks: int | None = None):
+        super().__init__(reason)
+        self.needs_ranks = needs_ranks
 
 
 class MismatchedRanks(ValueError):
@@ -110,12 +116,7 @@ class _LocalWorker:
         """The worker's reply, None when it has none within `wait_s` seconds."""
         if not self.conn.poll(wait_s):
             return None
-        try:
-            return pickle.loads(self.conn.recv_bytes())
-        except (EOFError, OSError):
-            self.proc.join(1.0)
-            return ("err", "ProcessDied",
-                    f"rank {self.rank} exited with code {self.proc.exitcode}", "")
+        return receive_reply(self.conn, self.rank, self.proc)
 
     def stop(self) -> None:
         if self.proc.is_alive():
@@ -203,7 +204,7 @@ class LaunchedWorld:
             raise NotOnThisWorld(f"the launched world was lost earlier: {self.lost}")
         if n > self.world_size:
             raise NotOnThisWorld(f"needs {n} ranks; the launched world has "
-                                 f"{self.world_size}")
+                                 f"{self.world_size}", needs_ranks=n)
         self.calls += 1
         tag = f"call/{self.calls}"
         self._forget(self.calls - 2)  # every rank has read those: it posted a later one

@@ -43,6 +43,7 @@ from refimpl._rank_process import (
     forwarded_env,
     main_is_a_file,
     main_without_fake_file,
+    receive_reply,
     resolve_process_group,
     worker_main,
 )
@@ -129,18 +130,11 @@ class _WorkerGroup:
                 if conn not in ready:
                     continue
                 del pending[rank]
-                replies[rank] = self._receive(rank, conn)
+                replies[rank] = receive_reply(conn, rank, self.procs[rank])
                 if replies[rank][0] == "err":
                     deadline = min(deadline, time.monotonic() + PEER_GRACE_S)
         return replies
 
-    def _receive(self, rank: int, conn) -> tuple:
-        try:
-            return pickle.loads(conn.recv_bytes())
-        except (EOFError, OSError):
-            self.procs[rank].join(1.0)
-            code = self.procs[rank].exitcode
-            return ("err", "ProcessDied", f"rank {rank} exited with code {code}", "")
 
     def shutdown(self, graceful: bool = True):
         if graceful and self.alive():

@@ -279,6 +279,8 @@ def pytest_runtest_makereport(item, call):
         reason = f"{NOT_IMPLEMENTED}: {call.excinfo.value}"
     elif call.excinfo.errisinstance(launched.NotOnThisWorld):  # CF-13: never a pass
         reason = f"launched world: {call.excinfo.value}"
+        if call.excinfo.value.needs_ranks is not None:  # the report's "needs_ranks"
+            report.user_properties.append(("needs_ranks", call.excinfo.value.needs_ranks))
     else:
         return
     report.outcome = "skipped"
