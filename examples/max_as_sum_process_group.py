@@ -32,6 +32,9 @@ class MaxAsSumProcessGroup(dist.ProcessGroup):
         self.gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
                                self.gloo)
+        # The group's own name and the flight recorder (torch 2.15 attaches it to every
+        # group with a device backend) are read from its default backend.
+        self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
 
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceOptions()

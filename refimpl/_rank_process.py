@@ -165,16 +165,31 @@ def worker_main(rank, world_size, store_address, prefix, sys_path, conn, setting
         getattr(torch, device.type).set_device(device)
     store = dist.TCPStore(host, port, is_master=False,
                           timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
-    dist.init_process_group(
-        name, store=dist.PrefixStore(prefix, store), rank=rank, world_size=world_size,
-        timeout=datetime.timedelta(seconds=PG_TIMEOUT_S),
-    )
+    try:
+        dist.init_process_group(
+            name, store=dist.PrefixStore(prefix, store), rank=rank, world_size=world_size,
+            timeout=datetime.timedelta(seconds=PG_TIMEOUT_S),
+        )
+    except Exception as exc:  # a vendor's group that cannot start: say so, do not vanish
+        _answer_once_and_leave(conn, pickle.dumps((
+            "err", type(exc).__name__,
+            f"--process-group {process_group}: the process group did not start on rank "
+            f"{rank} of {world_size}: {exc} [CF-13]", traceback.format_exc())))
+        return
     while True:
         task = conn.recv_bytes()
         if not task:
             break
         conn.send_bytes(_run_task(task, device))
     dist.destroy_process_group()
+
+
+def _answer_once_and_leave(conn, reply: bytes) -> None:
+    """Give the first task `reply` instead of running it (the caller's error names the
+    cause, not a rank that died), then leave."""
+    with contextlib.suppress(EOFError, OSError):
+        if conn.recv_bytes():
+            conn.send_bytes(reply)
 
 
 def _run_task(task: bytes, device) -> bytes:

@@ -181,6 +181,19 @@ def test_the_same_bug_is_caught_on_refimpls_own_workers(tmp_path):
     _judge_the_bug(got["cases"])
 
 
+def test_a_process_group_that_cannot_start_is_named_not_a_dead_rank(tmp_path):
+    """CF-13: a registered process group whose creator raises: each case fails with the
+    group's own error, naming --process-group and the rank, not "rank 0 exited"."""
+    spec = "tests.broken_process_group:register"
+    got = report(tmp_path, "--section", "FC", "-k", "test_eager_values and 2-name-f32 and "
+                 "all_reduce:sum", "-n", "0", "--process-group", spec)
+    assert got["cases"] and all(c["outcome"] == "failed" for c in got["cases"])
+    for case in got["cases"]:
+        assert f"--process-group {spec}: the process group did not start on rank 0 of 2: " \
+               "no fabric on this host [CF-13]" in case["reason"], case["reason"][:2000]
+        assert "ProcessDied" not in case["reason"], case["reason"][:2000]
+
+
 BAD = [
     (["--process-group", "nosuch"], "--process-group nosuch: torch.distributed has no "
                                     "backend named 'nosuch'"),
