@@ -29,6 +29,7 @@ from pathlib import Path
 from conformance.backends import REGISTERED, BackendSpecError, get_backend
 from conformance.cases.conftest import DEFAULT_CASE_TIMEOUT_S, section_of, strip_xdist_group
 from conformance.spec import rule_ids, section_title, sections
+from refimpl._rank_process import chosen_device, chosen_process_group
 
 CASES_DIR = Path(__file__).resolve().parent / "cases"
 OUTCOMES = ["passed", "failed", "xfailed", "xpassed", "not_implemented", "skipped"]
@@ -304,13 +305,13 @@ def _parser() -> argparse.ArgumentParser:
                              "implements (--section: some of them); a failure is shrunk and "
                              "printed with its reproducer. See conformance/README.md, "
                              "'Generated programs'")
-    parser.add_argument("--device", default=os.environ.get("REFIMPL_DEVICE") or "cpu",
+    parser.add_argument("--device", default=chosen_device(),
                         metavar="DEVICE",
                         help="where the ranks of numeric cases make their tensors: cpu "
                              "(default; $REFIMPL_DEVICE), cuda (each rank its own GPU), ...; "
                              "the oracle stays on the CPU")
-    parser.add_argument("--process-group", default=os.environ.get("REFIMPL_PROCESS_GROUP")
-                        or "gloo", metavar="NAME|module:attr",
+    parser.add_argument("--process-group", default=chosen_process_group(),
+                        metavar="NAME|module:attr",
                         help="the torch.distributed backend the ranks talk over: gloo "
                              "(default; $REFIMPL_PROCESS_GROUP), nccl, a name registered "
                              "with Backend.register_backend, or module:attr of a function "
@@ -418,12 +419,21 @@ def _main(parser, args, world) -> int:
     print_report(meta, cases, args.verbose)
     if args.json:
         Path(args.json).write_text(json.dumps({**meta, "cases": cases}, indent=1))
-    unexpected = [c for c in cases if c["outcome"] in UNEXPECTED]
+    return _exit_status(exit_code, cases, world, explain=True)
+
+
+def _exit_status(exit_code, cases, world, explain: bool) -> int:
+    """The run's exit status, the same on every rank: 1 on an unexpected result, a pytest
+    error or no case run, 2 for a launched world too small for every case, else 0.
+    `explain`: say why on stderr (rank 0; the too-small world is said on every rank)."""
+    unexpected = any(c["outcome"] in UNEXPECTED for c in cases)
     if exit_code not in (0, 1, 2, 5) or (exit_code in (1, 2) and not unexpected):
-        print(f"pytest exited with code {int(exit_code)}", file=sys.stderr)
+        if explain:
+            print(f"pytest exited with code {int(exit_code)}", file=sys.stderr)
         return 1
     if not cases:
-        print("no case ran", file=sys.stderr)
+        if explain:
+            print("no case ran", file=sys.stderr)
         return 1
     small = _world_too_small(world, cases)
     if small:
@@ -450,16 +460,7 @@ def _rank_exit_code(args, plugin, exit_code, world) -> int:
     if args.list:
         return 0 if exit_code in (0, 5) else 1
     cases = [c for c in plugin.cases.values() if c["outcome"] is not None]
-    unexpected = any(c["outcome"] in UNEXPECTED for c in cases)
-    if exit_code not in (0, 1, 2, 5) or (exit_code in (1, 2) and not unexpected):
-        return 1
-    if not cases:
-        return 1
-    small = _world_too_small(world, cases)
-    if small:
-        print(f"python -m conformance: {small}", file=sys.stderr)
-        return 2
-    return 1 if unexpected else 0
+    return _exit_status(exit_code, cases, world, explain=False)
 
 
 def fuzz_main(parser, args) -> int:

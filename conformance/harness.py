@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 
 from conformance.backends import NotImplementedConcept, get_backend
+from refimpl._rank_process import chosen_device  # this run's --device (CF-13)
 from refimpl.multiprocess import RankError, run_on_ranks, shutdown
 
 __all__ = ["run", "backend_in_rank", "fresh_ranks", "NotImplementedConcept", "chosen_device",
@@ -48,11 +49,6 @@ def run(backend, fn, world_size: int, *args, restart_after: bool = False, **kwar
     finally:
         if restart_after:
             fresh_ranks(world_size)
-
-
-def chosen_device() -> str:
-    """This run's --device: where rank functions make their tensors (CF-13)."""
-    return os.environ.get("REFIMPL_DEVICE") or "cpu"
 
 
 def needs_the_cpu(what: str) -> None:

@@ -56,6 +56,18 @@ class RankTimeout(RuntimeError):
 # --------------------------------------------------------------------------------------
 # Choices: a process group and a device every rank can serve (CF-13)
 # --------------------------------------------------------------------------------------
+def chosen_process_group() -> str:
+    """The process group workers start with unless told: $REFIMPL_PROCESS_GROUP, else
+    gloo (`--process-group` sets the variable)."""
+    return os.environ.get("REFIMPL_PROCESS_GROUP") or "gloo"
+
+
+def chosen_device() -> str:
+    """Where rank functions make their tensors unless told: $REFIMPL_DEVICE, else cpu
+    (`--device` sets the variable)."""
+    return os.environ.get("REFIMPL_DEVICE") or "cpu"
+
+
 def resolve_process_group(spec: str) -> str:
     """The backend name `torch.distributed` knows for `spec`: a name it has (`gloo`,
     `nccl`, one registered with `Backend.register_backend`), or `module:attr` of a

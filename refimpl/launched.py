@@ -42,6 +42,8 @@ from refimpl._rank_process import (
     RankError,
     RankTimeout,
     check_device,
+    chosen_device,
+    chosen_process_group,
     context,
     forwarded_env,
     local_device,
@@ -302,8 +304,8 @@ def attach(process_group: str | None = None, device: str | None = None) -> Launc
     """The launched world of this process, joined on first use with `process_group` and
     `device` (default: $REFIMPL_PROCESS_GROUP, else gloo; $REFIMPL_DEVICE, else cpu)."""
     global _world
-    process_group = process_group or os.environ.get("REFIMPL_PROCESS_GROUP") or "gloo"
-    device = device or os.environ.get("REFIMPL_DEVICE") or "cpu"
+    process_group = process_group or chosen_process_group()
+    device = device or chosen_device()
     if _world is None:
         _world = LaunchedWorld()  # the store first: a refusal below can still wait for
         atexit.register(_world.close)  # every rank to have said it (`joined`)

@@ -39,6 +39,8 @@ from refimpl._rank_process import (
     RankError,
     RankTimeout,
     check_device,
+    chosen_device,
+    chosen_process_group,
     context,
     forwarded_env,
     main_is_a_file,
@@ -60,8 +62,7 @@ DEFAULT_TIMEOUT_S = 120.0
 
 def _setting() -> tuple[str, str]:
     """(process group, device) the workers are started with: the caller's choice now."""
-    return (os.environ.get("REFIMPL_PROCESS_GROUP") or "gloo",
-            os.environ.get("REFIMPL_DEVICE") or "cpu")
+    return chosen_process_group(), chosen_device()
 
 
 class _WorkerGroup:
@@ -134,7 +135,6 @@ class _WorkerGroup:
                 if replies[rank][0] == "err":
                     deadline = min(deadline, time.monotonic() + PEER_GRACE_S)
         return replies
-
 
     def shutdown(self, graceful: bool = True):
         if graceful and self.alive():
