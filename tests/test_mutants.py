@@ -2,7 +2,7 @@
 
 Each mutant is applied to a fresh copy of the checkout, and the conformance suite of
 the mutant's own SPEC section runs there against the `refimpl` backend, the case that
-last caught it first (tests/mutants.py CATCHING_CASE), then the cases that name the
+last caught it first (its `catch`), then the cases that name the
 mutant's rule, stopping at the first failure (so it runs the mutated
 code, C kernels rebuilt from the mutated source included). The suite must fail: a case
 must fail in the run's report; a run that crashes without one does not count.
@@ -126,22 +126,19 @@ def test_every_list_of_mutants_is_gathered():
 
 
 def test_each_catching_case_is_a_case_of_its_mutants_section(tmp_path):
-    """CATCHING_CASE only orders a run; one naming a mutant or a case that no longer
-    exists would quietly cost the time it is there to save."""
-    from mutants import CATCHING_CASE
-
-    assert set(CATCHING_CASE) <= {m.name for m in MUTANTS}, \
-        sorted(set(CATCHING_CASE) - {m.name for m in MUTANTS})
+    """Every mutant names the case that catches it (the first tier runs that case alone);
+    one naming a case that no longer exists, or a case of another section, would catch
+    nothing there."""
     listing = tmp_path / "cases.json"
     subprocess.run([sys.executable, "-m", "conformance", "--list", "--json", str(listing)],
                    cwd=ROOT, check=True, capture_output=True, timeout=300)
     cases = json.loads(listing.read_text())["cases"]
     sections = {c["id"].split("::", 1)[1]: {i.rsplit("-", 1)[0] for i in c["spec_ids"]}
                 for c in cases}
-    for m in MUTANTS:
-        case = CATCHING_CASE.get(m.name)
-        assert case is None or m.section in sections.get(case, ()), \
-            f"mutant {m.name}: {case!r} is no case of section {m.section}"
+    for m in MUTANTS + CUDA_MUTANTS:
+        assert m.catch, f"mutant {m.name} names no catching case"
+        assert m.section in sections.get(m.catch, ()), \
+            f"mutant {m.name}: {m.catch!r} is no case of section {m.section}"
 
 
 def test_equivalents_still_apply_and_are_no_mutants():
@@ -156,13 +153,10 @@ def test_equivalents_still_apply_and_are_no_mutants():
         assert count == 1, f"equivalent {slip.name}: `old` occurs {count} times in {slip.path}"
 
 
-def test_cuda_mutants_are_named_once_each_with_its_catching_case():
+def test_cuda_mutants_are_named_once_each():
     """The GPU's mutants (tests/gpu/test_cuda_mutants.py runs them) are checked here too."""
-    from mutants import CUDA_CATCHING_CASE, CUDA_MUTANTS
-
     names = [m.name for m in CUDA_MUTANTS]
     assert len(set(names)) == len(names) and not set(names) & {m.name for m in MUTANTS}
-    assert set(CUDA_CATCHING_CASE) == set(names)
     assert all(m.rule.startswith("SM-") and m.why for m in CUDA_MUTANTS)
 
 

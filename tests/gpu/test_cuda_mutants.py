@@ -27,7 +27,6 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent)]
 
 from mutants import (  # noqa: E402
-    CUDA_CATCHING_CASE,
     CUDA_MUTANTS,
     KERNEL_BUILDS,
     ROOT,
@@ -44,7 +43,7 @@ def _run_section(root: Path, mutant: Mutant, report: Path) -> subprocess.Complet
     path = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
     env = {**os.environ, "PYTHONPATH": path, "REFIMPL_SYMM_MEM_DEVICE": "cuda"}
     env.pop("EXPECTTEST_ACCEPT", None)
-    args = ["--backend", "refimpl", "--section", "SM", "--first", CUDA_CATCHING_CASE[mutant.name],
+    args = ["--backend", "refimpl", "--section", "SM", "--first", mutant.catch,
             "--first", mutant.rule, "-x", "-n", "0", "--case-timeout", str(CASE_TIMEOUT_S),
             "--json", str(report)]
     return subprocess.run([sys.executable, "-m", "conformance", *args], cwd=root, env=env,
