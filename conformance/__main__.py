@@ -8,7 +8,7 @@ not-implemented cases as counts per section (every one with its reason under -v)
 on any unexpected result (failed, xpassed, a case module that fails to import), 0
 otherwise. `--json FILE` writes the run's metadata and one record per case. `--list`
 collects without running: the cases per section and the SPEC IDs that no case names.
-`--fuzz N [--seed S]` runs N generated programs (conformance/fuzz.py) through the stages
+`--fuzz N [--seed S]` runs N generated programs (conformance/fuzz/) through the stages
 of BK, CL, RO and MEM instead of the cases, with the same report.
 """
 
@@ -149,21 +149,27 @@ def _reason_of(report, outcome) -> str:
     return ""
 
 
-def case_files(sections) -> list[str]:
+def case_files(sections, cases=None) -> list[str]:
     """The case files that hold a case naming a rule of one of `sections` (their
-    `@pytest.mark.spec` IDs, read as text): a run of some sections collects only those,
-    about a second less per run than collecting every file."""
+    `@pytest.mark.spec` IDs, read as text) and, with `cases`, defining one of those case
+    functions: a run of some sections (or cases) collects only those, about a second less
+    per run than collecting every file."""
+    functions = {re.escape(case.split("[", 1)[0]) for case in cases or ()}
+    defines = re.compile(rf"^def ({'|'.join(functions)})\(", re.MULTILINE) if functions \
+        else None
     files = []
     for path in sorted(CASES_DIR.glob("test_*.py")):
-        marks = re.findall(r"mark\.spec\(([^)]*)\)", path.read_text())
+        text = path.read_text()
+        marks = re.findall(r"mark\.spec\(([^)]*)\)", text)
         named = {prefix for args in marks for prefix in re.findall(r'"([A-Z0-9]+)-\d+"', args)}
-        if named & set(sections):
+        if named & set(sections) and (defines is None or defines.search(text)):
             files.append(str(path))
     return files
 
 
 def _pytest_args(args) -> list[str]:
-    where = case_files(args.section) if args.section and not args.list else []
+    chosen = args.section or (list(sections()) if args.case else None)
+    where = case_files(chosen, args.case) if chosen and not args.list else []
     pytest_args = [*(where or [str(CASES_DIR)]), "-q", "-p", "no:cacheprovider",
                    "--backend", args.backend]
     if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
@@ -174,6 +180,8 @@ def _pytest_args(args) -> list[str]:
         pytest_args += ["--section", section]
     for first in args.first or ():
         pytest_args += ["--first", first]
+    for case in args.case or ():
+        pytest_args += ["--case", case]
     if args.exitfirst:
         pytest_args += ["-x"]
     if args.case_timeout is not None:
@@ -289,6 +297,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--first", metavar="ID_OR_CASE", action="append",
                         help="run the cases naming this SPEC ID (e.g. FC-19), or the case of "
                              "this name (with or without its parameters), first; repeatable")
+    parser.add_argument("--case", metavar="NAME", action="append",
+                        help="only the case of this name (with its parameters, as the report "
+                             "names it, e.g. test_gradient[2-all_reduce_sum]; or without, "
+                             "for all of them); repeatable")
     parser.add_argument("-x", "--exitfirst", action="store_true",
                         help="stop at the first case that fails")
     parser.add_argument("--case-timeout", type=float, metavar="SECONDS",
@@ -336,8 +348,9 @@ def _load_backend(spec: str) -> tuple[str, str]:
 # Options every rank of a launched world must be started with alike (CF-13); --json and
 # -v only shape what rank 0 writes.
 AGREED_OPTIONS = {"backend": "--backend", "k": "-k", "section": "--section",
-                  "first": "--first", "exitfirst": "-x", "case_timeout": "--case-timeout",
-                  "list": "--list", "device": "--device", "process_group": "--process-group"}
+                  "first": "--first", "case": "--case", "exitfirst": "-x",
+                  "case_timeout": "--case-timeout", "list": "--list", "device": "--device",
+                  "process_group": "--process-group"}
 
 
 def _join_world(parser, args):
@@ -464,7 +477,7 @@ def _rank_exit_code(args, plugin, exit_code, world) -> int:
 
 
 def fuzz_main(parser, args) -> int:
-    """`--fuzz N`: generated programs instead of the cases (conformance/fuzz.py); the same
+    """`--fuzz N`: generated programs instead of the cases (conformance/fuzz/); the same
     report, one record per (program, stage)."""
     from conformance import fuzz
 
@@ -503,7 +516,8 @@ def _fuzz_sections(parser, args, stages) -> list[str]:
         parser.error("--seed: only with --fuzz N")
     if args.fuzz < 1:
         parser.error(f"--fuzz: N must be a number of programs, 1 or more; got {args.fuzz}")
-    for flag, given in (("-k", args.k), ("--first", args.first), ("--list", args.list)):
+    for flag, given in (("-k", args.k), ("--first", args.first), ("--case", args.case),
+                        ("--list", args.list)):
         if given:
             parser.error(f"--fuzz: {flag} selects hand-written cases; not with --fuzz")
     from conformance.fuzz import DEFAULT_STAGES

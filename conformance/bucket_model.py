@@ -3,7 +3,7 @@
 `predict(gm, passes)` plans the buckets of each pass on a traced graph, as the rules say, and
 returns what the bucketed graph must issue: every collective's signature (kind, group,
 dtype, elements of its result) in program order, and the bucket indices each pass asks its
-cap for. The fuzzer (conformance/fuzz.py, BK stage) compares it with what a backend's
+cap for. The fuzzer (conformance/fuzz/, BK stage) compares it with what a backend's
 passes made of the same graph. It shares no code with refimpl.bucketing and reads the
 graph its own way: a bucket is a contraction of its members (BK-4: once merged, a
 bucket's results depend on all its members' inputs), and the rewrite is a stable
@@ -82,7 +82,9 @@ class Prediction:
     candidates: dict[str, list[str]]  # pass kind -> its candidates' node names, in order
 
 
-def _argument(node: torch.fx.Node, name: str):
+def argument_of(node: torch.fx.Node, name: str):
+    """The argument `name` of `node`'s op (by its schema), positional or keyword; None if
+    not given."""
     for i, arg in enumerate(node.target._schema.arguments):
         if arg.name == name:
             return node.args[i] if i < len(node.args) else node.kwargs.get(name)
@@ -130,10 +132,10 @@ class _Graph:
         (wait,) = users
         if not is_wait(wait) or wait.args[0] is not node:
             return
-        inp = _argument(node, "input").meta["val"]
+        inp = argument_of(node, "input").meta["val"]
         out = node.meta["val"]
-        group_size = _argument(node, "group_size")
-        reduce_op = _argument(node, "reduce_op")
+        group_size = argument_of(node, "group_size")
+        reduce_op = argument_of(node, "reduce_op")
         coll.key = (coll.group, *([reduce_op.lower()] if reduce_op else []), coll.dtype)
         coll.size = max(inp.numel() * inp.element_size(), out.numel() * out.element_size())
         if coll.kind == "reduce_scatter":  # padded to a multiple of the group size (BK-10)

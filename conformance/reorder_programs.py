@@ -714,22 +714,23 @@ def config_for(ns, gm: torch.fx.GraphModule, case: Case):
 # --------------------------------------------------------------------------------------
 # On a rank: the reordered program computes what the original does (RO-13)
 # --------------------------------------------------------------------------------------
-def _flat(out) -> list[torch.Tensor]:
+def flat_tensors(out) -> list[torch.Tensor]:
+    """The tensors of a program's output (a tensor, a list or tuple, a dict), in order."""
     if isinstance(out, torch.Tensor):
         return [out]
     if isinstance(out, dict):  # a program may return a dict (make_fx's pytree output)
-        return [t for o in out.values() for t in _flat(o)]
-    return [t for o in out for t in _flat(o)]
+        return [t for o in out.values() for t in flat_tensors(o)]
+    return [t for o in out for t in flat_tensors(o)]
 
 
-def _run(gm, inputs, checker: MetaChecker | None = None
+def run_graph(gm, inputs, checker: MetaChecker | None = None
          ) -> tuple[list[torch.Tensor], list[float]]:
     """`gm`'s outputs and recorded side effects; run by `checker` (its meta checked) if
     given."""
     RECORDED.clear()
     torch.manual_seed(0)  # random draws compare between orders (RO-4)
     out = (gm if checker is None else checker.call)(*[x.clone() for x in inputs])
-    return _flat(out), list(RECORDED)
+    return flat_tensors(out), list(RECORDED)
 
 
 def differences(before, after) -> str:
@@ -760,7 +761,7 @@ def values_on_rank(spec: str, cases: list[Case]) -> dict[str, str]:
         inputs = inputs_for(case.program, ctx, rank)
         new = ns.reorder(gm, config_for(ns, gm, case))
         checker = MetaChecker(new)
-        found[case.id] = differences(_run(gm, inputs), _run(new, inputs, checker))
+        found[case.id] = differences(run_graph(gm, inputs), run_graph(new, inputs, checker))
         if checker.untrue and not found[case.id]:
             found[case.id] = f"untrue meta val: {checker.report()}"
     return found

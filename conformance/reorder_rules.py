@@ -223,7 +223,8 @@ class _Buffers:
 # --------------------------------------------------------------------------------------
 # The rules
 # --------------------------------------------------------------------------------------
-def _body(gm) -> list[torch.fx.Node]:
+def body_nodes(gm) -> list[torch.fx.Node]:
+    """`gm`'s nodes in order, less its inputs, attributes and output."""
     return [n for n in gm.graph.nodes if n.op not in ("placeholder", "get_attr", "output")]
 
 
@@ -256,13 +257,13 @@ def _same_nodes(original, reordered) -> list[str]:
     return problems
 
 
-def _accesses(gm) -> list[tuple[str, list, list]]:
+def buffer_accesses(gm) -> list[tuple[str, list, list]]:
     """Per body node: (name, buffers it reads, buffers it writes), waits reading what the
     collectives they complete hold (MEM-5, FC-5)."""
     buffers = _Buffers(gm)
     pending: dict = {}
     out = []
-    for node in _body(gm):
+    for node in body_nodes(gm):
         reads = buffers.of(node.all_input_nodes)
         writes = buffers.written(node)
         if kind_of(node) is not None:
@@ -280,7 +281,7 @@ def _version_counts(gm) -> dict[tuple[str, object], int]:
     """(node, buffer) -> how many writes of the buffer come before the node's access."""
     written: dict = {}
     counts = {}
-    for name, reads, writes in _accesses(gm):
+    for name, reads, writes in buffer_accesses(gm):
         for b in set(reads) | set(writes):
             counts[(name, b)] = written.get(b, 0)
         for b in set(writes):
@@ -296,7 +297,7 @@ def _versions(original, reordered) -> list[str]:
 
 def _group_orders(gm) -> dict[str, list[str]]:
     orders: dict[str, list[str]] = {}
-    for node in _body(gm):
+    for node in body_nodes(gm):
         group = group_of(node)
         if group is not None:
             orders.setdefault(group, []).append(node.name)
@@ -310,9 +311,9 @@ def _groups(original, reordered) -> list[str]:
 
 
 def _barriers(original, reordered) -> list[str]:
-    new_position = {n.name: i for i, n in enumerate(_body(reordered))}
+    new_position = {n.name: i for i, n in enumerate(body_nodes(reordered))}
     problems, before = [], set()
-    for node in _body(original):
+    for node in body_nodes(original):
         if is_barrier(node):
             now = {n for n, i in new_position.items() if i < new_position[node.name]}
             if now != before:
@@ -337,11 +338,11 @@ def _prologue_ops(node) -> bool:
 def blocks(gm) -> list[list[str]]:
     """Tagged blocks (BK-17) and each untagged collective with its prologue (RO-7)."""
     tagged: dict = {}
-    for node in _body(gm):
+    for node in body_nodes(gm):
         if node.meta.get("refimpl_block") is not None:
             tagged.setdefault(tuple(node.meta["refimpl_block"]), []).append(node.name)
     found = list(tagged.values())
-    for node in _body(gm):
+    for node in body_nodes(gm):
         if kind_of(node) is None or node.meta.get("refimpl_block") is not None:
             continue
         block = {node}
@@ -362,7 +363,7 @@ def blocks(gm) -> list[list[str]]:
 
 
 def _contiguous(original, reordered) -> list[str]:
-    position = {n.name: i for i, n in enumerate(_body(reordered))}
+    position = {n.name: i for i, n in enumerate(body_nodes(reordered))}
     problems = []
     for block in blocks(original):
         places = sorted(position[name] for name in block)
@@ -380,7 +381,7 @@ def _in_flight(reordered, limits: dict) -> list[str]:
     left: dict[torch.fx.Node, int] = {}
     count: dict = {}
     problems = []
-    for node in _body(reordered):
+    for node in body_nodes(reordered):
         kind = kind_of(node)
         if kind is not None:
             key = (group_of(node), kind)

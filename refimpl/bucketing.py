@@ -15,9 +15,10 @@ even across keys (BK-4). The rewrite is one stable topological pass: the merged
 collective sits where the bucket's last member was, and only nodes that depend on a
 member's result move after its wait (BK-7); every node of a merged bucket is tagged with
 its FSDP block (BK-17). Both passes cost O(N log N) in graph size. Candidates with bad
-arguments are refused before anything is rewritten (BK-16).
+arguments are refused before anything is rewritten (BK-16). `deduplicate_waits` removes
+the repeated waits of one value, so a collective waited twice becomes a candidate (BK-18).
 
-Implements SPEC.md section "Bucketing": BK-1 .. BK-17.
+Implements SPEC.md section "Bucketing": BK-1 .. BK-18.
 """
 
 from __future__ import annotations

@@ -20,7 +20,10 @@ kernels lowering chose (`all_reduce_`, `all_gather_into_tensor_out`: their schem
 declare the alias, which the check accepts) and one-shot kernels (fresh results), so it
 passes the check in its strict form; every test runs under it.
 
-Implements SPEC.md section "End to end": E2E-1 .. E2E-6.
+A program that calls an aliasing collective fails naming the op or gives eager's values
+(E2E-7); collectives keep their place against every barrier op of RO-6 (E2E-8).
+
+Implements SPEC.md section "End to end": E2E-1 .. E2E-8.
 """
 
 from __future__ import annotations

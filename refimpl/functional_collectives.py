@@ -20,7 +20,10 @@ its inputs referenced until it is waited (FC-36).
 Each op has one block below: its schema, its checks, its eager kernel, its fake kernel,
 its autograd formula and its Python API, in that order.
 
-Implements SPEC.md section "Functional collectives": FC-1 .. FC-36.
+torch 2.15's names (`all_gather_single`, ..., `wait_tensors`) sit beside the older ones
+(FC-37).
+
+Implements SPEC.md section "Functional collectives": FC-1 .. FC-37.
 """
 
 from __future__ import annotations

@@ -24,6 +24,8 @@ process group (it stays free to trace with a fake one).
 What a launched world cannot give raises `NotOnThisWorld` with the reason, before `fn`
 runs anywhere: more ranks than the world has, or a world lost earlier (a launched process
 that stopped answering). The conformance suite reports such a case `skipped`.
+
+Implements SPEC.md CF-13 (section 7), for `run_on_ranks` and the runner alike.
 """
 
 from __future__ import annotations

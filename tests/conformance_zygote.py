@@ -10,6 +10,12 @@ imported here), so it runs the mutated code exactly as `python -m conformance` w
 Protocol, one JSON object per line: a request {"cwd", "args", "env", "stdout", "stderr",
 "timeout_s"} on stdin; the reply {"returncode"} on stdout (-9 when the run was killed at
 its timeout, with its whole process group).
+
+A child ends with `os._exit` (it must not run the atexit handlers it inherited from this
+process), which skips multiprocessing's clean-up: the `pymp-*` folder of the forkserver
+that starts its rank workers would stay in the system's temp folder, one a run. So each
+run gets a temp folder of its own (TMPDIR), removed once the child is gone: a run leaves
+nothing behind.
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import traceback
 
@@ -39,8 +47,9 @@ for _name in PRELOADED:
 gc.freeze()
 
 
-def _run_child(request: dict) -> None:
-    """In the forked child: become `python -m conformance ARGS` in `cwd`; never returns."""
+def _run_child(request: dict, temp: str) -> None:
+    """In the forked child: become `python -m conformance ARGS` in `cwd`, with `temp` as
+    its temp folder; never returns."""
     code = 1
     try:
         os.setpgid(0, 0)  # its own group, so a timeout kills its rank workers too
@@ -51,6 +60,8 @@ def _run_child(request: dict) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        os.environ["TMPDIR"] = temp
+        tempfile.tempdir = temp  # this process read TMPDIR before the fork
         sys.path.insert(0, request["cwd"])  # what PYTHONPATH=cwd does for a fresh one
         sys.argv = ["conformance", *request["args"]]
         import runpy
@@ -83,14 +94,16 @@ def _wait(pid: int, timeout_s: float) -> int:
 def main() -> None:
     for line in sys.stdin:
         request = json.loads(line)
+        temp = tempfile.mkdtemp(prefix="run-")
         pid = os.fork()
         if pid == 0:
-            _run_child(request)
+            _run_child(request, temp)
         try:
             os.setpgid(pid, pid)  # also here: a timeout may come before the child ran
         except OSError:
             pass
         code = _wait(pid, request["timeout_s"])
+        shutil.rmtree(temp, ignore_errors=True)
         sys.stdout.write(json.dumps({"returncode": code}) + "\n")
         sys.stdout.flush()
 

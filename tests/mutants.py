@@ -75,10 +75,12 @@ class Mutant:
 
 
 def copy_checkout(dest: Path) -> Path:
-    """A copy of what the suite needs, kernel libraries included, without caches."""
+    """A copy of what the suite needs, kernel libraries and compiled Python included."""
     # Built libraries (*.so) are kept: refimpl/_native.py loads one only if it was built
-    # from the very source the copy holds.
-    ignore = shutil.ignore_patterns("__pycache__", "build", "*.egg-info")
+    # from the very source the copy holds. So is Python's bytecode (__pycache__): copies
+    # keep each source's time and size, which a .pyc is checked against, so only the
+    # mutated file compiles again (compiling them all cost each run about a second).
+    ignore = shutil.ignore_patterns("build", "*.egg-info")
     for name in COPIED:
         src = ROOT / name
         if src.is_dir():
@@ -529,17 +531,20 @@ FC = [
            "    return [wait_tensor(t) for t in tensors]",
            "    return [wait_tensor(tensors[0]), *tensors[1:]]",
            "the list's wait written for its first tensor, the others returned still "
-           "pending (AsyncCollectiveTensors)"),
+           "pending (AsyncCollectiveTensors)",
+           catch="test_the_2_15_names_give_what_the_older_names_give"),
     Mutant("extremum_ties_counted_on_this_rank_only", "FC-23", F,
            '    holders = _waited(ops.all_reduce(holds.to(torch.float32), "sum", ctx.group_name))',
            '    holders = holds.to(torch.float32)',
            "the holders of a min/max counted on the rank itself: a tie across ranks gives "
-           "each holder the whole gradient"),
+           "each holder the whole gradient",
+           catch="test_min_and_max_gradients_go_to_the_extremum_shared_among_ties[2-max]"),
     Mutant("extremum_gradient_to_every_element", "FC-23", F,
            "    return torch.where(holds, (total / holders).to(total.dtype), 0)",
            "    return (total / holders).to(total.dtype)",
            "the min/max gradient given as sum's: every element gets its share, extremum "
-           "or not"),
+           "or not",
+           catch="test_min_and_max_gradients_go_to_the_extremum_shared_among_ties[2-max]"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -859,7 +864,8 @@ CL = [
            '"all_reduce_coalesced", "all_reduce_coalesced_", "all_to_all_single",',
            '"all_reduce_coalesced", "all_to_all_single",',
            "an op of refimpl's library left out of the catalogue (a row deleted, or never "
-           "written for a new op): a pass that meets it must say so, not default it"),
+           "written for a new op): a pass that meets it must say so, not default it",
+           catch="test_all_reduce_coalesced_becomes_clones_plus_inplace"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -1104,6 +1110,7 @@ BK = [
 # 4. Scheduler reorder (RO)
 # --------------------------------------------------------------------------------------
 _RO = "refimpl/reorder.py"
+_RO_MEMORY = "refimpl/reorder_memory.py"  # the exact memory test of a move (RO-10)
 RO = [
     Mutant("in_flight_limit_across_groups", "RO-8", _RO,
            "block.flight = (p.group[first], collective_kind(p.body[first]))",
@@ -1245,9 +1252,9 @@ RO = [
            "spreads that block (a prologue early, its collective behind its group's), RO-9's "
            "exception places any block past the memory bound (found by the fuzzer)",
            catch="test_a_refused_fill_falls_back_to_the_first_ready_block_of_the_original_order"),
-    Mutant("ro_memory_bound_strict", "RO-9", _RO,
-           "            if change != _PLACED and tree.max(lo, hi) + change > self.limit:",
-           "            if change != _PLACED and tree.max(lo, hi) + change >= self.limit:",
+    Mutant("ro_memory_bound_strict", "RO-9", _RO_MEMORY,
+           "            if change != PLACED and tree.max(lo, hi) + change > self.limit:",
+           "            if change != PLACED and tree.max(lo, hi) + change >= self.limit:",
            "the memory bound compared with <: a move that reaches the limit exactly is "
            "refused",
            catch="test_the_exact_memory_test_at_its_limit[0.035]"),
@@ -1266,7 +1273,7 @@ RO = [
            "        return block.pos\n", "        return self.p.body[block.pos].name\n",
            "ties broken by node name instead of original position",
            catch="test_mutated_buffer_keeps_its_versions"),
-    Mutant("bound_now_refuses_the_exact_limit", "RO-9", "refimpl/reorder.py",
+    Mutant("bound_now_refuses_the_exact_limit", "RO-9", _RO_MEMORY,
            "        if peak_of_move > self.limit:",
            "        if peak_of_move >= self.limit:",
            "off by one at the bound: a raise that plans exactly the limit at its own "
@@ -1337,45 +1344,53 @@ RO = [
            '_BROADCAST = dict(family="all_reduce", completes="wait",',
            "broadcast's row copied from _ALL_REDUCE (both copy their input, FC-2) with "
            "only the algorithm changed: broadcast becomes RO-8's all_reduce kind "
-           "(blind red team)"),
+           "(blind red team)",
+           catch=(
+               "test_every_order_keeps_the_rules[broadcasts_and_an_all_reduce-budget=inf-broadcast=1]")),
     Mutant("comm_ops_find_only_collective_namespaces", "RO-5", COMM_OPS,
            '    if key[0] not in NAMESPACES or key in NOT_MODELLED:',
            '    if key[0] not in COLLECTIVE_NAMESPACES or key in NOT_MODELLED:',
            "find filters on the functional-collective namespaces only, so the "
-           "symmetric-memory kernels get no row and read as plain compute (blind red team)"),
+           "symmetric-memory kernels get no row and read as plain compute (blind red team)",
+           catch="test_a_wait_sinks_past_a_blocking_kernel"),
     Mutant("wait_of_a_list_paired_with_its_first_collective", "RO-8", _RO,
            "                self.completes[i] = list(dict.fromkeys(c for c, _ in done))",
            "                self.completes[i] = list(dict.fromkeys(c for c, _ in done))[:1]",
            "a wait paired with one collective, as wait_tensor is: a wait_tensors of several "
            "collectives leaves all but the first in flight for the scheduler",
            catch="test_a_wait_of_a_list_completes_every_collective_it_lists[one]"),
-    Mutant("alloc_live_to_end_double_count", "RO-10", _RO,
+    Mutant("alloc_live_to_end_double_count", "RO-10", _RO_MEMORY,
            "                    events.append((cur, k, self.bytes[b]))  "
            "# live from now, not from k",
            "                    events.append((cur, self.n, self.bytes[b]))  # live from now on",
            "a moved buffer counted live to the end, on top of the original order's own count "
-           "of it: issue 30's double count again (blind red team)"),
+           "of it: issue 30's double count again (blind red team)",
+           catch="test_fsdp_backward_waits_kept_by_the_memory_bound"),
     Mutant("baseline_key_without_own_alloc", "RO-10", _RO,
            "            high.append(sweep.live_bytes + p.alloc[i])",
            "            high.append(sweep.live_bytes)",
            "a later position's key without its own allocations (MEM-9's peak inside a node "
-           "forgotten): moves over the bound pass (blind red team)"),
+           "forgotten): moves over the bound pass (blind red team)",
+           catch="test_fsdp_backward_waits_kept_by_the_memory_bound"),
     Mutant("stall_free_key_position_before_need", "RO-12", _RO,
            "(block.need, self.tie(block), block.index))",
            "(self.tie(block), block.need, block.index))",
            "original position ahead of need on one of the two paths into the stall-free queue "
-           "(blind red team)"),
+           "(blind red team)",
+           catch="test_a_collective_that_ends_now_stalls_nothing"),
     Mutant("R_counts_B_itself", "RO-14", _RO,
            "        after = block.members[-1] + 1",
            "        after = block.members[0]",
            "R read as the compute from the fill on, the fill's own duration included (blind "
-           "red team)"),
+           "red team)",
+           catch="test_a_held_back_gather_is_let_go_when_that_hides_more_of_it[gain]"),
     Mutant("check_order_peak_at_limit_refused", "RO-15", _RO,
            "    if plan.peak_bytes <= limit:",
            "    if plan.peak_bytes < limit:",
            "check_order off by one at RO-9's bound: a peak exactly at the limit reported "
-           "(blind red team)"),
-    Mutant("continuation_frees_nothing_early", "RO-10", _RO,
+           "(blind red team)",
+           catch="test_check_order_passes_every_order_of_the_pass"),
+    Mutant("continuation_frees_nothing_early", "RO-10", _RO_MEMORY,
            "            for b in self.released_by[k]:\n                if self.forever[b] or",
            "            for b in ():\n                if self.forever[b] or",
            "the exact test adds a move's allocations but not the frees it brings forward: a "
@@ -1599,13 +1614,15 @@ MEM = [
            '"all_reduce_coalesced": dict(_ALL_REDUCE, coalesced=True),',
            '"all_reduce_coalesced": dict(_ALL_REDUCE_, coalesced=True),',
            "the out-of-place coalesced all_reduce built from the in-place template of "
-           "the next line: in place, holding its inputs until the waits (blind red team)"),
+           "the next line: in place, holding its inputs until the waits (blind red team)",
+           catch="test_coalesced_all_reduce_frees_its_inputs_at_issue"),
     Mutant("comm_ops_broadcast_holds_its_input", "MEM-5", COMM_OPS,
            '_BROADCAST = dict(family="broadcast", completes="wait", in_flight="result",',
            '_BROADCAST = dict(family="broadcast", completes="wait", in_flight="inputs",',
            "out-of-place broadcast given the in-flight set of the collectives that "
            "communicate their input (all_gather's), forgetting it copies its input (FC-2) "
-           "(blind red team)"),
+           "(blind red team)",
+           catch="test_all_to_all_holds_its_input_broadcast_does_not"),
     Mutant("wait_of_a_list_completes_its_first_tensor", "MEM-5", MEMORY,
            "                    b.index for a in node_args(node.args[:1])",
            "                    b.index for a in node_args(node.args[:1])[:1]",
@@ -1767,10 +1784,12 @@ SM = [
     Mutant("pair_sum_reads_its_own_input_twice", "SM-15", "kernels/cpu/symm_mem.c",
            "out[i] = STORE(ADD(LOAD(a[i]), LOAD(b[i])));",
            "out[i] = STORE(ADD(LOAD(a[i]), LOAD(a[i])));",
-           "the one-pass sum of two ranks reads the first rank's input twice"),
+           "the one-pass sum of two ranks reads the first rank's input twice",
+           catch="test_one_shot_and_two_shot_sum_are_bitwise_the_rank_order_reference[float32-2]"),
     Mutant("pair_path_taken_by_larger_groups", "SM-15", "kernels/cpu/symm_mem.c",
            "    if (nsrc == 2) {", "    if (nsrc >= 2) {",
-           "groups of three or more take the two-source pass: later ranks are dropped"),
+           "groups of three or more take the two-source pass: later ranks are dropped",
+           catch="test_one_shot_and_two_shot_sum_are_bitwise_the_rank_order_reference[float32-3]"),
     Mutant("avg_divides_by_one_rank_less", "SM-15", "kernels/cpu/symm_mem.c",
            "acc[i] = acc[i] / (ACC_T)nsrc;", "acc[i] = acc[i] / (ACC_T)(nsrc - 1);",
            "avg divides by the number of additions instead of the number of ranks",
@@ -1908,12 +1927,14 @@ SM = [
            catch="test_persistent_allocation_returns_the_same_memory_once_free"),
     Mutant("reissued_live_view_not_counted", "SM-4", "refimpl/symmetric_memory.py",
            "if use_count() > 2:", "if use_count() > 3:",
-           "a repeated request counts the allocator's tensor twice: one live holder passes"),
+           "a repeated request counts the allocator's tensor twice: one live holder passes",
+           catch="test_persistent_allocation_returns_the_same_memory_once_free"),
     Mutant("reissue_skips_the_alive_check", "SM-4", "refimpl/symmetric_memory.py",
            "            if use_count() > 2:  # more users than the storage object and the owner\n"
            "                check_persistent(alloc, True, alloc.nbytes, alloc.group_name, "
            "alloc_id)\n", "",
-           "the repeated request is a bare lookup: a live allocation is handed out twice"),
+           "the repeated request is a bare lookup: a live allocation is handed out twice",
+           catch="test_persistent_allocation_returns_the_same_memory_once_free"),
     Mutant("default_timeout_of_zero_accepted", "SM-11", "refimpl/symmetric_memory.py",
            "isinstance(timeout_ms, bool) or timeout_ms <= 0:",
            "isinstance(timeout_ms, bool) or timeout_ms < 0:",
@@ -1971,7 +1992,8 @@ SM = [
            catch="test_functions_and_ops_use_the_allocator_registered_now"),
     Mutant("repeated_request_ignores_the_group", "SM-4", "refimpl/symmetric_memory.py",
            " and granted[4] == group_name):", "):",
-           "the repeat check compares the layout and device, not the group"),
+           "the repeat check compares the layout and device, not the group",
+           catch="test_persistent_allocation_boundaries_and_its_three_refusals"),
     Mutant("persistent_layout_ignores_the_dtype", "SM-3", "refimpl/symmetric_memory.py",
            "layout = (size, stride, dtype)", "layout = (size, stride)",
            "a request of another dtype and the same shape gets the previous dtype's tensor",
@@ -2265,33 +2287,39 @@ SIM = [
            '_REDUCE_SCATTER = dict(family="reduce_scatter", completes="wait", '
            'in_flight="inputs",\n                       cost_bytes="output"',
            "reduce_scatter's row copied from all_gather's, keeping cost_bytes=\"output\": "
-           "the ring charged on the 1/n result instead of the input (blind red team)"),
+           "the ring charged on the 1/n result instead of the input (blind red team)",
+           catch="test_collective_costs"),
     Mutant("comm_ops_two_shot_costed_one_shot", "SIM-2", COMM_OPS,
            '"two_shot_all_reduce_": dict(_ONE_SHOT, in_place=True, algorithm="twice_ring"),',
            '"two_shot_all_reduce_": dict(_ONE_SHOT, in_place=True),',
            "two-shot derived from the one-shot row without overriding its algorithm: "
-           "charged alpha + (n-1) B / beta instead of twice the ring (blind red team)"),
+           "charged alpha + (n-1) B / beta instead of twice the ring (blind red team)",
+           catch="test_a_two_shot_all_reduce_costs_twice_a_ring"),
     Mutant("comm_ops_one_shot_completed_by_a_wait", "SIM-7", COMM_OPS,
            '_ONE_SHOT = dict(family="all_reduce", completes="blocking", cost_bytes="input",',
            '_ONE_SHOT = dict(family="all_reduce", completes="wait", cost_bytes="input",',
            "the one-shot row written from the all_reduce template, keeping "
            "completes=\"wait\": a blocking kernel treated as an issued collective "
-           "(blind red team)"),
+           "(blind red team)",
+           catch="test_upstreams_blocking_one_shot_is_communication_too"),
     Mutant("p2p_costed_as_a_ring", "SIM-2", COMM_OPS,
            '    "isend": _P2P,\n',
            '    "isend": dict(_P2P, algorithm="ring"),\n',
            "isend given the default every other collective has, a ring over the group, "
-           "though it moves its bytes to one peer once"),
+           "though it moves its bytes to one peer once",
+           catch="test_point_to_point_ops_cost_one_transfer"),
     Mutant("estimate_zero_falls_back_to_model", "SIM-1", SIMULATOR,
            "            if us is not None:",
            "            if us:",
            "a truthiness test for None: an estimate of 0 us handed back to the model (blind "
-           "red team)"),
+           "red team)",
+           catch="test_an_estimator_gives_durations_by_node_pinned_names_first"),
     Mutant("group_size_only_oversize_refused", "SIM-2", SIMULATOR,
            "        if registered is not None and registered != given:",
            "        if registered is not None and registered < given:",
            "only a group_size larger than the group refused: 1 on a group of 4 makes the "
-           "collective free (blind red team)"),
+           "collective free (blind red team)",
+           catch="test_a_group_size_that_is_not_the_groups_is_refused[1]"),
     Mutant("collective_times_miss_enclosing_stall", "SIM-8", SIMULATOR,
            "        k = max(bisect.bisect_right(starts, e.start_us) - 1, 0)",
            "        k = bisect.bisect_left(starts, e.start_us)",

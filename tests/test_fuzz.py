@@ -1,5 +1,5 @@
 """Generated-program conformance (SPEC CF-12: `python -m conformance --fuzz N`,
-conformance/fuzz.py).
+conformance/fuzz/).
 
 A small budget passes on refimpl; a backend whose all_gather bucketing copies its
 members into the bucket in the wrong order is caught, with a reproducer that reruns the
@@ -80,6 +80,17 @@ def test_a_small_budget_passes_on_refimpl(tmp_path, capsys):
     assert set(records[0]) == {"id", "section", "spec_ids", "outcome", "reason",
                                "world_sizes", "seconds"}
     assert records[0]["section"] == "3. Bucketing" and records[0]["spec_ids"][0] == "BK-2"
+
+
+@pytest.mark.slow
+def test_a_longer_budget_passes_on_refimpl(tmp_path):
+    """Second tier: 40 programs (2 and 4 ranks) through every default stage, on a seed of
+    its own (the first tier's smoke run draws seeds 0..2)."""
+    report = tmp_path / "fuzz.json"
+    code = _main("--fuzz", "40", "--seed", "1000", "-n", "0", "--json", str(report))
+    records = json.loads(report.read_text())["cases"]
+    failed = [(r["id"], r["reason"][:2000]) for r in records if r["outcome"] != "passed"]
+    assert code == 0 and len(records) == 40 * 4 and not failed, failed
 
 
 def test_wrong_bucketing_is_caught_with_a_reproducer(tmp_path):

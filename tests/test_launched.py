@@ -2,11 +2,14 @@
 
 Everything here runs on this machine's CPU over gloo: torchrun with 2 and with 4
 processes, and two torchrun commands joined as 2 nodes of 2 processes by a c10d
-rendezvous on loopback. The suite's FC and SM sections under each launch, a section per
-torchrun command (a launch costs what its section costs, on 2 cores), each case's
-outcome against refimpl's own workers' run of the same section (made once per section
-for all of pytest's workers); a vendor's process group with a deliberate bug; the
-options refused on every rank before any case runs; and `run_on_ranks` itself.
+rendezvous on loopback. The first tier runs a selection of the FC and SM sections (values,
+gradients, refusals, a failed peer, a mismatch, rendezvous, signals, one-shot and
+two-shot) under 2 processes; the second (`pytest -m slow`) the whole of both sections under
+each launch, a section per torchrun command (a launch costs what its section costs, on 2
+cores). Each case's outcome is compared with refimpl's own workers' run of the same
+selection (made once per selection for all of pytest's workers). Also: a vendor's process
+group with a deliberate bug; the options refused on every rank before any case runs; and
+`run_on_ranks` itself.
 """
 
 from __future__ import annotations
@@ -34,6 +37,22 @@ LAUNCHES = [
                       for node in (0, 1)]),
 ]
 SECTIONS = ["FC", "SM"]
+# The first tier's selection of each section: one case or a few of every kind (values on
+# a name and an object, gradients, refusals before and across ranks, a failed peer, a
+# peer that never comes, rendezvous, signals, one-shot and two-shot in rank order).
+SELECTIONS = {
+    "FC": ["-k", "(test_eager_values and 2-name-f32 and (all_reduce or all_gather)) or "
+                 "(test_eager_values and 2-object-bf16 and reduce_scatter) or "
+                 "(test_gradient and 2-all_reduce) or test_a_failed_peer_is_named or "
+                 "test_a_peer_that_never_comes_is_named or "
+                 "(test_mismatched_calls_raise_on_every_rank and shape) or "
+                 "(test_bad_input_is_refused and out_dtype)"],
+    "SM": ["-k", "test_rendezvous_gives_one_handle_over_every_peers_buffer or "
+                 "test_signals_carry_writes_per_channel_and_leave_pads_zero or "
+                 "test_one_shot_and_two_shot_sum_are_bitwise_the_rank_order_reference or "
+                 "test_a_wait_times_out_naming_the_peer or "
+                 "test_a_call_that_differs_between_ranks_fails_on_every_rank_naming_the_rank"],
+}
 NEEDS_MORE = re.compile(r"^launched world: needs (\d+) ranks; the launched world has (\d+)$")
 
 
@@ -93,12 +112,13 @@ def in_house(tmp_path_factory):
         shared = shared.parent / f"in_house-{run_id}"
         shared.mkdir(exist_ok=True)
 
-    def get(section: str) -> dict:
-        done = shared / f"{section}.json"
-        with _locked(shared / f"{section}.lock"):
+    def get(section: str, selection: list[str]) -> dict:
+        label = section + ("_selection" if selection else "")
+        done = shared / f"{label}.json"
+        with _locked(shared / f"{label}.lock"):
             if not done.exists():
-                made = report(tmp_path_factory.mktemp(f"in_house_{section}"),
-                              "--section", section)
+                made = report(tmp_path_factory.mktemp(f"in_house_{label}"),
+                              "--section", section, *selection)
                 done.write_text(json.dumps(made))
         return json.loads(done.read_text())
 
@@ -106,18 +126,36 @@ def in_house(tmp_path_factory):
 
 
 @pytest.mark.parametrize("section", SECTIONS)
+def test_a_launched_world_of_2_gives_a_selection_the_in_house_outcome(
+        tmp_path, in_house, section):
+    """CF-13 (first tier): under torchrun with 2 processes, each case of the section's
+    selection ends as on refimpl's own workers (4-rank cases: skipped, naming both
+    numbers)."""
+    label, node_options = LAUNCHES[0]
+    _check_launch(tmp_path, in_house, label, node_options, section, SELECTIONS[section])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("section", SECTIONS)
 @pytest.mark.parametrize("label, node_options", LAUNCHES,
                          ids=[label for label, _ in LAUNCHES])
 def test_a_launched_world_gives_each_case_the_in_house_outcome(
         tmp_path, in_house, label, node_options, section):
-    """CF-13: under torchrun every case ends as on refimpl's own workers, except a case
-    that needs more ranks than the world has: skipped, naming both numbers."""
+    """CF-13 (second tier): under torchrun every case of the section ends as on refimpl's
+    own workers, except a case that needs more ranks than the world has: skipped, naming
+    both numbers."""
+    _check_launch(tmp_path, in_house, label, node_options, section, [])
+
+
+def _check_launch(tmp_path, in_house, label, node_options, section, selection):
     world = sum(int(opts[opts.index("--nproc-per-node") + 1]) for opts in node_options)
     out = tmp_path / f"{section}.json"
-    runs = launch(node_options, "-m", "conformance", "--section", section,
+    runs = launch(node_options, "-m", "conformance", "--section", section, *selection,
                   "--json", str(out), tmp=tmp_path)
     assert out.exists(), "rank 0 wrote no report:\n" + runs[0][1][-4000:]
-    launched, mine = json.loads(out.read_text()), in_house(section)
+    launched, mine = json.loads(out.read_text()), in_house(section, selection)
+    assert mine["cases"] and len(mine["cases"]) < 200 or not selection, \
+        f"the selection of {section} holds {len(mine['cases'])} cases"
     assert launched["launched"]["world_size"] == world
     assert f"a launched world of {world} processes (torchrun)" in runs[0][1]
     want = {c["id"]: c for c in mine["cases"]}

@@ -1,19 +1,26 @@
 """The conformance suite catches every mutant of tests/mutants.py (CF-6).
 
-Each mutant is applied to a fresh copy of the checkout, and the conformance suite of
-the mutant's own SPEC section runs there against the `refimpl` backend, the case that
-last caught it first (its `catch`), then the cases that name the
-mutant's rule, stopping at the first failure (so it runs the mutated
-code, C kernels rebuilt from the mutated source included). The suite must fail: a case
-must fail in the run's report; a run that crashes without one does not count.
+Each mutant is applied to a fresh copy of the checkout, and the conformance suite runs
+there against the `refimpl` backend (so it runs the mutated code, C kernels rebuilt from
+the mutated source included). A case must fail in the run's report; a run that crashes
+without one does not count. Two tiers:
+
+- the first (the default `pytest` run): every mutant against its catching case alone
+  (`Mutant.catch`, `python -m conformance --section S --case CATCH`), which must fail;
+- the second (`pytest -m slow`): every mutant against its whole section, its catching
+  case first, then the cases that name its rule, then the rest, stopping at the first
+  failure (`--first CATCH --first RULE -x`): the suite as a whole catches it even where
+  the catching case were to stop doing so.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -36,14 +43,23 @@ TIMEOUT_S = 600
 
 @pytest.fixture(scope="session")
 def built_kernels():
-    """Build (or find) this checkout's kernel library once, so every copy reuses it."""
-    from refimpl._native import load_kernel_library
+    """Build (or find) this checkout's kernel library once, so every copy reuses it; and
+    torch's headers precompiled once, which every C++ mutant's library build includes
+    (each copy's kernels/cpu/*.cpp differs, so each builds its own library)."""
+    from refimpl._native import (
+        TORCH_OP_HEADER_VARIABLE,
+        build_torch_op_header,
+        load_kernel_library,
+    )
 
     load_kernel_library("symm_mem")
+    if any(m.path.endswith(".cpp") for m in MUTANTS):
+        os.environ[TORCH_OP_HEADER_VARIABLE] = str(build_torch_op_header("symm_mem_ops"))
 
 
-def run_section(root, mutant: Mutant, report, zygote=None):
-    """`python -m conformance` in the copy at `root`: the mutant's section, its rule first.
+def run_section(root, mutant: Mutant, report, zygote=None, only_catch=False):
+    """`python -m conformance` in the copy at `root`: the mutant's section, its catching
+    case and its rule first; with `only_catch`, its catching case alone.
 
     With `zygote` (the fixture below) the run is a fork of a Python that has torch
     imported already (tests/conformance_zygote.py), which saves CI about 3 s of CPU per
@@ -52,9 +68,12 @@ def run_section(root, mutant: Mutant, report, zygote=None):
     # itself: not importing the others saves about a second a mutant.
     env = {**os.environ, "PYTHONPATH": str(root), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     env.pop("EXPECTTEST_ACCEPT", None)
-    firsts = [arg for first in mutant.first for arg in ("--first", first)]
-    args = ["--backend", "refimpl", "--section", mutant.section, *firsts,
-            "-x", "-n", "0", "--json", str(report)]
+    if only_catch:
+        chosen = ["--case", mutant.catch]
+    else:
+        chosen = [arg for first in mutant.first for arg in ("--first", first)] + ["-x"]
+    args = ["--backend", "refimpl", "--section", mutant.section, *chosen,
+            "-n", "0", "--json", str(report)]
     if zygote is not None:
         return zygote.run(root, args, env)
     return subprocess.run([sys.executable, "-m", "conformance", *args], cwd=root, env=env,
@@ -64,11 +83,11 @@ def run_section(root, mutant: Mutant, report, zygote=None):
 class Zygote:
     """One tests/conformance_zygote.py process per test worker, serving runs in order."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, env: dict | None = None):
         self.folder = folder
         self.process = subprocess.Popen(
             [sys.executable, str(Path(__file__).parent / "conformance_zygote.py")],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=folder)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=folder, env=env)
         self.runs = 0
 
     def run(self, root: Path, args: list[str], env: dict) -> subprocess.CompletedProcess:
@@ -168,10 +187,31 @@ def test_the_mutant_still_applies(mutant):
     assert count == 1, f"mutant {mutant.name}: `old` occurs {count} times in {mutant.path}"
 
 
-@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: f"{m.rule}-{m.name}")
-def test_conformance_fails_the_mutant(mutant, tmp_path, built_kernels, zygote):
+def _skip_unless_broken_here(mutant: Mutant) -> None:
     if mutant.torch is not None and not torch_version_matches(mutant.torch, torch.__version__):
         pytest.skip(f"torch {torch.__version__}: {mutant.unbroken_because}")
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: f"{m.rule}-{m.name}")
+def test_the_catching_case_fails_the_mutant(mutant, tmp_path, built_kernels, zygote):
+    """First tier: the mutant's catching case, run alone, fails."""
+    _skip_unless_broken_here(mutant)
+    root = copy_checkout(tmp_path / "checkout")
+    mutant.apply(root)
+    report = tmp_path / "report.json"
+    proc = run_section(root, mutant, report, zygote, only_catch=True)
+    failed = failed_cases(proc, report, mutant)
+    assert proc.returncode == 1 and failed, (
+        f"{mutant.catch} passed mutant {mutant.name} ({mutant.rule}: {mutant.why}); "
+        f"`pytest -m slow -k {mutant.name} tests/test_mutants.py` says whether another "
+        f"case of {mutant.section} still catches it:\n{proc.stdout[-3000:]}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: f"{m.rule}-{m.name}")
+def test_conformance_fails_the_mutant(mutant, tmp_path, built_kernels, zygote):
+    """Second tier: the mutant's whole section, stopping at its first failure."""
+    _skip_unless_broken_here(mutant)
     root = copy_checkout(tmp_path / "checkout")
     mutant.apply(root)
     report = tmp_path / "report.json"
@@ -214,3 +254,30 @@ def test_a_copy_reuses_the_kernel_library_unless_its_source_changed(tmp_path, bu
     mutated = subprocess.run(load, cwd=root, env=env, capture_output=True, text=True,
                              check=True, timeout=120).stdout.strip()
     assert mutated != path and root / KERNEL_BUILDS in Path(mutated).parents
+
+
+def test_a_run_in_the_zygote_leaves_nothing_in_the_temp_folder(tmp_path):
+    """A forked run ends with os._exit, which skips multiprocessing's clean-up of its
+    forkserver's `pymp-*` folder: the zygote gives each run a temp folder of its own and
+    removes it. Here the zygote's own temp folder is an empty one, a case that starts
+    rank workers (so a forkserver) runs in it, and the folder holds nothing of the run's
+    afterwards."""
+    # A short path: the forkserver's socket lies in it, and a socket's path is at most
+    # 107 bytes long.
+    temp = Path(tempfile.mkdtemp(prefix="zygote-"))
+    server = Zygote(tmp_path, env={**os.environ, "TMPDIR": str(temp)})
+    try:
+        report = tmp_path / "report.json"
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(temp)}
+        proc = server.run(ROOT, ["--section", "FC", "--case", "test_async_collective_tensor",
+                                 "-n", "0", "--json", str(report)], env)
+        data = json.loads(report.read_text())
+        assert proc.returncode == 0 and [c["outcome"] for c in data["cases"]] == ["passed"], \
+            proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert data["world_sizes"], "the case started no rank workers"
+    finally:
+        server.close()
+    # torch's own caches (torchinductor_<user>) are meant to stay, and are shared by runs.
+    left = sorted(p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_"))
+    shutil.rmtree(temp)
+    assert left == []

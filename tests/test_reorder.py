@@ -226,17 +226,17 @@ def test_every_rank_gets_the_same_order():
 
 
 def test_the_memory_tree_adds_and_finds_as_a_list_does():
-    """refimpl.reorder's range-add / range-max tree (RO-10's exact test) against a plain
-    list: every range max and the last position above a bound, after random adds."""
+    """refimpl.reorder_memory's range-add / range-max tree (RO-10's exact test) against a
+    plain list: every range max and the last position above a bound, after random adds."""
     import random
 
-    from refimpl.reorder import _PLACED, _MaxTree
+    from refimpl.reorder_memory import PLACED, MaxTree
 
     rng = random.Random(7)
     for _ in range(200):
         n = rng.randint(1, 130)  # trees of 1 to 8 levels
         values = [rng.randint(0, 50) for _ in range(n)]
-        tree = _MaxTree(list(values))
+        tree = MaxTree(list(values))
         for _ in range(25):
             lo, hi, add = rng.randint(0, n), rng.randint(0, n), rng.randint(-10, 10)
             lo, hi = min(lo, hi), max(lo, hi)
@@ -244,6 +244,6 @@ def test_the_memory_tree_adds_and_finds_as_a_list_does():
             values[lo:hi] = [v + add for v in values[lo:hi]]
             a, b, bound = rng.randint(0, n), rng.randint(0, n), rng.randint(0, 60)
             a, b = min(a, b), max(a, b)
-            assert tree.max(a, b) == (max(values[a:b]) if b > a else _PLACED)
+            assert tree.max(a, b) == (max(values[a:b]) if b > a else PLACED)
             assert tree.last_above(a, b, bound) == max(
                 (i for i in range(a, b) if values[i] > bound), default=a - 1)

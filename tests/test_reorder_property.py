@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from conformance import reorder_programs as rp
-from conformance.fuzz import _split_blocks
+from conformance.fuzz import split_blocks
 from conformance.memory_programs import fake_world
 from conformance.reorder_rules import _in_flight, order_violations
 from refimpl.reorder import ReorderConfig, reorder
@@ -108,8 +108,8 @@ def test_random_graphs_keep_the_rules_and_reorder_to_themselves(world4, steps, s
     # RO-9's exception: moves an original order over the limit forces may pass the bound.
     checked_budget = math.inf if _in_flight(gm, limits) else budget
     # A collective's prologue that no order can keep together (a barrier between a view and
-    # its collective) is open in SPEC, as the fuzzer holds it (conformance/fuzz.py).
-    open_blocks = {f"RO-7: block {sorted(b)} is not contiguous" for b in _split_blocks(gm)}
+    # its collective) is open in SPEC, as the fuzzer holds it (conformance/fuzz/reorder_stage.py).
+    open_blocks = {f"RO-7: block {sorted(b)} is not contiguous" for b in split_blocks(gm)}
     assert [v for v in order_violations(gm, new, checked_budget, limits)
             if v not in open_blocks] == []
     again = reorder(new, config)

@@ -13,7 +13,8 @@
   matching no case warns (CF-4).
 - `--case-timeout SECONDS` (or REFIMPL_CASE_TIMEOUT; default 600, 0: none): a case still
   running after that long fails, naming the limit, instead of hanging the run (CF-11).
-- `--section ID` keeps the cases naming a rule of that section; `--first X` runs the
+- `--section ID` keeps the cases naming a rule of that section; `--case NAME` keeps the
+  case of that name (with its parameters, or without for all of them); `--first X` runs the
   cases that X names (a SPEC ID, or a case's name with or without its parameters) before
   the others; given again, the next X's cases come next (with `-x`, a targeted failure
   ends the run early: the mutation check uses it).
@@ -54,6 +55,9 @@ def pytest_addoption(parser):
     parser.addoption("--first", metavar="ID_OR_CASE", action="append", default=None,
                      help="run the cases naming this SPEC ID, or the case of this name, "
                           "before the others (repeatable: in the order given)")
+    parser.addoption("--case", metavar="NAME", action="append", default=None,
+                     help="only the case of this name (with its parameters, or without for "
+                          "all of them); repeatable")
     parser.addoption("--case-timeout", type=float, default=None, metavar="SECONDS",
                      help="fail a case still running after this many seconds (default: "
                           f"$REFIMPL_CASE_TIMEOUT, else {DEFAULT_CASE_TIMEOUT_S:g}; 0: none)")
@@ -209,6 +213,7 @@ def pytest_collection_modifyitems(config, items):
         if cid.split("::")[0] not in left_out:  # a run of some case files judges only those
             warnings.warn(f"{path.name}: {cid!r} matches no case [CF-4]", stacklevel=1)
     _select_sections(config, items)
+    _select_cases(config, items)
     _run_first(config, items)
 
 
@@ -225,6 +230,19 @@ def _select_sections(config, items):
     for item in items:
         ids = _spec_ids(item)
         (keep if any(section_prefix(i) in sections for i in ids) else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def _select_cases(config, items):
+    wanted = set(config.getoption("--case") or ())
+    if not wanted:
+        return
+    keep, drop = [], []
+    for item in items:
+        names = {item.name, getattr(item, "originalname", item.name)}
+        (keep if names & wanted else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
