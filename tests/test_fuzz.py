@@ -93,8 +93,10 @@ def test_a_longer_budget_passes_on_refimpl(tmp_path):
     assert code == 0 and len(records) == 40 * 4 and not failed, failed
 
 
+@pytest.mark.slow
 def test_wrong_bucketing_is_caught_with_a_reproducer(tmp_path):
-    """The failure names BK-8, carries the shrunk program's source, its options and the
+    """Second tier (shrinking reruns the stage some 20 times: about 90 s on 2 busy cores).
+    The failure names BK-8, carries the shrunk program's source, its options and the
     command; that command's seed and section fail again; listed by rule in the backend's
     expected failures, it is expected (CF-12)."""
     from conformance import fuzz

@@ -9,7 +9,8 @@ each launch, a section per torchrun command (a launch costs what its section cos
 cores). Each case's outcome is compared with refimpl's own workers' run of the same
 selection (made once per selection for all of pytest's workers). Also: a vendor's process
 group with a deliberate bug; the options refused on every rank before any case runs; and
-`run_on_ranks` itself.
+`run_on_ranks` itself. Every torchrun launch but the first tier's selection is in the
+second tier: each costs a torchrun start (about 15 s of wall time on 2 busy cores).
 """
 
 from __future__ import annotations
@@ -195,6 +196,7 @@ def _judge_the_bug(cases: list[dict]) -> None:
     assert all(NEEDS_MORE.match(c["reason"]) for c in cases if c["outcome"] == "skipped")
 
 
+@pytest.mark.slow
 def test_a_vendor_process_group_with_a_bug_fails_the_cases_it_breaks(tmp_path):
     """CF-13: a process group registered from Python (examples/, gloo with all-reduce
     `max` summing) under torchrun: exactly the `max` cases of all_reduce fail, each named
@@ -242,6 +244,7 @@ BAD = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options, words", BAD, ids=["unregistered", "unimportable",
                                                      "no_such_device", "device_not_served"])
 def test_a_bad_option_is_refused_on_every_rank_before_any_case(tmp_path, options, words):
@@ -258,6 +261,7 @@ def test_a_bad_option_is_refused_on_every_rank_before_any_case(tmp_path, options
         assert "passed" not in text
 
 
+@pytest.mark.slow
 def test_a_world_too_small_for_every_selected_case_is_an_error_on_every_rank(tmp_path):
     """CF-13: 2 ranks for cases that all need 4 (FC's world-4 eager values of one op and
     dtype): each skipped before any rank ran it, and the run ends as an error naming
@@ -300,6 +304,7 @@ def test_ranks_started_with_different_options_are_refused_naming_the_option(tmp_
                "value; got rank 0: ['SIM'], rank 1: ['MEM'] [CF-13]" in err, err[-2000:]
 
 
+@pytest.mark.slow
 def test_run_on_ranks_under_torchrun(tmp_path):
     """CF-13: `run_on_ranks(fn, n)` on a launched world of 3: ranks 0..n-1 run fn in a
     world of n (each in a worker of its own, kept between calls of that size); every

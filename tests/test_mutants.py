@@ -5,12 +5,13 @@ there against the `refimpl` backend (so it runs the mutated code, C kernels rebu
 the mutated source included). A case must fail in the run's report; a run that crashes
 without one does not count. Two tiers:
 
-- the first (the default `pytest` run): every mutant against its catching case alone
-  (`Mutant.catch`, `python -m conformance --section S --case CATCH`), which must fail;
+- the first (the default `pytest` run): the mutants of `FIRST_TIER`, one of every SPEC
+  rule that has one, each against its catching case alone (`Mutant.catch`, `python -m
+  conformance --section S --case CATCH`), which must fail;
 - the second (`pytest -m slow`): every mutant against its whole section, its catching
   case first, then the cases that name its rule, then the rest, stopping at the first
-  failure (`--first CATCH --first RULE -x`): the suite as a whole catches it even where
-  the catching case were to stop doing so.
+  failure (`--first CATCH --first RULE -x`); the case that fails must be its catching case
+  (so `catch` stays true for the first tier), else the test names the case that did.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import pytest
 import torch
 from mutants import (
     CUDA_MUTANTS,
+    FIRST_TIER,
     KERNEL_BUILDS,
     MUTANTS,
     ROOT,
@@ -192,7 +194,15 @@ def _skip_unless_broken_here(mutant: Mutant) -> None:
         pytest.skip(f"torch {torch.__version__}: {mutant.unbroken_because}")
 
 
-@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: f"{m.rule}-{m.name}")
+def test_the_first_tier_holds_a_mutant_of_every_rule_that_has_one():
+    assert FIRST_TIER <= {m.name for m in MUTANTS}, sorted(FIRST_TIER - {m.name for m in
+                                                                          MUTANTS})
+    missing = {m.rule for m in MUTANTS} - {m.rule for m in MUTANTS if m.name in FIRST_TIER}
+    assert not missing, f"no mutant of {sorted(missing)} in FIRST_TIER (tests/mutants.py)"
+
+
+@pytest.mark.parametrize("mutant", [m for m in MUTANTS if m.name in FIRST_TIER],
+                         ids=lambda m: f"{m.rule}-{m.name}")
 def test_the_catching_case_fails_the_mutant(mutant, tmp_path, built_kernels, zygote):
     """First tier: the mutant's catching case, run alone, fails."""
     _skip_unless_broken_here(mutant)
@@ -220,6 +230,10 @@ def test_conformance_fails_the_mutant(mutant, tmp_path, built_kernels, zygote):
     assert proc.returncode == 1 and failed, (
         f"the {mutant.section} section passed mutant {mutant.name} ({mutant.rule}: "
         f"{mutant.why}):\n{proc.stdout[-3000:]}")
+    caught_by = failed[0]["id"].split("::", 1)[1]
+    assert caught_by == mutant.catch, (
+        f"mutant {mutant.name} was caught by {caught_by}, not by its catch "
+        f"{mutant.catch}: set catch={caught_by!r} in tests/mutants.py")
 
 
 def test_a_mutant_that_breaks_an_import_is_caught_by_failing_cases(tmp_path, built_kernels):
