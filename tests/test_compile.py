@@ -260,6 +260,7 @@ def test_backend_refuses_anything_but_a_compile_config():
         backend(None)
 
 
+@pytest.mark.slow  # second tier: Inductor compiles the model (about 20 s on 2 busy cores)
 def test_the_example_trains_and_prints_the_losses_side_by_side():
     """examples/fsdp_train.py, without Inductor (its compile takes ~30 s on 2 cores)."""
     import os

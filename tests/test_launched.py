@@ -42,11 +42,11 @@ SECTIONS = ["FC", "SM"]
 # a name and an object, gradients, refusals before and across ranks, a failed peer, a
 # peer that never comes, rendezvous, signals, one-shot and two-shot in rank order).
 SELECTIONS = {
-    "FC": ["-k", "(test_eager_values and 2-name-f32 and (all_reduce or all_gather)) or "
-                 "(test_eager_values and 2-object-bf16 and reduce_scatter) or "
-                 "(test_gradient and 2-all_reduce) or test_a_failed_peer_is_named or "
+    "FC": ["-k", "(test_eager_values and 2-name-f32 and all_reduce and not coalesced) or "
+                 "(test_eager_values and 2-object-bf16 and reduce_scatter and not coalesced) "
+                 "or (test_gradient and 2-all_reduce) or test_a_failed_peer_is_named or "
                  "test_a_peer_that_never_comes_is_named or "
-                 "(test_mismatched_calls_raise_on_every_rank and shape) or "
+                 "(test_mismatched_calls_raise_on_every_rank and all_gather) or "
                  "(test_bad_input_is_refused and out_dtype)"],
     "SM": ["-k", "test_rendezvous_gives_one_handle_over_every_peers_buffer or "
                  "test_signals_carry_writes_per_channel_and_leave_pads_zero or "
@@ -113,27 +113,27 @@ def in_house(tmp_path_factory):
         shared = shared.parent / f"in_house-{run_id}"
         shared.mkdir(exist_ok=True)
 
-    def get(section: str, selection: list[str]) -> dict:
-        label = section + ("_selection" if selection else "")
+    def get(sections: list[str], selection: list[str]) -> dict:
+        label = "_".join(sections) + ("_selection" if selection else "")
         done = shared / f"{label}.json"
         with _locked(shared / f"{label}.lock"):
             if not done.exists():
+                chosen = [arg for section in sections for arg in ("--section", section)]
                 made = report(tmp_path_factory.mktemp(f"in_house_{label}"),
-                              "--section", section, *selection)
+                              *chosen, *selection)
                 done.write_text(json.dumps(made))
         return json.loads(done.read_text())
 
     return get
 
 
-@pytest.mark.parametrize("section", SECTIONS)
-def test_a_launched_world_of_2_gives_a_selection_the_in_house_outcome(
-        tmp_path, in_house, section):
-    """CF-13 (first tier): under torchrun with 2 processes, each case of the section's
-    selection ends as on refimpl's own workers (4-rank cases: skipped, naming both
-    numbers)."""
+def test_a_launched_world_of_2_gives_a_selection_the_in_house_outcome(tmp_path, in_house):
+    """CF-13 (first tier): under torchrun with 2 processes, each case of the FC and SM
+    selections (one launch for both) ends as on refimpl's own workers (4-rank cases:
+    skipped, naming both numbers)."""
     label, node_options = LAUNCHES[0]
-    _check_launch(tmp_path, in_house, label, node_options, section, SELECTIONS[section])
+    expression = " or ".join(f"({SELECTIONS[s][1]})" for s in SECTIONS)
+    _check_launch(tmp_path, in_house, label, node_options, SECTIONS, ["-k", expression])
 
 
 @pytest.mark.slow
@@ -145,18 +145,19 @@ def test_a_launched_world_gives_each_case_the_in_house_outcome(
     """CF-13 (second tier): under torchrun every case of the section ends as on refimpl's
     own workers, except a case that needs more ranks than the world has: skipped, naming
     both numbers."""
-    _check_launch(tmp_path, in_house, label, node_options, section, [])
+    _check_launch(tmp_path, in_house, label, node_options, [section], [])
 
 
-def _check_launch(tmp_path, in_house, label, node_options, section, selection):
+def _check_launch(tmp_path, in_house, label, node_options, sections, selection):
     world = sum(int(opts[opts.index("--nproc-per-node") + 1]) for opts in node_options)
-    out = tmp_path / f"{section}.json"
-    runs = launch(node_options, "-m", "conformance", "--section", section, *selection,
+    out = tmp_path / "launched.json"
+    chosen = [arg for section in sections for arg in ("--section", section)]
+    runs = launch(node_options, "-m", "conformance", *chosen, *selection,
                   "--json", str(out), tmp=tmp_path)
     assert out.exists(), "rank 0 wrote no report:\n" + runs[0][1][-4000:]
-    launched, mine = json.loads(out.read_text()), in_house(section, selection)
+    launched, mine = json.loads(out.read_text()), in_house(sections, selection)
     assert mine["cases"] and len(mine["cases"]) < 200 or not selection, \
-        f"the selection of {section} holds {len(mine['cases'])} cases"
+        f"the selection of {sections} holds {len(mine['cases'])} cases"
     assert launched["launched"]["world_size"] == world
     assert f"a launched world of {world} processes (torchrun)" in runs[0][1]
     want = {c["id"]: c for c in mine["cases"]}
@@ -172,7 +173,7 @@ def _check_launch(tmp_path, in_house, label, node_options, section, selection):
             continue  # the listed skip: more ranks than the world has
         differ.append(f"{cid}: {case['outcome']} ({case['reason'][:300]}) launched, "
                       f"{want[cid]['outcome']} on one machine")
-    assert not differ, f"{label}, {section}:\n" + "\n".join(differ[:20])
+    assert not differ, f"{label}, {sections}:\n" + "\n".join(differ[:20])
     # every node's torchrun ends as rank 0 says: 1 on an unexpected result, else 0
     expected = 1 if any(c["outcome"] in ("failed", "xpassed") for c in got.values()) \
         else 0

@@ -72,6 +72,12 @@ def _reference_sum(inputs: list[torch.Tensor]) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------------
+# Every rank reaches each barrier of _handle_and_buffers at once: it returns in
+# microseconds. 5 s holds a loaded machine, and is all that a barrier that waits on the
+# wrong slot (SM-10) costs before it fails, instead of the default minute.
+BARRIER_MS = 5000
+
+
 def _handle_and_buffers(spec: str):
     sm, group, device = _setup(spec, "empty", "rendezvous", "enable_symm_mem_for_group")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -79,11 +85,11 @@ def _handle_and_buffers(spec: str):
     t.fill_(rank)
     h = sm.rendezvous(t, group)
     same = sm.rendezvous(t, group) is h or sm.rendezvous(t, group) == h
-    h.barrier()
+    h.barrier(timeout_ms=BARRIER_MS)
     peers = [h.get_buffer(r, (2, 16), torch.float32).unique().tolist() for r in range(world)]
-    h.barrier()
+    h.barrier(timeout_ms=BARRIER_MS)
     h.get_buffer((rank + 1) % world, (16,), torch.float32, storage_offset=16).fill_(50 + rank)
-    h.barrier()
+    h.barrier(timeout_ms=BARRIER_MS)
     got = t[1].unique().tolist()
     facts = (h.rank, h.world_size, h.buffer_size >= 128, len(h.buffer_ptrs),
              len(h.signal_pad_ptrs),
