@@ -209,12 +209,13 @@ def _locked(directory: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _compile_cxx(source: Path, target: Path, flags: list[str], libs: list[str]) -> None:
+def _compile_into(source: Path, target: Path, command) -> None:
+    """Run the C++ compiler's `command(temporary path)`, then rename its output to
+    `target`: a parallel reader never sees a half-written file."""
     fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
-        cmd = [os.environ.get("CXX", "g++"), *CXXFLAGS, *flags, *_precompiled_header(),
-               "-o", tmp, str(source), *libs]
+        cmd = [os.environ.get("CXX", "g++"), *command(tmp)]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"compiling {source} failed ({' '.join(cmd)}):\n"
@@ -223,6 +224,11 @@ def _compile_cxx(source: Path, target: Path, flags: list[str], libs: list[str]) 
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _compile_cxx(source: Path, target: Path, flags: list[str], libs: list[str]) -> None:
+    _compile_into(source, target, lambda tmp: [*CXXFLAGS, *flags, *_precompiled_header(),
+                                               "-o", tmp, str(source), *libs])
 
 
 # The #include lines of a C++ kernel source that name torch's own headers (ATen, c10, torch).
@@ -252,27 +258,15 @@ def build_torch_op_header(name: str) -> Path:
     directory = _cache_dirs()[-1]
     header = directory / f"{name}-headers-{digest.hexdigest()[:16]}.h"
     compiled = Path(str(header) + ".gch")
+    # The library's flags but -shared: g++ ignores a header whose flags differ from those
+    # of the compile that includes it.
+    header_flags = [f for f in CXXFLAGS if f != "-shared"] + flags
     if not compiled.exists():
         with _locked(directory):
             if not compiled.exists():
                 header.write_text(text)
-                fd, tmp = tempfile.mkstemp(prefix=compiled.name + ".", suffix=".tmp",
-                                           dir=directory)
-                os.close(fd)
-                try:
-                    # The library's flags but -shared: g++ refuses a header whose flags
-                    # differ from the compile that includes it.
-                    cmd = [os.environ.get("CXX", "g++"),
-                           *[f for f in CXXFLAGS if f != "-shared"], *flags,
-                           "-x", "c++-header", "-o", tmp, str(header)]
-                    result = subprocess.run(cmd, capture_output=True, text=True)
-                    if result.returncode != 0:
-                        raise RuntimeError(f"precompiling {header} failed ({' '.join(cmd)}):"
-                                           f"\n{result.stderr[-3000:]}")
-                    os.replace(tmp, compiled)
-                finally:
-                    if os.path.exists(tmp):
-                        os.unlink(tmp)
+                _compile_into(header, compiled, lambda tmp: [
+                    *header_flags, "-x", "c++-header", "-o", tmp, str(header)])
     return header
 
 

@@ -47,7 +47,7 @@ def _issued(run):
 
 
 @pytest.mark.parametrize("world_size,stages", [
-    (2, "off"), (2, "one_shot"), (4, "off"), (4, "all")])
+    (2, "off"), (2, "one_shot"), pytest.param(4, "off", marks=pytest.mark.slow), (4, "all")])
 def test_five_steps_give_eager_bits(world_size, stages):
     """E2E-3: losses and parameters bit for bit, every stage off and every stage on
     (with one-shot all-reduce of the logged loss on 2 ranks, where it adds like gloo)."""

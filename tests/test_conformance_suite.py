@@ -167,6 +167,24 @@ def test_first_orders_named_cases_then_rules_then_the_rest(tmp_path):
     assert listed(function) == params + [c for c in suite if c not in params]
 
 
+def test_case_selects_a_case_by_its_name_with_or_without_parameters(tmp_path):
+    """`--case NAME[params]` keeps that one case, `--case NAME` every parametrization of
+    it (what the first tier of the mutation tests runs); nothing else is collected."""
+    def listed(*cases):
+        report = tmp_path / "list.json"
+        args = [a for c in cases for a in ("--case", c)]
+        subprocess.run([sys.executable, "-m", "conformance", "--list", "--json", str(report),
+                        *args], cwd=ROOT, check=True, capture_output=True, timeout=120)
+        return [c["id"] for c in json.loads(report.read_text())["cases"]]
+
+    one = "test_every_channel_up_to_the_last_works_and_one_more_is_refused"
+    every = listed(one)
+    assert len(every) == 2 and all(f"::{one}[" in c for c in every), every
+    first = every[0].split("::", 1)[1]
+    assert sorted(listed(first, "test_work_registry")) == sorted(
+        [every[0], "test_functional_collectives.py::test_work_registry"])
+
+
 def test_expected_failures_are_strict_and_stale_entries_warn(tmp_path):
     """CF-4: a listed case that passes fails the run; an entry matching no case warns."""
     proc, outcomes, _ = _run_suite(
