@@ -5,9 +5,10 @@ exactly once in `path`, and is replaced by `new`. Each is the kind of slip a rea
 implementation makes at a rule's boundary (an off-by-one at a bound, a key computed
 from the wrong property, a check or a synchronisation step left out) and names the rule
 it breaks. `tests/test_mutants.py` applies each one to a copy of the checkout and runs
-`python -m conformance --section <its section> --first <the case that last caught it>
---first <its rule> -x -n 0` there: the conformance suite alone must fail every mutant,
-on a case that fails (a run that crashes without a report does not count).
+`python -m conformance --section <its section> --first <its catch> --first <its rule> -x
+-n 0` there (the second tier; the first runs the mutants of `FIRST_TIER` against their
+`catch` alone, `--case`): the conformance suite alone must fail every mutant, on a case
+that fails (a run that crashes without a report does not count).
 
 A slip that breaks its rule on some torch releases only (upstream changed underneath it)
 names them (`torch="<2.15"`) and why it breaks nothing on the others (`unbroken_because`);
@@ -15,7 +16,7 @@ there its run is skipped with that reason.
 
 One list per SPEC section, named by the section's prefix (`FC`, `CL`, `MEM`, ...), so that
 each section's owner adds to its own list; `MUTANTS` gathers the lists of every section
-SPEC.md has. Run one: `pytest -n 0 tests/test_mutants.py -k <name>`.
+SPEC.md has. Run one: `pytest -n 0 -m slow tests/test_mutants.py -k <name>`.
 """
 
 from __future__ import annotations

@@ -217,7 +217,9 @@ def test_a_vendor_process_group_with_a_bug_fails_the_cases_it_breaks(tmp_path):
 
 def test_the_same_bug_is_caught_on_refimpls_own_workers(tmp_path):
     """CF-13: --process-group works without torchrun (refimpl's workers register it)."""
-    got = report(tmp_path, "--section", "FC", "-k", SELECTION, "-n", "0", "--process-group",
+    # Its 2-rank float32 cases (the launched test above, in the second tier, runs them all).
+    got = report(tmp_path, "--section", "FC", "-k", f"{SELECTION} and 2-mesh and f32", "-n", "0",
+                 "--process-group",
                  "examples.max_as_sum_process_group:register")
     _judge_the_bug(got["cases"])
 
