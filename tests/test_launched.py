@@ -38,21 +38,22 @@ LAUNCHES = [
                       for node in (0, 1)]),
 ]
 SECTIONS = ["FC", "SM"]
-# The first tier's selection of each section: one case or a few of every kind (values on
+# The first tier's selection of each section (a -k expression): one case or a few of every
+# kind (values on
 # a name and an object, gradients, refusals before and across ranks, a failed peer, a
 # peer that never comes, rendezvous, signals, one-shot and two-shot in rank order).
 SELECTIONS = {
-    "FC": ["-k", "(test_eager_values and 2-name-f32 and all_reduce and not coalesced) or "
-                 "(test_eager_values and 2-object-bf16 and reduce_scatter and not coalesced) "
-                 "or (test_gradient and 2-all_reduce) or test_a_failed_peer_is_named or "
-                 "test_a_peer_that_never_comes_is_named or "
-                 "(test_mismatched_calls_raise_on_every_rank and all_gather) or "
-                 "(test_bad_input_is_refused and out_dtype)"],
-    "SM": ["-k", "test_rendezvous_gives_one_handle_over_every_peers_buffer or "
-                 "test_signals_carry_writes_per_channel_and_leave_pads_zero or "
-                 "test_one_shot_and_two_shot_sum_are_bitwise_the_rank_order_reference or "
-                 "test_a_wait_times_out_naming_the_peer or "
-                 "test_a_call_that_differs_between_ranks_fails_on_every_rank_naming_the_rank"],
+    "FC": "(test_eager_values and 2-name-f32 and all_reduce and not coalesced) or "
+          "(test_eager_values and 2-object-bf16 and reduce_scatter and not coalesced) "
+          "or (test_gradient and 2-all_reduce) or test_a_failed_peer_is_named or "
+          "test_a_peer_that_never_comes_is_named or "
+          "(test_mismatched_calls_raise_on_every_rank and all_gather) or "
+          "(test_bad_input_is_refused and out_dtype)",
+    "SM": "test_rendezvous_gives_one_handle_over_every_peers_buffer or "
+          "test_signals_carry_writes_per_channel_and_leave_pads_zero or "
+          "test_one_shot_and_two_shot_sum_are_bitwise_the_rank_order_reference or "
+          "test_a_wait_times_out_naming_the_peer or "
+          "test_a_call_that_differs_between_ranks_fails_on_every_rank_naming_the_rank",
 }
 NEEDS_MORE = re.compile(r"^launched world: needs (\d+) ranks; the launched world has (\d+)$")
 
@@ -79,6 +80,10 @@ def launch(node_options: list[list[str]], *args, env=None, tmp: Path) -> list:
         proc.wait(timeout=LAUNCH_TIMEOUT_S)
     return [(proc.returncode, (tmp / f"node{i}.out").read_text()) for i, proc in
             enumerate(procs)]
+
+
+def section_options(sections: list[str]) -> list[str]:
+    return [arg for section in sections for arg in ("--section", section)]
 
 
 def report(tmp: Path, *args, env=None) -> dict:
@@ -118,9 +123,8 @@ def in_house(tmp_path_factory):
         done = shared / f"{label}.json"
         with _locked(shared / f"{label}.lock"):
             if not done.exists():
-                chosen = [arg for section in sections for arg in ("--section", section)]
                 made = report(tmp_path_factory.mktemp(f"in_house_{label}"),
-                              *chosen, *selection)
+                              *section_options(sections), *selection)
                 done.write_text(json.dumps(made))
         return json.loads(done.read_text())
 
@@ -132,7 +136,7 @@ def test_a_launched_world_of_2_gives_a_selection_the_in_house_outcome(tmp_path, 
     selections (one launch for both) ends as on refimpl's own workers (4-rank cases:
     skipped, naming both numbers)."""
     label, node_options = LAUNCHES[0]
-    expression = " or ".join(f"({SELECTIONS[s][1]})" for s in SECTIONS)
+    expression = " or ".join(f"({SELECTIONS[s]})" for s in SECTIONS)
     _check_launch(tmp_path, in_house, label, node_options, SECTIONS, ["-k", expression])
 
 
@@ -151,8 +155,7 @@ def test_a_launched_world_gives_each_case_the_in_house_outcome(
 def _check_launch(tmp_path, in_house, label, node_options, sections, selection):
     world = sum(int(opts[opts.index("--nproc-per-node") + 1]) for opts in node_options)
     out = tmp_path / "launched.json"
-    chosen = [arg for section in sections for arg in ("--section", section)]
-    runs = launch(node_options, "-m", "conformance", *chosen, *selection,
+    runs = launch(node_options, "-m", "conformance", *section_options(sections), *selection,
                   "--json", str(out), tmp=tmp_path)
     assert out.exists(), "rank 0 wrote no report:\n" + runs[0][1][-4000:]
     launched, mine = json.loads(out.read_text()), in_house(sections, selection)

@@ -192,9 +192,16 @@ def test_the_mutant_still_applies(mutant):
     assert count == 1, f"mutant {mutant.name}: `old` occurs {count} times in {mutant.path}"
 
 
-def _skip_unless_broken_here(mutant: Mutant) -> None:
+def _run_mutant(mutant: Mutant, tmp_path: Path, zygote, only_catch: bool):
+    """The mutant applied to a fresh copy and its run there: (process, failed cases).
+    Skipped on a torch release where the slip breaks nothing."""
     if mutant.torch is not None and not torch_version_matches(mutant.torch, torch.__version__):
         pytest.skip(f"torch {torch.__version__}: {mutant.unbroken_because}")
+    root = copy_checkout(tmp_path / "checkout")
+    mutant.apply(root)
+    report = tmp_path / "report.json"
+    proc = run_section(root, mutant, report, zygote, only_catch=only_catch)
+    return proc, failed_cases(proc, report, mutant)
 
 
 def test_the_first_tier_holds_a_mutant_of_every_rule_that_has_one():
@@ -208,12 +215,7 @@ def test_the_first_tier_holds_a_mutant_of_every_rule_that_has_one():
                          ids=lambda m: f"{m.rule}-{m.name}")
 def test_the_catching_case_fails_the_mutant(mutant, tmp_path, built_kernels, zygote):
     """First tier: the mutant's catching case, run alone, fails."""
-    _skip_unless_broken_here(mutant)
-    root = copy_checkout(tmp_path / "checkout")
-    mutant.apply(root)
-    report = tmp_path / "report.json"
-    proc = run_section(root, mutant, report, zygote, only_catch=True)
-    failed = failed_cases(proc, report, mutant)
+    proc, failed = _run_mutant(mutant, tmp_path, zygote, only_catch=True)
     assert proc.returncode == 1 and failed, (
         f"{mutant.catch} passed mutant {mutant.name} ({mutant.rule}: {mutant.why}); "
         f"`pytest -m slow -k {mutant.name} tests/test_mutants.py` says whether another "
@@ -225,12 +227,7 @@ def test_the_catching_case_fails_the_mutant(mutant, tmp_path, built_kernels, zyg
 def test_conformance_fails_the_mutant(mutant, tmp_path, built_kernels, zygote,
                                       precompiled_torch_headers):
     """Second tier: the mutant's whole section, stopping at its first failure."""
-    _skip_unless_broken_here(mutant)
-    root = copy_checkout(tmp_path / "checkout")
-    mutant.apply(root)
-    report = tmp_path / "report.json"
-    proc = run_section(root, mutant, report, zygote)
-    failed = failed_cases(proc, report, mutant)
+    proc, failed = _run_mutant(mutant, tmp_path, zygote, only_catch=False)
     assert proc.returncode == 1 and failed, (
         f"the {mutant.section} section passed mutant {mutant.name} ({mutant.rule}: "
         f"{mutant.why}):\n{proc.stdout[-3000:]}")

@@ -222,30 +222,28 @@ def _spec_ids(item) -> tuple:
     return marker.args if marker is not None else ()
 
 
-def _select_sections(config, items):
-    sections = set(config.getoption("--section") or ())
-    if not sections:
-        return
+def _keep_only(config, items, wanted) -> None:
+    """Deselect (as pytest reports it) every item for which `wanted(item)` is false."""
     keep, drop = [], []
     for item in items:
-        ids = _spec_ids(item)
-        (keep if any(section_prefix(i) in sections for i in ids) else drop).append(item)
+        (keep if wanted(item) else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def _select_sections(config, items):
+    sections = set(config.getoption("--section") or ())
+    if sections:
+        _keep_only(config, items, lambda item: any(section_prefix(i) in sections
+                                                    for i in _spec_ids(item)))
 
 
 def _select_cases(config, items):
-    wanted = set(config.getoption("--case") or ())
-    if not wanted:
-        return
-    keep, drop = [], []
-    for item in items:
-        names = {item.name, getattr(item, "originalname", item.name)}
-        (keep if names & wanted else drop).append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = keep
+    cases = set(config.getoption("--case") or ())
+    if cases:
+        _keep_only(config, items, lambda item: bool(
+            {item.name, getattr(item, "originalname", item.name)} & cases))
 
 
 def _run_first(config, items):
