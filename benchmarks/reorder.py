@@ -125,17 +125,17 @@ UPSTREAM = (
 def upstream_pass(pre_bucketing: bool, memory: dict | None):
     from torch._inductor.fx_passes.overlap_scheduling import schedule_overlap_bucketing
 
-    from conformance.backends.torch_reorder import _copy, _roofline
+    from conformance.backends.torch_reorder import copy_graph, roofline
     from refimpl.simulator import CostModel
 
     def prepare(gm):  # upstream rewrites the graph it is given: a copy each
-        gm = _copy(gm)
+        gm = copy_graph(gm)
         durations_ms = {n: us / 1000 for n, us in CostModel().durations(gm).items()}
         return gm, durations_ms
 
     def run(prepared):
         gm, durations_ms = prepared
-        with _roofline(durations_ms):
+        with roofline(durations_ms):
             return schedule_overlap_bucketing(
                 gm, custom_runtime_estimation=lambda node, size: durations_ms.get(node)
                 if size is None else None,

@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from conformance.cases.conftest import section_of, torch_release  # noqa: E402
-from conformance.spec import rule_ids, section_title  # noqa: E402
+from conformance.spec import LEVELS, case_level, rule_ids, rule_levels, section_title  # noqa: E402
+from conformance.verdicts import rule_verdicts  # noqa: E402
 
 REPORTS_DIR = ROOT / "build" / "scoreboard"
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "scoreboard.md"
@@ -177,6 +178,7 @@ def make(reports: list[dict], note: str = "") -> str:
               "cases of symmetric memory on a machine without a GPU). A case naming several "
               "rules counts for each.", ""]
     lines += _runs(reports)
+    lines += verdicts_by_level(reports)
     for prefix, ids in rule_ids().items():
         if prefix == "CF":  # the suite's own rules: checked by refimpl's tests, not cases
             continue
@@ -188,6 +190,62 @@ def make(reports: list[dict], note: str = "") -> str:
         lines += diff or ["None: every case has the same outcome on both."]
         lines.append("")
     return "\n".join(lines)
+
+
+def verdicts_by_level(reports: list[dict]) -> list[str]:
+    """Per run and level, the rules that conform of those judged (profile full), then each
+    core rule that does not with its verdict and the finding or class its entries give
+    (CF-15); strict and extension rules that do not conform follow as lists."""
+    lines = ["## Verdicts by rule and level", "",
+             "A rule conforms when every case of its own level that names it passed (SPEC.md "
+             "CF-14, CF-15); `python -m conformance --backend torch --profile core` gives the "
+             "core column of a release.", "",
+             "| run | " + " | ".join(f"{level} rules that conform" for level in LEVELS) + " |",
+             "|---|" + "---|" * len(LEVELS)]
+    verdicts = [_verdicts(r) for r in reports]
+    for report, records in zip(reports, verdicts, strict=True):
+        cells = []
+        for level in LEVELS:
+            of_level = [v for v in records if v["level"] == level]
+            done = sum(v["verdict"] == "conforms" for v in of_level)
+            cells.append(f"{done} of {len(of_level)}")
+        lines.append(f"| {label(report)} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for report, records in zip(reports, verdicts, strict=True):
+        lines += [f"### {label(report)}", ""]
+        for level in LEVELS:
+            failing = [v for v in records if v["level"] == level and v["verdict"] != "conforms"]
+            lines.append(f"- {level}: " + (", ".join(_why(v) for v in failing) if failing
+                                          else "every rule conforms") + ".")
+        lines.append("")
+    return lines
+
+
+def _verdicts(report: dict) -> list[dict]:
+    """The report's own verdicts, or (a report older than CF-15) computed from its cases
+    with today's levels."""
+    if report.get("rules") and report.get("profile", "full") == "full":
+        return report["rules"]
+    levels = rule_levels()
+    cases = [{**c, "level": c.get("level") or _level_of(c["spec_ids"], levels)}
+             for c in report["cases"]]
+    return rule_verdicts(cases, LEVELS)
+
+
+def _level_of(spec_ids, levels) -> str:
+    return case_level(spec_ids, levels)
+
+
+def _why(verdict: dict) -> str:
+    """'FC-12 (differs: bug, finding 2)', 'FC-15 (differs: missing)'."""
+    word = verdict["verdict"].replace("_", " ")
+    entry = verdict.get("expected_failure")
+    if verdict["verdict"] == "differs" and entry:
+        word += f": {entry['class']}" + (f", finding {entry['finding']}" if "finding" in entry
+                                         else "")
+    elif verdict["verdict"] == "differs":
+        word += ": unexpected"
+    return f"{verdict['id']} ({word})"
 
 
 def _runs(reports: list[dict]) -> list[str]:

@@ -1,12 +1,19 @@
 """`python -m conformance`: run the suite against a backend and print the report (CF-7).
 
-Prints a line as each SPEC section's cases are done, then, per section, how many cases
+Prints a line as each SPEC section's cases are done, then the verdicts by rule (CF-15):
+per section, how many of the rules the profile judges conform, and each that does not
+(`differs`, with its count of cases and first reason; `not implemented`; `not run`).
+Then, per section, how many cases
 passed, failed, failed as expected (xfailed), passed unexpectedly (xpassed), are not
 implemented by the backend, or were skipped; the backend, the torch version and the
 world sizes used; every unexpected result with its reason, and the expected failures and
 not-implemented cases as counts per section (every one with its reason under -v). Exits 1
 on any unexpected result (failed, xpassed, a case module that fails to import), 0
-otherwise. `--json FILE` writes the run's metadata and one record per case. `--list`
+otherwise. `--profile core|strict|full|core-vN` chooses the levels judged (CF-14, CF-15).
+`--json FILE` writes the report of conformance/report.schema.json: the run's metadata,
+the verdict of every judged rule and one record per case. `--update-expected-failures
+FILE` appends an entry, reason left blank, for each case that failed unexpectedly (CF-4).
+`--list`
 collects without running: the cases per section and the SPEC IDs that no case names.
 `--fuzz N [--seed S]` runs N generated programs (conformance/fuzz/) through the stages
 of BK, CL, RO and MEM instead of the cases, with the same report.
@@ -28,14 +35,23 @@ from pathlib import Path
 
 from conformance.backends import REGISTERED, BackendSpecError, get_backend
 from conformance.cases.conftest import DEFAULT_CASE_TIMEOUT_S, section_of, strip_xdist_group
-from conformance.spec import rule_ids, section_title, sections
+from conformance.spec import (
+    profile_levels,
+    rule_ids,
+    rule_levels,
+    section_prefix,
+    section_title,
+    sections,
+    spec_sha256,
+)
+from conformance.verdicts import SUITE_SECTIONS, count_conforming, rule_verdicts
 from refimpl._rank_process import chosen_device, chosen_process_group
 
 CASES_DIR = Path(__file__).resolve().parent / "cases"
 OUTCOMES = ["passed", "failed", "xfailed", "xpassed", "not_implemented", "skipped"]
 UNEXPECTED = {"failed", "xpassed"}
-# Sections whose rules govern the suite itself: refimpl's tests name them, not cases (CF-10).
-SUITE_SECTIONS = {"CF"}
+# The version of the JSON report's layout (conformance/report.schema.json).
+SCHEMA_VERSION = 1
 
 BACKEND_HELP = (
     f"the implementation to test: a registered name ({', '.join(sorted(REGISTERED))}), or "
@@ -112,7 +128,8 @@ class ListPlugin:
         for item in session.items:
             marker = item.get_closest_marker("spec")
             self.cases.append({"id": strip_xdist_group(item.nodeid.split("/")[-1]),
-                               "spec_ids": list(marker.args) if marker else []})
+                               "spec_ids": list(marker.args) if marker else [],
+                               "level": dict(item.user_properties).get("level")})
 
 
 def _outcome_of(report) -> str | None:
@@ -171,7 +188,7 @@ def _pytest_args(args) -> list[str]:
     chosen = args.section or (list(sections()) if args.case else None)
     where = case_files(chosen, args.case) if chosen and not args.list else []
     pytest_args = [*(where or [str(CASES_DIR)]), "-q", "-p", "no:cacheprovider",
-                   "--backend", args.backend]
+                   "--backend", args.backend, "--profile", args.profile]
     if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
         pytest_args += ["-p", "xdist"]  # the one plugin the suite needs (-n, --dist)
     if args.k:
@@ -196,14 +213,18 @@ def _pytest_args(args) -> list[str]:
     return pytest_args + ["--no-header", "-rN", "--tb=short"]
 
 
-def print_report(meta, cases, verbose=False) -> None:
+def print_report(meta, cases, verbose=False, rules=None) -> None:
     by_section: dict[str, Counter] = defaultdict(Counter)
     for case in cases:
         by_section[case["section"]][case["outcome"]] += 1
     print()
     print(f"conformance report: backend {_backend_label(meta)}, torch {meta['torch_version']}, "
-          f"world sizes {meta['world_sizes'] or '-'}, {meta['seconds']:.0f} s")
+          f"profile {meta.get('profile', 'full')}, world sizes {meta['world_sizes'] or '-'}, "
+          f"{meta['seconds']:.0f} s")
     print(_where(meta))
+    if rules is not None:
+        print_verdicts(rules, meta.get("profile", "full"))
+        print("\ncases:")
     header = f"{'section':28s}" + "".join(f"{o:>16s}" for o in OUTCOMES)
     print(header)
     print("-" * len(header))
@@ -224,6 +245,44 @@ def print_report(meta, cases, verbose=False) -> None:
                 print(f"  {'':15s} {line}")
     if not verbose:
         _print_counts_per_section(cases)
+
+
+VERDICT_WORDS = {"differs": "differs", "not_implemented": "not implemented",
+                 "not_run": "not run"}
+
+
+def print_verdicts(rules, profile) -> None:
+    """The report's first screen (CF-15): per section, the rules that conform of those
+    judged, then every rule that does not, with its count of cases and first reason."""
+    counts = count_conforming(rules)
+    overall = ", ".join(f"{level} {done} of {total}" for level, (done, total) in counts.items())
+    print(f"\nverdicts by rule (profile {profile}): rules that conform: {overall or 'none judged'}")
+    by_prefix: dict[str, list[dict]] = defaultdict(list)
+    for rule in rules:
+        by_prefix[section_prefix(rule["id"])].append(rule)
+    for prefix, records in by_prefix.items():
+        conforming = sum(r["verdict"] == "conforms" for r in records)
+        print(f"  {section_title(prefix)} ({prefix}): {conforming} of {len(records)} rules "
+              f"conform")
+        for rule in records:
+            if rule["verdict"] != "conforms":
+                print("    " + _verdict_line(rule))
+
+
+def _verdict_line(rule) -> str:
+    word = VERDICT_WORDS[rule["verdict"]]
+    line = f"{rule['id']:8s} [{rule['level']}] {word}"
+    if rule["verdict"] == "differs":
+        differing = rule.get("differing_cases", 0)
+        line += f": {differing} case{'s' * (differing != 1)}"
+    reason = rule.get("reason", "")
+    entry = rule.get("expected_failure")
+    if entry:
+        named = f"(finding {entry['finding']})" if "finding" in entry else ""
+        reason = f"{entry['class']}{named} {entry['reason']}"
+    if reason:
+        line += f"; {rule.get('first_case', '')}: {reason.splitlines()[0][:160]}"
+    return line
 
 
 def _where(meta) -> str:
@@ -252,11 +311,12 @@ def _print_counts_per_section(cases) -> None:
             print(f"\n{outcome}: {per_section} (each with its reason: -v)")
 
 
-def print_listing(cases, sections) -> None:
-    """`--list`: cases per section and the SPEC IDs of the section that no case names."""
+def print_listing(cases, sections, profile="full") -> None:
+    """`--list`: cases per section and the SPEC IDs of the section (of the profile's
+    levels) that no case names."""
     named = {i for c in cases for i in c["spec_ids"]}
     by_section = Counter(c["section"] for c in cases)
-    for prefix, ids in rule_ids().items():
+    for prefix, ids in _rules_of_profile(profile).items():
         if sections and prefix not in sections:
             continue
         title = section_title(prefix)
@@ -266,19 +326,36 @@ def print_listing(cases, sections) -> None:
             continue
         missing = [i for i in ids if i not in named]
         if not ids:
-            print(f"{title} ({prefix}): {by_section[title]} cases, no rules yet")
+            none = "no rules yet" if profile == "full" else f"no rules of profile {profile}"
+            print(f"{title} ({prefix}): {by_section[title]} cases, {none}")
             continue
-        print(f"{title} ({prefix}): {by_section[title]} cases, {len(ids) - len(missing)} of "
-              f"{len(ids)} rules named" + (f"; named by no case: {', '.join(missing)}"
-                                           if missing else ""))
+        print(f"{title} ({prefix}): {by_section[title]} cases{_files_of(cases, title)}, "
+              f"{len(ids) - len(missing)} of {len(ids)} rules named"
+              + (f"; named by no case: {', '.join(missing)}" if missing else ""))
+    print("(a case counts under the section of its first rule, whichever file holds it)")
 
 
-def unnamed_rules(cases, sections=()) -> dict[str, list[str]]:
+def _files_of(cases, title) -> str:
+    """' (file a 10, file b 1)' when a section's cases sit in more than one file."""
+    files = Counter(c["id"].split("::")[0] for c in cases if c["section"] == title)
+    if len(files) < 2:
+        return f" in {next(iter(files))}" if files else ""
+    return " (" + ", ".join(f"{n} in {f}" for f, n in files.most_common()) + ")"
+
+
+def unnamed_rules(cases, sections=(), profile="full") -> dict[str, list[str]]:
     """{prefix: SPEC IDs named by no case} for the sections checked by cases (CF-10)."""
     named = {i for c in cases for i in c["spec_ids"]}
     return {prefix: [i for i in ids if i not in named]
-            for prefix, ids in rule_ids().items()
+            for prefix, ids in _rules_of_profile(profile).items()
             if prefix not in SUITE_SECTIONS and (not sections or prefix in sections)}
+
+
+def _rules_of_profile(profile) -> dict[str, list[str]]:
+    """rule_ids() keeping the rules of the profile's levels (CF-15)."""
+    levels, of_rule = profile_levels(profile), rule_levels()
+    return {prefix: [i for i in ids if (of_rule.get(i) or "extension") in levels]
+            for prefix, ids in rule_ids().items()}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -309,6 +386,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="list every case that did not pass with its reason (expected "
                              "failures, not implemented, skipped), not only counts")
+    parser.add_argument("--profile", default="full", metavar="PROFILE",
+                        help="the rules judged, by level (SPEC.md CF-14): core (upstream's "
+                             "contract), strict (core + refimpl's added guarantees), full "
+                             "(default: every level, extensions too), or core-vN (a frozen "
+                             "list of core cases, conformance/levels/core-vN.txt)")
+    parser.add_argument("--update-expected-failures", metavar="FILE",
+                        help="append to FILE an entry for each case that failed "
+                             "unexpectedly, its class and reason left for you to write (the "
+                             "loader refuses it until you do; CF-4)")
     parser.add_argument("--list", action="store_true",
                         help="collect only: cases per section and the SPEC IDs no case names")
     parser.add_argument("--fuzz", type=int, metavar="N",
@@ -350,6 +436,7 @@ def _load_backend(spec: str) -> tuple[str, str]:
 AGREED_OPTIONS = {"backend": "--backend", "k": "-k", "section": "--section",
                   "first": "--first", "case": "--case", "exitfirst": "-x",
                   "case_timeout": "--case-timeout", "list": "--list", "device": "--device",
+                  "profile": "--profile",
                   "process_group": "--process-group"}
 
 
@@ -392,6 +479,7 @@ def _main(parser, args, world) -> int:
     # The workers of refimpl's harness read both (REFIMPL_* variables follow every task).
     os.environ["REFIMPL_PROCESS_GROUP"] = args.process_group
     os.environ["REFIMPL_DEVICE"] = args.device
+    _check_selection(parser, args)
     if args.fuzz is not None or args.seed is not None:
         return fuzz_main(parser, args)
     import pytest
@@ -412,7 +500,8 @@ def _main(parser, args, world) -> int:
         exit_code = pytest.main(_pytest_args(args), plugins=[plugin])
     meta = {"backend": name, "backend_spec": args.backend, "torch_version": torch.__version__,
             "python": sys.version.split()[0], "pytest_exit_code": int(exit_code),
-            "process_group": args.process_group, "device": args.device}
+            "process_group": args.process_group, "device": args.device,
+            "profile": args.profile}
     if world is not None:
         meta["launched"] = {"world_size": world.world_size, "rank": world.rank,
                             "process_group": world.process_group, "device": str(world.device)}
@@ -425,14 +514,84 @@ def _main(parser, args, world) -> int:
     cases = [c for c in plugin.cases.values() if c["outcome"] is not None]
     for case in cases:
         case["spec_ids"] = list(case.get("spec_ids", []))
-        case["section"] = section_title(section_of(case["spec_ids"]))
+        case["rules"] = case["spec_ids"]
+        case["section"] = section_title(reported_section(case["spec_ids"], args.section))
         case.pop("section_total", None)
     meta["world_sizes"] = sorted({w for rec in cases for w in rec.get("world_sizes", [])})
     meta["seconds"] = time.monotonic() - start
-    print_report(meta, cases, args.verbose)
+    rules = rule_verdicts(cases, profile_levels(args.profile), args.section)
+    print_report(meta, cases, args.verbose, rules)
     if args.json:
-        Path(args.json).write_text(json.dumps({**meta, "cases": cases}, indent=1))
+        write_json_report(args.json, meta, args.profile, rules, cases)
+    if args.update_expected_failures:
+        append_expected_failures(args.update_expected_failures, cases, torch.__version__)
     return _exit_status(exit_code, cases, world, explain=True)
+
+
+def reported_section(spec_ids, selected) -> str:
+    """The section a case is counted under: the first of its rules' sections that
+    `--section` selected, else that of its first rule."""
+    for rule in spec_ids:
+        if not selected or section_prefix(rule) in selected:
+            return section_prefix(rule)
+    return section_of(spec_ids)
+
+
+def _check_selection(parser, args) -> None:
+    """Refused before anything runs: an unknown profile, a section no case checks."""
+    try:
+        profile_levels(args.profile)
+    except ValueError as exc:
+        parser.error(str(exc))
+    for prefix in args.section or ():
+        if prefix in SUITE_SECTIONS:
+            print(f"python -m conformance: --section {prefix}: {section_title(prefix)} has no "
+                  f"cases: its rules govern the suite itself and are checked by the "
+                  f"project's tests (tests/test_conformance_suite.py, tests/test_mutants.py, "
+                  f"tests/test_fuzz.py, tests/test_launched.py), not by a backend's run",
+                  file=sys.stderr)
+            sys.exit(2)
+        if prefix not in sections():
+            parser.error(f"--section {prefix}: SPEC.md has no such section; its sections are "
+                         f"{', '.join(p for p in sections() if p not in SUITE_SECTIONS)}")
+
+
+def report_header(meta, profile) -> dict:
+    """The fields every JSON report opens with (conformance/report.schema.json)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        suite_version = version("refimpl")
+    except PackageNotFoundError:  # a checkout on PYTHONPATH, not installed
+        suite_version = "unknown"
+    return {"schema_version": SCHEMA_VERSION, "suite_version": suite_version,
+            "spec_sha256": spec_sha256(), "profile": profile, "backend": meta["backend"],
+            "torch_version": meta["torch_version"],
+            "process_group": meta.get("process_group", "gloo"),
+            "device": meta.get("device", "cpu")}
+
+
+def write_json_report(path, meta, profile, rules, cases) -> None:
+    document = {**report_header(meta, profile), **meta, "rules": rules, "cases": cases}
+    Path(path).write_text(json.dumps(document, indent=1))
+
+
+def append_expected_failures(path, cases, torch_version) -> None:
+    """`--update-expected-failures FILE` (CF-4): an entry for each case that failed
+    unexpectedly, for the running torch release, with its class and reason blank (the
+    loader refuses it until someone writes them, as WPT's metadata update leaves its
+    bug links to people). A case that passed unexpectedly is named, not removed."""
+    release = torch_version.split("+")[0]
+    failed = sorted(c["id"] for c in cases if c["outcome"] == "failed")
+    if failed:
+        with open(path, "a") as out:
+            out.write(f"# added by --update-expected-failures (torch {release}): write each "
+                      f"one's class (bug(finding N), choice, missing) and reason\n")
+            out.writelines(f"{cid}  [torch=={release}]\n" for cid in failed)
+    passed = sorted(c["id"] for c in cases if c["outcome"] == "xpassed")
+    print(f"\n--update-expected-failures {path}: {len(failed)} entries appended, reasons to "
+          f"write" + "".join(f"\n  passes, remove or condition its entry: {cid}"
+                             for cid in passed))
 
 
 def _exit_status(exit_code, cases, world, explain: bool) -> int:
@@ -504,9 +663,11 @@ def fuzz_main(parser, args) -> int:
             "seconds": time.monotonic() - start}
     if error:
         meta["backend_error"] = error
-    print_report(meta, records, args.verbose)
+    meta.update(process_group=args.process_group, device=args.device, profile=args.profile)
+    rules = rule_verdicts(records, profile_levels(args.profile), sections)
+    print_report(meta, records, args.verbose, rules)
     if args.json:
-        Path(args.json).write_text(json.dumps({**meta, "cases": records}, indent=1))
+        write_json_report(args.json, meta, args.profile, rules, records)
     return 1 if any(r["outcome"] in UNEXPECTED for r in records) else 0
 
 
@@ -535,10 +696,11 @@ def _finish_listing(args, meta, cases, exit_code) -> int:
         case["section"] = section_title(section_of(case["spec_ids"]))
     sections = set(args.section or ())
     print()
-    print_listing(cases, sections)
+    print_listing(cases, sections, args.profile)
     if args.json:
-        Path(args.json).write_text(json.dumps(
-            {**meta, "cases": cases, "unnamed": unnamed_rules(cases, sections)}, indent=1))
+        unnamed = unnamed_rules(cases, sections, args.profile)
+        Path(args.json).write_text(json.dumps({**meta, "cases": cases, "unnamed": unnamed},
+                                              indent=1))
     return 0 if exit_code in (0, 5) else 1
 
 

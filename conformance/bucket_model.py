@@ -8,6 +8,7 @@ passes made of the same graph. It shares no code with refimpl.bucketing and read
 graph its own way: a bucket is a contraction of its members (BK-4: once merged, a
 bucket's results depend on all its members' inputs), and the rewrite is a stable
 topological sort that puts each merged collective where its last member was (BK-7).
+What each op is (its kind, its form) it reads from SPEC's op table (conformance/ops.py).
 
 `diagnose(...)` names the rule a different result breaks, by finding the one reading
 that explains it: merging only adjacent candidates (BK-2, upstream's), one cap for every
@@ -24,13 +25,12 @@ from dataclasses import dataclass, field
 
 import torch.fx
 
-from conformance.reorder_rules import _op_name, group_of, is_wait, kind_of
+from conformance import ops
+from conformance.ops import is_wait, kind_of
+from conformance.reorder_rules import group_of
 
 MiB = 2**20
-KINDS = ("all_gather", "reduce_scatter", "all_reduce")
-# The out-of-place ops each pass takes (BK-1), by name in any functional namespace.
-CANDIDATE_OPS = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor",
-                 "all_reduce": "all_reduce"}
+KINDS = ("all_gather", "reduce_scatter", "all_reduce")  # the passes' kinds (BK-1)
 
 
 @dataclass(frozen=True)
@@ -125,9 +125,10 @@ class _Graph:
                 self._as_candidate(node, coll, list(node.users))
 
     def _as_candidate(self, node, coll: _Collective, users) -> None:
-        """BK-1: the out-of-place op of its kind whose one user is its wait."""
-        name = _op_name(node)
-        if name[1] != CANDIDATE_OPS.get(coll.kind) or len(users) != 1:
+        """BK-1: the out-of-place op of its kind (a plain row of the op table: not in place,
+        coalesced or `out`) whose one user is its wait."""
+        op = ops.row(node)
+        if coll.kind not in KINDS or op.in_place or op.coalesced or op.out or len(users) != 1:
             return
         (wait,) = users
         if not is_wait(wait) or wait.args[0] is not node:

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from conformance import ops
 from conformance.canonical import canonical_graph, op_name
 from conformance.comm_trace import comm_trace_of_graph, format_comm_trace, is_comm_op
 from conformance.oracle import rank_input
@@ -395,7 +396,7 @@ def trace(fn, inputs) -> torch.fx.GraphModule:
 
 def collective_count(gm: torch.fx.GraphModule) -> int:
     return sum(1 for n in gm.graph.nodes if n.op == "call_function" and is_comm_op(n.target)
-               and "wait_tensor" not in str(n.target))
+               and not ops.is_wait(n))
 
 
 def _flat(out) -> list[torch.Tensor]:
@@ -499,7 +500,8 @@ class _SlotRecorder(MetaChecker):
         self.slots: list[tuple[int, int]] = []
 
     def call_function(self, target, args, kwargs):
-        if op_name(target).endswith(".all_gather_into_tensor_out"):
+        row = ops.find(target)
+        if row is not None and row.kind == "all_gather" and row.out:
             inp, out = args[0], kwargs["out"]
             offset = (inp.data_ptr() - out.data_ptr()) // max(inp.element_size(), 1)
             self.slots.append((offset, inp.numel()))
@@ -565,10 +567,6 @@ BAD_GRAPHS = {
                       "group_name"),
     "no_fake_value": ("all_gather_into_tensor", (4,), (8,), (2, W), (2, W), "meta['val']"),
 }
-_PASS_OF = {"all_gather_into_tensor": "bucket_all_gather",
-            "reduce_scatter_tensor": "bucket_reduce_scatter", "all_reduce": "bucket_all_reduce"}
-
-
 def bad_graph(spec: str, name: str) -> tuple[str, str, str]:
     """On a rank: bucket two candidates of which the second is bad (BK-1, BK-16);
     (exception type, message, the bad node's name), or ("no error", "", ...)."""
@@ -579,7 +577,8 @@ def bad_graph(spec: str, name: str) -> tuple[str, str, str]:
     backend = backend_in_rank(spec)
     fc = backend.require("functional_collectives")
     op, in_shape, out_shape, good, bad, _ = BAD_GRAPHS[name]
-    bucketing = backend.require("bucketing", _PASS_OF[op])
+    bucket = "bucket_" + ops.row(getattr(fc.ops, op)).family  # the pass of its kind
+    bucketing = backend.require("bucketing", bucket)
     world = dist.group.WORLD.group_name
     calls = [(op, in_shape, out_shape, tuple(world if a == W else a for a in args))
              for args in (good, bad)]
@@ -588,7 +587,7 @@ def bad_graph(spec: str, name: str) -> tuple[str, str, str]:
     if name == "no_fake_value":
         del bad.meta["val"]
     try:
-        getattr(bucketing, _PASS_OF[op])(gm, cap_fn(25))
+        getattr(bucketing, bucket)(gm, cap_fn(25))
     except Exception as exc:  # the case judges the type and the message
         return type(exc).__name__, str(exc), bad.name
     return "no error", "", bad.name
@@ -666,8 +665,7 @@ def bad_arguments(spec: str) -> dict:
 
 
 def wait_count(gm: torch.fx.GraphModule) -> int:
-    return sum(1 for n in gm.graph.nodes
-               if n.op == "call_function" and op_name(n.target).endswith(".wait_tensor"))
+    return sum(1 for n in gm.graph.nodes if ops.is_wait(n))
 
 
 def deduplicated(spec: str, program: str) -> dict:

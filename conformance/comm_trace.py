@@ -24,7 +24,8 @@ first seen as a collective's output has no origin: the collective made it.
 
 `comm_trace_of_graph` derives it from an FX graph; other backends (for example Inductor's
 generated code) build the same `CommEvent` list with a `BufferLabels` of their own and
-print it with `format_comm_trace`.
+print it with `format_comm_trace`. Which ops communicate (every op of the op table's
+namespaces) and which of them are waits it reads from SPEC's op table (conformance/ops.py).
 """
 
 from __future__ import annotations
@@ -36,13 +37,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 
+from conformance import ops
 from conformance.canonical import group_label, op_name, tensor_label
 
 __all__ = ["CommEvent", "BufferLabels", "comm_trace_of_graph", "format_comm_trace",
            "is_comm_op"]
-
-# Collective ops of every backend, as canonical.op_name folds their namespaces.
-COMM_PREFIXES = ("funcol.", "symm_mem.")
 
 
 @dataclass
@@ -74,9 +73,9 @@ def format_comm_trace(events: list[CommEvent]) -> str:
 
 
 def is_comm_op(target) -> bool:
-    """A collective op (allocation functions such as empty_strided_p2p are not)."""
-    return isinstance(target, torch._ops.OpOverload) and op_name(target).startswith(
-        COMM_PREFIXES)
+    """An op of the op table's namespaces, a row or left out (allocation functions such as
+    empty_strided_p2p are not ops)."""
+    return isinstance(target, torch._ops.OpOverload) and target.namespace in ops.namespaces()
 
 
 # An origin: ("input" | "computed", None) or ("copy" | "view", the source buffer's key).
@@ -239,12 +238,13 @@ def comm_trace_of_graph(gm: torch.fx.GraphModule) -> list[CommEvent]:
         if not is_comm_op(node.target):
             continue
         name = op_name(node.target).split(".", 1)[1]
-        if name in ("wait_tensor", "wait_tensor_"):  # copying or in place (FC-5, FC-35)
+        op = ops.find(node)
+        if op is not None and op.is_wait and not op.coalesced:  # FC-5, FC-35
             (source,) = _tensor_nodes(node.args[0])
             buffers.alias(node, source)
             events.append(CommEvent("wait", inputs=[f"b{buffers.id(source)}"]))
             continue
-        if name == "wait_tensors":  # torch 2.15: one wait for a list, which it returns
+        if op is not None and op.is_wait:  # torch 2.15's wait_tensors: a list, returned
             sources = _tensor_nodes(node.args[0])
             buffers.ids[node] = [buffers.id(source) for source in sources]
             # a wait line per tensor, as separate waits print: the trace stays neutral

@@ -10,7 +10,8 @@ the clone marked `no_fuse` under `reorder_for_compute_comm_overlap`). With
 the refusal must name. `lowered(gm)` reads the same from a lowered graph, so the two lists
 compare entry by entry. It shares no code with refimpl.comm_lowering and reads the graph
 its own way (a buffer's base through ops whose schema says they return an alias; a step
-by its ATen overload and Python number).
+by its ATen overload and Python number), and what each op is, and what lowering does with
+it, from SPEC's op table (conformance/ops.py: its Lowering column).
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
-from conformance.canonical import COLLECTIVE_NAMESPACES
-from conformance.reorder_rules import _op_name as _name
-from conformance.reorder_rules import is_wait as _is_wait
+from conformance import ops
+from conformance.ops import is_wait as _is_wait
+from conformance.ops import op_key as _name
 
 # CommLoweringConfig's fields and defaults (CL-1).
 DEFAULTS = {"auto_select": False, "one_shot_all_reduce_threshold_bytes": 128 * 1024,
@@ -31,7 +32,6 @@ DEFAULTS = {"auto_select": False, "one_shot_all_reduce_threshold_bytes": 128 * 1
 ONE_SHOT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)  # SM-14
 STEP_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # CL-17
 STEP_OPS = ("add", "sub", "mul")  # aten.<op>.Tensor, CL-17
-ALL_REDUCES = ("all_reduce", "all_reduce_", "all_reduce_coalesced", "all_reduce_coalesced_")
 # The word a refusal names for each condition; alternatives split at "|".
 NOT_ATEN = "ATen|fresh intermediate"
 
@@ -58,9 +58,10 @@ class Lowered:
 
 # ---- reading a graph ------------------------------------------------------------------
 def _all_reduce(node) -> str | None:
-    name = _name(node)
-    return name[1] if name and name[0] in COLLECTIVE_NAMESPACES and name[1] in ALL_REDUCES \
-        else None
+    """What lowering does with an all-reduce collective (its row's Lowering: `reinplace`,
+    `in place`, `reinplace each` or `in place each`); None for any other node."""
+    op = ops.find(node)
+    return op.lowering if op is not None and op.kind == "all_reduce" else None
 
 
 def _returns_alias(target) -> bool:
@@ -245,7 +246,7 @@ def _walk(gm, options: dict, symm_groups: set[str]):
         kind = _all_reduce(node)
         if kind is None:
             continue
-        if kind in ("all_reduce", "all_reduce_") and (
+        if kind in ("reinplace", "in place") and (
                 options["auto_select"] or options["force_one_shot_all_reduce"]):
             inp, reduce_op, group = node.args[:3]
             why = NOT_ATEN if inp in fused else \
@@ -255,15 +256,15 @@ def _walk(gm, options: dict, symm_groups: set[str]):
                 continue
             if options["force_one_shot_all_reduce"]:
                 return planned, (node.name, why)
-        if kind == "all_reduce":
+        if kind == "reinplace":
             place, mark = _member(node.args[0], options, fused)
             planned.append(Lowered("all_reduce_", (place,), (mark,)))
-        elif kind == "all_reduce_":  # CL-4: in place, or on a clone copied back
+        elif kind == "in place":  # CL-4: in place, or on a clone copied back
             contiguous = _val(node.args[0]).is_contiguous()
             planned.append(Lowered("all_reduce_", ("in place" if contiguous else "clone",),
                                    (False if contiguous else None,)))
         else:  # CL-5: each member as CL-2/CL-3 say (in place ones: on contiguous members)
-            members = [_member(m, options, fused) if kind == "all_reduce_coalesced"
+            members = [_member(m, options, fused) if kind == "reinplace each"
                        else ("in place", False) for m in node.args[0]]
             planned.append(Lowered("all_reduce_", tuple(p for p, _ in members),
                                    tuple(m for _, m in members)))
@@ -272,7 +273,7 @@ def _walk(gm, options: dict, symm_groups: set[str]):
 
 def _fusion(node, kind: str, options: dict, fused: set) -> tuple[str, str]:
     """CL-17's chains of a one-shot all_reduce; the epilogue's last node joins `fused`."""
-    if kind != "all_reduce" or not options["fuse_pointwise"]:
+    if kind != "reinplace" or not options["fuse_pointwise"]:
         return "", ""
     waits = [u for u in node.users if _is_wait(u)]
     last, after = (epilogue(waits[0]) if len(node.users) == 1 and len(waits) == 1
@@ -296,20 +297,19 @@ def lowered(gm: torch.fx.GraphModule) -> list[Lowered]:
     """What a lowered graph holds for each all-reduce, in program order."""
     found = []
     for node in gm.graph.nodes:
-        name = _name(node)
-        if name is None:
+        op = ops.find(node)
+        if op is None:
             continue
-        if name[1] == "one_shot_all_reduce":
+        if op.lowering == "one-shot":
             found.append(Lowered("one-shot"))
-        elif name[1] == "one_shot_all_reduce_pointwise":
+        elif op.lowering == "fused one-shot":
             args = [*node.args, *[""] * (6 - len(node.args))]
             steps = tuple("; ".join(s.strip() for s in str(chain).split(";") if s.strip())
                           for chain in (node.kwargs.get("prologue", args[4]),
                                         node.kwargs.get("epilogue", args[5])))
             found.append(Lowered("one-shot", steps=steps))
-        elif name[0] in COLLECTIVE_NAMESPACES and name[1] in ("all_reduce_",
-                                                              "all_reduce_coalesced_"):
-            members = node.args[0] if name[1] == "all_reduce_coalesced_" else [node.args[0]]
+        elif op.kind == "all_reduce" and op.in_place:  # the all_reduce_ kernels
+            members = node.args[0] if op.coalesced else [node.args[0]]
             read = [("clone", bool(m.meta.get("no_fuse", False)))
                     if _name(m) == ("aten", "clone") else ("in place", False) for m in members]
             found.append(Lowered("all_reduce_", tuple(p for p, _ in read),

@@ -432,7 +432,7 @@ def _rule_broken(node, gm, allocated, want_allocs, freed, want_frees) -> str:
     differs, MEM-4 at a wait (a copy or a rename) and MEM-2 elsewhere; a free that differs,
     MEM-6 for a graph input, MEM-5 at a collective (an input freed while in flight),
     MEM-3 otherwise (freed at another reader, or never)."""
-    from conformance.reorder_rules import is_wait, kind_of
+    from conformance.ops import is_wait, kind_of
 
     if sorted(allocated) != sorted(want_allocs):
         return "MEM-4" if is_wait(node) else "MEM-2"

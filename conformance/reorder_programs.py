@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from conformance import ops
 from conformance.oracle import rank_input
 from conformance.true_meta import MetaChecker
 
@@ -604,23 +605,27 @@ def program_graph(name: str, ops=None, rank: int = 0) -> torch.fx.GraphModule:
 # Costs and configs
 # --------------------------------------------------------------------------------------
 COLLECTIVE_US, MATMUL_US, COMPUTE_US = 30.0, 20.0, 1.0
-FREE = ("view", "_unsafe_view", "t", "slice", "split_with_sizes", "getitem", "wait_tensor",
-        "wait_tensor_", "wait_tensors", "empty", "permute", "transpose")
+# The families pinned as communication (collectives and blocking kernels, by the op
+# table); a broadcast, an all_to_all or point to point costs as compute here.
+PINNED_FAMILIES = ("all_gather", "reduce_scatter", "all_reduce")
+FREE = ("view", "_unsafe_view", "t", "slice", "split_with_sizes", "getitem", "empty",
+        "permute", "transpose")
 
 
 def pinned_costs(gm: torch.fx.GraphModule) -> dict[str, float]:
-    """Every node's duration by a rule: collectives, matmuls, other compute, free ones."""
+    """Every node's duration by a rule: collectives, matmuls, other compute, free ones
+    (waits among them)."""
     pinned = {}
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
         name = getattr(node.target, "__name__", str(node.target)).split(".")[0]
-        text = str(node.target)
-        if any(k in text for k in ("all_gather", "reduce_scatter", "all_reduce")):
+        op = ops.find(node)
+        if op is not None and op.family in PINNED_FAMILIES:
             pinned[node.name] = COLLECTIVE_US
         elif name in ("mm", "addmm"):
             pinned[node.name] = MATMUL_US
-        elif name in FREE:
+        elif name in FREE or (op is not None and op.is_wait):
             pinned[node.name] = 0.0
         else:
             pinned[node.name] = COMPUTE_US

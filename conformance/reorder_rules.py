@@ -15,6 +15,9 @@ with refimpl.reorder. It returns one line per violation (empty: the order is val
   not yet completed;
 - RO-9: the planned peak (refimpl.memory, the definition of MEM) at most
   `floor((1 + memory_budget) * original peak)`.
+
+What an op is (a collective and its kind, a wait, a blocking kernel, what it holds in
+flight, whether it returns its argument) it asks conformance/ops.py, SPEC's op table.
 """
 
 from __future__ import annotations
@@ -25,57 +28,18 @@ import operator
 import torch
 import torch.fx
 
-from conformance.canonical import COLLECTIVE_NAMESPACES
-from conformance.canonical import SYMM_MEM_NAMESPACES as SYMM_MEM
+from conformance import ops
+from conformance.ops import is_blocking, is_wait, kind_of, op_key
 
-WAITS = ("wait_tensor", "wait_tensor_", "wait_tensors")  # the last: torch 2.15, a list
-KIND = {"all_gather_into_tensor": "all_gather", "all_gather_into_tensor_out": "all_gather",
-        "all_gather_into_tensor_coalesced": "all_gather",
-        "reduce_scatter_tensor": "reduce_scatter",
-        "reduce_scatter_tensor_coalesced": "reduce_scatter",
-        "all_reduce": "all_reduce", "all_reduce_": "all_reduce",
-        "all_reduce_coalesced": "all_reduce", "all_reduce_coalesced_": "all_reduce",
-        "all_to_all_single": "all_to_all", "broadcast": "broadcast", "broadcast_": "broadcast"}
-# MEM-5: out-of-place all_reduce and broadcast copy their input when issued.
-HOLD_RESULT_ONLY = ("all_reduce", "all_reduce_coalesced", "broadcast")
-BLOCKING = ("one_shot_all_reduce", "one_shot_all_reduce_out", "one_shot_all_reduce_pointwise",
-            "two_shot_all_reduce_")
 PROLOGUE = ("_to_copy", "convert_element_type", "clone", "copy", "copy_", "cat",
             "constant_pad_nd", "empty", "empty_like", "empty_strided", "new_empty",
             "new_empty_strided")
 RNG = "rng state"
 
 
-def _op_name(node) -> tuple[str, str] | None:
-    target = node.target
-    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
-        return None
-    return target.namespace, target._schema.name.split("::", 1)[1]
-
-
-def is_wait(node) -> bool:
-    name = _op_name(node)
-    return name is not None and name[0] in COLLECTIVE_NAMESPACES and name[1] in WAITS
-
-
-def kind_of(node) -> str | None:
-    """A collective's kind, None for anything else (waits included)."""
-    name = _op_name(node)
-    if name is None or name[0] not in COLLECTIVE_NAMESPACES or name[1] in WAITS:
-        return None
-    return KIND.get(name[1], name[1])
-
-
-def is_blocking(node) -> bool:
-    """A symmetric-memory kernel that completes before it returns (SIM-2's one-shot and
-    two-shot all-reduce)."""
-    name = _op_name(node)
-    return name is not None and name[0] in SYMM_MEM and name[1] in BLOCKING
-
-
 def group_of(node) -> str | None:
     """The group a collective or blocking symmetric-memory kernel runs on."""
-    if _op_name(node) is None or (kind_of(node) is None and not is_blocking(node)):
+    if kind_of(node) is None and not is_blocking(node):
         return None
     schema = node.target._schema
     for i, a in enumerate(schema.arguments):
@@ -102,9 +66,9 @@ def is_barrier(node) -> bool:
         return not (module in ("_operator", "operator", "math")
                     or name == "empty_strided_p2p" or (module == "torch" and
                                                       name.startswith("sym_")))
-    namespace, name = _op_name(node)
-    if namespace in COLLECTIVE_NAMESPACES or is_blocking(node):
+    if ops.find(target) is not None:  # a collective, a wait or a blocking kernel
         return False
+    namespace = target.namespace
     try:
         from torch._higher_order_ops.effects import _get_effect
 
@@ -115,7 +79,7 @@ def is_barrier(node) -> bool:
         return True
     if namespace in ("aten", "prims"):
         return False
-    if namespace in ("c10d", *SYMM_MEM):
+    if namespace == "c10d" or namespace in ops.namespaces():  # an op the table leaves out
         return True
     return target._schema.is_mutable or not target._schema.returns
 
@@ -161,11 +125,12 @@ class _Buffers:
             if isinstance(parts, (list, tuple)) and isinstance(index, int):
                 start = sum(_leaves(v) for v in parts[:index])
                 return self.roots.get(source, [])[start:start + _leaves(parts[index])]
-        name = _op_name(node)
-        if name is None:
+        if op_key(node) is None:
             return [f"{node.name}#{i}" for i in range(_leaves(value))]
-        if name in (("_c10d_functional", "wait_tensor"), ("aten", "_unsafe_view")):
-            return self.of(node.args[0])[:1] * _leaves(value)
+        op = ops.find(node)
+        if (op is not None and op.returns_argument) or op_key(node) == ("aten", "_unsafe_view"):
+            found, n = self.of(node.args[0]), _leaves(value)  # MEM-2's renames
+            return found if len(found) == n else found[:1] * n
         schema = node.target._schema
         values = [value] if len(schema.returns) == 1 else list(value or ())
         roots = []
@@ -192,8 +157,7 @@ class _Buffers:
     def written(self, node) -> list:
         if is_wait(node):
             return self.of(node.args[0])
-        name = _op_name(node)
-        if name is None:
+        if op_key(node) is None:
             return []
         out = []
         for i, a in enumerate(node.target._schema.arguments):
@@ -209,8 +173,8 @@ class _Buffers:
         """A collective's members: (its result's buffer, the buffers held until its wait)."""
         results = self.roots.get(node, [])
         first = node.args[0]
-        held_all = kind_of(node) is not None and \
-            _op_name(node)[1] not in HOLD_RESULT_ONLY
+        op = ops.find(node)
+        held_all = op is not None and op.in_flight == "inputs"  # else its results only
         if isinstance(first, (list, tuple)):
             return [(results[i], (self.of(a) if held_all else []) + [results[i]])
                     for i, a in enumerate(first) if i < len(results)]
@@ -326,7 +290,7 @@ def _barriers(original, reordered) -> list[str]:
 def _prologue_ops(node) -> bool:
     if node.target is operator.getitem:
         return True
-    name = _op_name(node)
+    name = op_key(node)
     if name is None or name[0] not in ("aten", "prims"):
         return False
     returns = node.target._schema.returns

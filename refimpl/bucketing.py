@@ -18,7 +18,7 @@ its FSDP block (BK-17). Both passes cost O(N log N) in graph size. Candidates wi
 arguments are refused before anything is rewritten (BK-16). `deduplicate_waits` removes
 the repeated waits of one value, so a collective waited twice becomes a candidate (BK-18).
 
-Implements SPEC.md section "Bucketing": BK-1 .. BK-18.
+Implements SPEC.md section "Bucketing": BK-1 .. BK-23.
 """
 
 from __future__ import annotations
@@ -83,10 +83,10 @@ def _val(node: torch.fx.Node) -> torch.Tensor:
     val = _fx.fake_value(node, "BK-1")
     if not isinstance(val, torch._subclasses.FakeTensor):
         raise ValueError(f"gm: node {node.name!r} has no FakeTensor in meta['val']; trace "
-                         f"the graph with make_fx(tracing_mode='fake') or torch.compile [BK-1]")
+                         f"the graph with make_fx(tracing_mode='fake') or torch.compile [BK-19]")
     if not all(isinstance(s, int) for s in val.shape):
         raise ValueError(f"gm: node {node.name!r} has symbolic shape {tuple(val.shape)}; "
-                         f"bucketing needs static shapes [BK-1]")
+                         f"bucketing needs static shapes [BK-19]")
     return val
 
 
@@ -120,7 +120,7 @@ class _Groups:
     def of(self, node: torch.fx.Node, name) -> tuple:
         if not isinstance(name, str):
             raise ValueError(f"gm: node {node.name!r} names its group by "
-                             f"{type(name).__name__}, not a constant group name str [BK-1]")
+                             f"{type(name).__name__}, not a constant group name str [BK-19]")
         if name not in self.ranks:
             try:
                 self.ranks[name] = tuple(fc.group_ranks(name))
@@ -683,7 +683,7 @@ def _replace_uses(replacement: dict[torch.fx.Node, torch.fx.Node]) -> None:
 
 def _bucket(gm: torch.fx.GraphModule, kind: Kind, cap_fn: CapFn, opts: _MergeOptions,
             recompile: bool) -> None:
-    require_type(gm, torch.fx.GraphModule, "gm", "a torch.fx.GraphModule", "BK-1")
+    require_type(gm, torch.fx.GraphModule, "gm", "a torch.fx.GraphModule", "BK-19")
     if not callable(cap_fn):
         raise TypeError("bucket_cap_mb_by_bucket_idx: expected a callable bucket index -> "
                         "MiB [BK-3]")

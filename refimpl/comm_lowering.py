@@ -18,7 +18,7 @@ Calling the lowered module runs its generated code directly while no hook or tra
 needs nn.Module's call path (`_fx.call_straight`): that path costs about what a one-shot
 all-reduce of 4 KiB does.
 
-Implements SPEC.md section "Comm lowering": CL-1 .. CL-17.
+Implements SPEC.md section "Comm lowering": CL-1 .. CL-21.
 """
 
 from __future__ import annotations
@@ -433,7 +433,7 @@ class _Lowering:
         why = one_shot_refusal(inp, reduce_op, group_name, self.config)
         if why is not None and self.config.force_one_shot_all_reduce:
             raise CommBufferError(f"input: force_one_shot_all_reduce: cannot lower the "
-                                  f"all_reduce of {inp.name!r} one-shot: {why} [CL-10]")
+                                  f"all_reduce of {inp.name!r} one-shot: {why} [CL-21]")
         return why is None
 
     def next_alloc_id(self, group_name: str, val: torch.Tensor) -> int:

@@ -11,18 +11,22 @@ what the passes do with it); an op with neither is an error wherever a pass meet
 `tests/test_comm_ops.py` fails, naming it, for every op the running torch registers
 without one: an op is never given a default silently.
 
-The conformance judge (`conformance/reorder_rules.py`, `conformance/comm_trace.py`, the
-models of the fuzzer) reads the ops on its own on purpose: a judge that read these rows
-could not fail them.
+These rows are SPEC.md's op table (its appendix) written as code: SPEC is normative, and
+`tests/test_ops_table.py` fails for a field of a row here that differs from the table's,
+for a reason of `NOT_MODELLED` that differs from its ops left out, and for an op on one
+side only. The conformance judge reads the table (`conformance/ops.py`), never these rows,
+on purpose: a judge that read them could not fail them.
 
 ## Adding an operator end to end
-1. Its row here (or its `NOT_MODELLED` reason); `pytest tests/test_comm_ops.py`.
+1. Its row in SPEC.md's op table (or its reason among the ops left out), and the same row
+   here (or its `NOT_MODELLED` reason); `pytest tests/test_comm_ops.py
+   tests/test_ops_table.py`.
 2. The SPEC.md rule that says what the op does (its section's prefix: FC, SM, ...).
 3. For a refimpl op, its block in the concept module (`functional_collectives.py` or
    `symmetric_memory.py`: schema, checks, eager and fake kernel together).
-4. A conformance case naming the rule (`conformance/cases/test_<section>.py`), and the
-   judge's own reading of the op where it classifies ops (`conformance/reorder_rules.py`,
-   `conformance/comm_trace.py`).
+4. A conformance case naming the rule (`conformance/cases/test_<section>.py`); the judge
+   learns the op from the table (a column it has not met needs its question in
+   `conformance/ops.py`).
 5. A mutant in `tests/mutants.py` that breaks the rule (a field of the row set wrong
    will do), caught by the case: `pytest tests/test_mutants.py -k <name>`.
 

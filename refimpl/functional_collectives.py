@@ -23,7 +23,7 @@ its autograd formula and its Python API, in that order.
 torch 2.15's names (`all_gather_single`, ..., `wait_tensors`) sit beside the older ones
 (FC-37).
 
-Implements SPEC.md section "Functional collectives": FC-1 .. FC-37.
+Implements SPEC.md section "Functional collectives": FC-1 .. FC-49.
 """
 
 from __future__ import annotations

@@ -135,7 +135,7 @@ FC = [
            "The mismatch report names the group rank index as if it were the global rank. (red "
            "team)",
            catch="test_a_mismatch_names_the_global_rank_that_differs"),
-    Mutant("coalesced_reduce_scatter_avg_as_sum", "FC-17", F,
+    Mutant("coalesced_reduce_scatter_avg_as_sum", "FC-43", F,
            "    return [_start_reduce_scatter(\"reduce_scatter_tensor_coalesced\", t, op, shape, "
            "pg,",
            "    return [_start_reduce_scatter(\"reduce_scatter_tensor_coalesced\", t, "
@@ -202,7 +202,7 @@ FC = [
            "gather_dim != 0: the chunk and cat dims are swapped, so ranks' pieces land out of "
            "group-rank order",
            catch="test_eager_values[2-name-f32-all_gather:1]"),
-    Mutant("broadcast_src_read_as_global_rank", "FC-22", F,
+    Mutant("broadcast_src_read_as_global_rank", "FC-46", F,
            "        tensor, group=pg, group_src=src, async_op=True))",
            "        tensor, group=pg, src=src, async_op=True))",
            "src passed as torch.distributed.broadcast's global rank instead of a group rank",
@@ -246,7 +246,7 @@ FC = [
            "    return [torch.empty_like",
            "the coalesced fake kernel checks only the first member",
            catch="test_bad_arguments_fail_at_trace_time[all_reduce_coalesced-second_bad-make_fx]"),
-    Mutant("fake_reduce_scatter_keeps_input_shape", "FC-3", F,
+    Mutant("fake_reduce_scatter_keeps_input_shape", "FC-38", F,
            "    _, shape, _ = _check_reduce_scatter(tensor, reduce_op, group_size, group_name)\n"
            "    return tensor.new_empty(shape)",
            "    _, shape, _ = _check_reduce_scatter(tensor, reduce_op, group_size, group_name)\n"
@@ -268,7 +268,7 @@ FC = [
            "    if key == 0:\n        # A tensor without storage",
            "    if tensor.dim() == 0:\n        # A tensor without storage",
            "'no storage' read as '0-d': zero-size results key the registry at address 0",
-           catch="test_work_registry"),
+           catch="test_a_result_without_storage_completes_before_the_op_returns"),
     Mutant("finalizer_ignores_version", "FC-8", F,
            "        waiting = [e for e in entries if e[0] == version]\n"
            "        kept = [e for e in entries if e[0] != version]\n",
@@ -305,7 +305,7 @@ FC = [
            "        if mesh.ndim > 2:",
            "an N-D mesh without a dim is taken as its dim 0 when N is 2",
            catch="test_bad_input_is_refused[mesh_2d_without_dim]"),
-    Mutant("reduce_op_case_sensitive", "FC-17", F,
+    Mutant("reduce_op_case_sensitive", "FC-42", F,
            "    if not isinstance(reduce_op, str) or reduce_op.lower() not in _REDUCE_OPS:",
            "    if not isinstance(reduce_op, str) or reduce_op not in _REDUCE_OPS:",
            "reduction names are matched case-sensitively",
@@ -315,12 +315,12 @@ FC = [
            "    return dtype.is_floating_point",
            "complex dtypes are not counted as floating, so bitwise reductions pass on them",
            catch="test_inputs_at_the_edge_of_a_refusal_are_accepted[avg_of_complex]"),
-    Mutant("reduce_scatter_avg_not_divided", "FC-18", F,
+    Mutant("reduce_scatter_avg_not_divided", "FC-43", F,
            "    finish = (lambda: out.div_(pg.size())) if op == \"avg\" else None",
            "    finish = (lambda: out.div_(pg.size())) if op == \"AVG\" else None",
            "the avg divide is keyed on the wrong spelling, so reduce_scatter avg returns the sum",
            catch="test_eager_values[2-name-f32-reduce_scatter:AVG:0]"),
-    Mutant("negative_dim_bound_off_by_one", "FC-20", F,
+    Mutant("negative_dim_bound_off_by_one", "FC-44", F,
            "not -ndim <= dim < ndim:",
            "not -ndim < dim < ndim:",
            "gather_dim / scatter_dim = -ndim is refused",
@@ -335,7 +335,7 @@ FC = [
            "    if len(splits) > group_size or any(s < 0 for s in splits) or sum(splits) != size:",
            "a split list shorter than the group passes",
            catch="test_bad_input_is_refused[splits_count_below]"),
-    Mutant("output_rows_from_input_splits", "FC-21", F,
+    Mutant("output_rows_from_input_splits", "FC-38", F,
            "    rows = sum(output_split_sizes) if len(output_split_sizes) else tensor.shape[0]\n"
            "    outs = _check_splits(",
            "    rows = sum(input_split_sizes) if len(input_split_sizes) else tensor.shape[0]\n"
@@ -410,7 +410,7 @@ FC = [
            "    return all_to_all_single(self, input_split_sizes, output_split_sizes, group, tag)",
            "the autograd form passes the split lists in the other order",
            catch="test_gradient[2-all_to_all_autograd]"),
-    Mutant("overload_not_side_effectful", "FC-33", F,
+    Mutant("overload_not_side_effectful", "FC-48", F,
            "    torch.fx.node.has_side_effect(packet.default)\n",
            "",
            "only the packet is registered; FX nodes hold the overload, which DCE then drops",
@@ -426,7 +426,7 @@ FC = [
            "ProcessGroup written in Python (the threaded ProcessLocalGroup gathers "
            "through it), so the slip breaks nothing there",
            catch="test_ops_run_on_a_process_group_written_in_python"),
-    Mutant("rearranged_gather_completed_whenever_grad_is_on", "FC-9",
+    Mutant("rearranged_gather_completed_whenever_grad_is_on", "FC-40",
            "refimpl/functional_collectives.py",
            "(tensor.requires_grad and torch.is_grad_enabled())",
            "(tensor.requires_grad or torch.is_grad_enabled())",
@@ -553,7 +553,7 @@ FC = [
 # --------------------------------------------------------------------------------------
 _CL = "refimpl/comm_lowering.py"
 CL = [
-    Mutant("wait_in_place_though_written_later", "CL-9", _CL,
+    Mutant("wait_in_place_though_written_later", "CL-20", _CL,
            "                    and not row.in_place\n"
            "                    and not {node, _base(node.args[0])} & written_later):",
            "                    and not row.in_place):",
@@ -567,14 +567,14 @@ CL = [
            "one path of several takes refimpl's kernel: upstream's coalesced all_reduce becomes "
            "refimpl_c10d.all_reduce_coalesced_, waited by upstream's wait",
            catch="test_a_graph_of_upstream_ops_is_lowered_to_upstream_kernels"),
-    Mutant("force_one_shot_needs_auto_select", "CL-10", _CL,
+    Mutant("force_one_shot_needs_auto_select", "CL-21", _CL,
            "        if not (self.config.auto_select or self.config.force_one_shot_all_reduce):",
            "        if not self.config.auto_select:",
            "Selection is gated on auto_select alone, so force_one_shot_all_reduce has no effect "
            "unless auto_select is also set; SPEC makes force_one_shot_all_reduce require "
            "one-shot (or a refusal) on its own. (red team)",
            catch="test_force_one_shot_alone_lowers_one_shot"),
-    Mutant("coalesced_list_reads_counted_by_users", "CL-5", _CL,
+    Mutant("coalesced_list_reads_counted_by_users", "CL-19", _CL,
            "_is_fresh_intermediate(inp) and _read_count(inp) == 1 and",
            "_is_fresh_intermediate(inp) and len(inp.users) == 1 and",
            "readers counted as the nodes that use a tensor, not the places that read it: "
@@ -881,7 +881,7 @@ BK = [
            "collective that also has other users (a second wait, a clone, the output) is taken "
            "as a candidate. (red team)",
            catch="test_a_collective_waited_twice_is_no_candidate"),
-    Mutant("bucket_key_by_itemsize", "BK-2", _BK,
+    Mutant("bucket_key_by_itemsize", "BK-20", _BK,
            "        key += (_val(node).dtype,)\n",
            "        key += (_val(node).dtype.itemsize,)\n",
            "the key holds the element size, not the dtype: float16 and bfloat16 (or float32 "
@@ -917,7 +917,7 @@ BK = [
            "    candidates = sum(len(b.members) for b in planner.buckets)",
            "the INFO line's candidates leave out those left alone (no case read its numbers)",
            catch="test_passes_log_under_refimpl_bucketing_only"),
-    Mutant("mib_of_1025_kib", "BK-3", "refimpl/bucketing.py",
+    Mutant("mib_of_1025_kib", "BK-21", "refimpl/bucketing.py",
            "MiB = 1024 * 1024", "MiB = 1025 * 1024",
            "a MiB a KiB too large: caps given in exact bytes truncate back to the same "
            "count, so only a cap in a fraction of a MiB shows it",
@@ -936,7 +936,7 @@ BK = [
            "a transposed input fails, where the op would have read it in logical order",
            catch=(
                "test_ops_on_transposed_views_are_bucketed_in_their_logical_order[bucket_reduce_scatter]")),
-    Mutant("static_size_checked_on_any_dim", "BK-1", "refimpl/bucketing.py",
+    Mutant("static_size_checked_on_any_dim", "BK-19", "refimpl/bucketing.py",
            "if not all(isinstance(s, int) for s in val.shape):",
            "if not any(isinstance(s, int) for s in val.shape):",
            "any for all: a candidate with one symbolic dim beside a static one passes as "
@@ -972,7 +972,7 @@ BK = [
            "the out-of-place gather casts only what needs no cast: a bf16 bucket of f32 "
            "params is gathered in f32",
            catch="test_all_gather_without_the_out_variant_gathers_the_cast_concatenation"),
-    Mutant("cap_exclusive", "BK-3", _BK,
+    Mutant("cap_exclusive", "BK-21", _BK,
            "bucket.size_bytes + size > bucket.cap_bytes:",
            "bucket.size_bytes + size >= bucket.cap_bytes:",
            "a bucket that would exactly fill its cap is closed",
@@ -982,27 +982,27 @@ BK = [
            "bucket = self._new_bucket(key, bucket.index)",
            "the next bucket keeps index 0, so cap(0) is asked for every bucket",
            catch="test_caps_are_asked_per_bucket_index"),
-    Mutant("size_is_the_output", "BK-3", _BK,
+    Mutant("size_is_the_output", "BK-21", _BK,
            "return max(out.numel() * out.element_size(), inp.numel() * inp.element_size())",
            "return out.numel() * out.element_size()",
            "a member counted by its output only (a reduce_scatter's input is larger)",
            catch="test_reduce_scatter_members_count_their_input_bytes[exactly_full]"),
-    Mutant("key_without_dtype", "BK-2", _BK,
+    Mutant("key_without_dtype", "BK-20", _BK,
            "    if not mixed_dtypes:\n        key += (_val(node).dtype,)",
            "    if mixed_dtypes:\n        key += (_val(node).dtype,)",
            "the dtype left out of the key (condition inverted)",
            catch="test_every_key_component_separates_buckets[dtype]"),
-    Mutant("key_without_reduce_op", "BK-2", _BK,
+    Mutant("key_without_reduce_op", "BK-20", _BK,
            "    if call.reduce_op is not None:\n",
            "    if call.reduce_op is None:\n",
            "the reduce op left out of the key (condition inverted)",
            catch="test_two_groups_interleaved[bucket_all_gather]"),
-    Mutant("key_reduce_op_case_sensitive", "BK-2", _BK,
+    Mutant("key_reduce_op_case_sensitive", "BK-20", _BK,
            "        key += (call.reduce_op.lower(),)",
            "        key += (call.reduce_op,)",
            "'SUM' and 'sum' taken for different reduce ops",
            catch="test_every_key_component_separates_buckets[reduce_op_rs]"),
-    Mutant("key_by_group_size", "BK-2", _BK,
+    Mutant("key_by_group_size", "BK-20", _BK,
            "    key: tuple = (call.group_name,)",
            "    key: tuple = (call.group_size,)",
            "groups told apart by their size, not their name",
@@ -1039,7 +1039,7 @@ BK = [
            "    return (rows // group_size + 1) * group_size",
            "a full extra row of padding, even when the group size divides dim 0",
            catch="test_zero_size_members_are_merged[reduce_scatter]"),
-    Mutant("unpad_keeps_padding", "BK-10", _BK,
+    Mutant("unpad_keeps_padding", "BK-23", _BK,
            "    keep = max(0, min(chunk, rows - start))",
            "    keep = max(0, min(chunk, rows))",
            "the last rank's chunk keeps the padding rows",
@@ -1087,12 +1087,12 @@ BK = [
            '        self.block = (kind, index)',
            "the wait and copy-outs tagged as the collective's block",
            catch="test_fsdp_blocks_are_tagged_in_program_order"),
-    Mutant("cast_to_an_integer_absorbed", "BK-9", "refimpl/bucketing.py",
+    Mutant("cast_to_an_integer_absorbed", "BK-22", "refimpl/bucketing.py",
            "            and node.meta[\"val\"].dtype.is_floating_point)",
            "            or node.meta[\"val\"].dtype.is_floating_point)",
            "`and` written `or`: a cast from a float to int32 is taken into the bucket's copy",
            catch="test_a_cast_to_an_integer_dtype_is_kept"),
-    Mutant("cast_from_an_integer_absorbed", "BK-9", "refimpl/bucketing.py",
+    Mutant("cast_from_an_integer_absorbed", "BK-22", "refimpl/bucketing.py",
            "    return (isinstance(src, torch.fx.Node) and "
            "src.meta[\"val\"].dtype.is_floating_point",
            "    return (isinstance(src, torch.fx.Node)",
@@ -2529,6 +2529,12 @@ MUTANTS: list[Mutant] = [m for section in section_lists().values() for m in sect
 # quick catching case, where the rule has such a mutant), then fixed: a new rule's first
 # mutant joins it (a test checks every rule is here).
 FIRST_TIER: frozenset[str] = frozenset({
+    "cast_to_an_integer_absorbed", "absorbed_casts_concatenated_as_the_first_source",
+    "candidate_whose_first_user_is_a_wait", "reduce_scatter_member_strides_ignored",
+    "mib_of_1025_kib", "default_threshold_in_kilobytes",
+    "coalesced_list_reads_counted_by_users", "one_shot_wait_kept", "grad_check_case_sensitive",
+    "bxor_missing_from_bitwise", "all_gather_out_dtype_by_itemsize", "src_bound_off_by_one",
+    "fake_reduce_scatter_keeps_input_shape", "async_tensor_never_waits",
     "dropped_result_requiring_grad_not_finalized", "mesh_dim_type_check_and",
     "rank_type_check_and", "all_gather_group_size_unchecked",
     "all_reduce_in_place_on_its_input", "all_gather_rearranges_along_the_wrong_dim",

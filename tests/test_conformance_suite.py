@@ -103,8 +103,8 @@ def test_a_backend_outside_the_repo_runs_through_module_attr(tmp_path):
 def test_expected_failures_are_counted_per_section_and_listed_with_v(tmp_path):
     """CF-4, CF-7: expected failures apply by torch version; the report counts them per
     section and gives each reason only with -v."""
-    lines = [f"{CASE}  [torch>=2.0] FC-12: listed for every torch this project runs",
-             f"{CASE2}  [torch<2.0,>=1.0] FC-9: listed for torch 1 only"]
+    lines = [f"{CASE}  [torch>=2.0] missing FC-12: listed for every torch this project runs",
+             f"{CASE2}  [torch<2.0,>=1.0] missing FC-9: listed for torch 1 only"]
     proc, outcomes, _ = _run_suite(tmp_path, "acme_backend:failing", f"{NAME} or {NAME2}",
                                    lines)
     assert outcomes == {CASE: "xfailed", CASE2: "failed"}, proc.stdout[-3000:]
@@ -189,7 +189,8 @@ def test_expected_failures_are_strict_and_stale_entries_warn(tmp_path):
     """CF-4: a listed case that passes fails the run; an entry matching no case warns."""
     proc, outcomes, _ = _run_suite(
         tmp_path, "acme_backend:backend", "make_fx",
-        [f"{CASE}  listed although it passes", "test_nothing.py::test_gone  stale"])
+        [f"{CASE}  missing listed although it passes",
+         "test_nothing.py::test_gone  missing stale"])
     assert proc.returncode == 1
     assert outcomes[CASE] == "xpassed"
     assert "'test_nothing.py::test_gone' matches no case [CF-4]" in proc.stdout + proc.stderr

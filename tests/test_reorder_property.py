@@ -24,7 +24,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from conformance import reorder_programs as rp
 from conformance.fuzz import split_blocks
 from conformance.memory_programs import fake_world
-from conformance.reorder_rules import _in_flight, order_violations
+from conformance.reorder_rules import in_flight_violations, order_violations
 from refimpl.reorder import ReorderConfig, reorder
 from refimpl.simulator import CostModel
 
@@ -106,7 +106,7 @@ def test_random_graphs_keep_the_rules_and_reorder_to_themselves(world4, steps, s
                            max_in_flight=limits)
     new = reorder(gm, config)
     # RO-9's exception: moves an original order over the limit forces may pass the bound.
-    checked_budget = math.inf if _in_flight(gm, limits) else budget
+    checked_budget = math.inf if in_flight_violations(gm, limits) else budget
     # A collective's prologue that no order can keep together (a barrier between a view and
     # its collective) is open in SPEC, as the fuzzer holds it (conformance/fuzz/reorder_stage.py).
     open_blocks = {f"RO-7: block {sorted(b)} is not contiguous" for b in split_blocks(gm)}

@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import types
 
+from conformance import ops
 from conformance.backends import NotImplementedConcept
 
 
 def _refuse(options: dict, what: str) -> None:
     if options:
         raise NotImplementedConcept(f"torch: bucketing.{what} has no option {sorted(options)}")
+
+
+def _wait_count(gm) -> int:
+    return sum(1 for n in gm.graph.nodes if ops.is_wait(n))
 
 
 def _sorted(gm) -> None:
@@ -32,7 +37,6 @@ def _sorted(gm) -> None:
 
 
 def concept():
-    import torch
     from torch._inductor.fx_passes import bucketing as upstream
 
     def bucket_all_gather(gm, bucket_cap_mb_by_bucket_idx, *, mixed_dtypes=False, **options):
@@ -57,12 +61,11 @@ def concept():
     dedup = getattr(upstream, "deduplicate_wait_tensors", None)  # torch 2.15 on
     if dedup is not None:
         def deduplicate_waits(gm, *, recompile=True):
-            wait = torch.ops._c10d_functional.wait_tensor.default
-            before = len(gm.graph.find_nodes(op="call_function", target=wait))
+            before = _wait_count(gm)
             dedup(gm.graph)
             if recompile:
                 gm.recompile()
-            return before - len(gm.graph.find_nodes(op="call_function", target=wait))
+            return before - _wait_count(gm)
 
         passes.deduplicate_waits = deduplicate_waits
     return passes

@@ -29,6 +29,7 @@ import warnings
 
 import torch
 
+from conformance import ops
 from conformance.backends import NotImplementedConcept
 from conformance.canonical import group_label, tensor_label
 from conformance.comm_trace import BufferLabels, CommEvent, Origin
@@ -38,7 +39,8 @@ _CONFIG_KEYS = {
     "one_shot_all_reduce_threshold_bytes": "_collective.one_shot_all_reduce_threshold_bytes",
     "reorder_for_compute_comm_overlap": "reorder_for_compute_comm_overlap",
 }
-_CALL = re.compile(r"^(?:(\w+) = )?torch\.ops\.(_c10d_functional|symm_mem)\.(\w+)\.(\w+)\((.*)\)$")
+# A call of an op; a communication op when its namespace is one of the op table's.
+_CALL = re.compile(r"^(?:(\w+) = )?torch\.ops\.(\w+)\.(\w+)\.(\w+)\((.*)\)$")
 _EMPTY = re.compile(r"^(\w+) = empty_strided_\w+\(\(([^)]*)\), \([^)]*\), torch\.(\w+)\)")
 # torch 2.14 checks a fallback op's output with assert_tensor_metadata (size, stride, dtype).
 _ASSERT = re.compile(r"^assert_(?:size_stride|tensor_metadata)\((\w+), \(([^)]*)\),")
@@ -179,7 +181,7 @@ class _CodeReader:
         for line in self.lines:
             self.track_buffers(line)
             call = _CALL.match(line)
-            if call is not None:
+            if call is not None and call.group(2) in ops.namespaces():
                 found = self.event(*call.groups())
                 events.extend(found if isinstance(found, list) else [found])
         return [e for e in events if e is not None]
@@ -211,9 +213,10 @@ class _CodeReader:
         call = ast.parse(f"f({arg_text})", mode="eval").body
         bound = {a.name: v for a, v in zip(schema.arguments, call.args, strict=False)}
         bound.update({k.arg: k.value for k in call.keywords})
-        if name == "wait_tensor":
+        row = ops.find(op)  # the packet: its row, or None for an op the table leaves out
+        if row is not None and row.is_wait and not row.coalesced:
             return CommEvent("wait", inputs=[f"b{self.id(bound['tensor'].id)}"])
-        if name == "wait_tensors":  # torch 2.15: one wait for a list, which it returns
+        if row is not None and row.is_wait:  # torch 2.15's wait_tensors: a list, returned
             ids = [self.id(n) for n in _names(bound["tensors"])]
             self.ids[result] = ids
             # a wait line per tensor, as separate waits print: the trace stays neutral

@@ -34,15 +34,19 @@ from contextlib import contextmanager
 import torch
 import torch.fx
 
+from conformance import ops
 
-def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+
+def copy_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A new GraphModule of a copy of `gm`'s graph (upstream rewrites the one it is given)."""
     graph = torch.fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
     return torch.fx.GraphModule(gm, graph)
 
 
 @contextmanager
-def _roofline(durations_ms: dict):
+def roofline(durations_ms: dict):
+    """Upstream's compute estimates replaced, for the call, by `durations_ms` (by node)."""
     from torch._inductor.fx_passes import overlap_scheduling as upstream
 
     # 2.12 on: compute through estimate_roofline_runtime_ms. torch 2.11 asks
@@ -64,13 +68,11 @@ def _in_flight_gb(gm: torch.fx.GraphModule, limits: dict) -> float:
     """Upstream's nearest knob to a count per kind: bytes (see the module docstring)."""
     from torch._inductor.comm_analysis import estimate_fx_collective_memory_footprint
 
-    from refimpl.reorder import collective_kind
-
     if not limits:
         return 5.0  # upstream's default
     largest = {}
     for node in gm.graph.nodes:
-        kind = collective_kind(node)
+        kind = ops.kind_of(node)
         if kind in limits:
             size = estimate_fx_collective_memory_footprint(node)
             largest[kind] = max(largest.get(kind, 0), size)
@@ -85,7 +87,7 @@ def reorder(gm: torch.fx.GraphModule, config) -> torch.fx.GraphModule:
     from refimpl.simulator import CostModel
 
     config = config if config is not None else ReorderConfig()
-    gm = _copy(gm)
+    gm = copy_graph(gm)
     cost_model = config.cost_model or CostModel()
     durations_ms = {n: us / 1000 for n, us in cost_model.durations(gm).items()}
     budget = math.inf if config.memory_budget is None else config.memory_budget
@@ -100,7 +102,7 @@ def reorder(gm: torch.fx.GraphModule, config) -> torch.fx.GraphModule:
         collective_bucketing=False, pre_bucketing_fsdp_collectives=False)
     # torch 2.11's pass has neither compute_estimator nor pre_bucketing_fsdp_collectives
     accepted = inspect.signature(schedule_overlap_bucketing).parameters
-    with _roofline(durations_ms):
+    with roofline(durations_ms):
         return schedule_overlap_bucketing(
             gm, **{k: v for k, v in options.items() if k in accepted})
 

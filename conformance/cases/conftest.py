@@ -29,19 +29,21 @@ import signal
 import threading
 import warnings
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from conformance import harness
 from conformance.backends import BackendSpecError, NotImplementedConcept, get_backend
-from conformance.spec import section_prefix
+from conformance.spec import PROFILES, case_level, profile_levels, rule_levels, section_prefix
 from refimpl import launched
 
 NOT_IMPLEMENTED = "not implemented"
 # Far above any case: the whole suite takes about a minute against refimpl on 2 workers.
 DEFAULT_CASE_TIMEOUT_S = 600.0
 XFAIL_DIR = Path(__file__).resolve().parent.parent / "expected_failures"
+LEVELS_DIR = Path(__file__).resolve().parent.parent / "levels"
 CASES_DIR = Path(__file__).resolve().parent
 _LOADED = pytest.StashKey[tuple]()
 _CASE_TIMEOUT = pytest.StashKey[float]()
@@ -58,6 +60,9 @@ def pytest_addoption(parser):
     parser.addoption("--case", metavar="NAME", action="append", default=None,
                      help="only the case of this name (with its parameters, or without for "
                           "all of them); repeatable")
+    parser.addoption("--profile", default=None, metavar="PROFILE",
+                     help="the levels judged: core, strict (core + strict), full (default; "
+                          "every level), or core-vN, a frozen list of core cases [CF-15]")
     parser.addoption("--case-timeout", type=float, default=None, metavar="SECONDS",
                      help="fail a case still running after this many seconds (default: "
                           f"$REFIMPL_CASE_TIMEOUT, else {DEFAULT_CASE_TIMEOUT_S:g}; 0: none)")
@@ -142,13 +147,77 @@ def torch_version_matches(condition: str, version) -> bool:
     return True
 
 
-def read_expected_failures(path: Path, torch_version=None) -> tuple[dict[str, str], set[str]]:
-    """({case id: reason} of the entries that apply to `torch_version` (all when None),
-    every case id the file lists)."""
-    applying: dict[str, str] = {}
-    listed: set[str] = set()
+@dataclass(frozen=True)
+class ExpectedFailure:
+    """One entry of an expected-failures file (CF-4): its class, what it names, its reason."""
+
+    case: str
+    kind: str  # one of ENTRY_CLASSES
+    reason: str  # opens with the rules it concerns: "FC-18: upstream ..."
+    finding: int | None = None  # bug: the number of its upstream_findings.md finding
+    issue: int | None = None  # bug: the upstream issue, where one exists
+    where: str = ""  # file:line, for errors
+
+    def __str__(self) -> str:
+        named = "" if self.finding is None else f"(finding {self.finding}" + (
+            f", pytorch#{self.issue})" if self.issue else ")")
+        return f"{self.kind}{named} {self.reason}"
+
+
+# bug: upstream breaks a rule it claims (a finding); choice: upstream's documented
+# behaviour differs from a strict or extension rule; missing: a concept not implemented.
+ENTRY_CLASSES = ("bug", "choice", "missing")
+_CLASS = re.compile(r"(bug|choice|missing)(?:\(([^)]*)\))?(?=\s|$)\s*")
+_BUG_NAMES = re.compile(r"finding (\d+)(?:,\s*pytorch#(\d+))?$")
+FINDINGS_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / \
+    "upstream_findings.md"
+
+
+def finding_numbers(path: Path = FINDINGS_PATH) -> set[int]:
+    """The numbers of upstream_findings.md's findings (`## N. title`)."""
+    text = path.read_text() if path.exists() else ""
+    return {int(n) for n in re.findall(r"^## (\d+)\. ", text, re.MULTILINE)}
+
+
+def parse_entry(cid: str, text: str, where: str, findings: set[int] | None) -> ExpectedFailure:
+    """An entry's class and reason (what follows its torch condition); a missing class,
+    a bug naming no known finding, or an empty reason is refused, naming the line [CF-4]."""
+    match = _CLASS.match(text)
+    if match is None:
+        raise pytest.UsageError(
+            f"{where}: {cid}: the entry has no class: write `bug(finding N) reason`, "
+            f"`choice reason` or `missing reason` after the case id (and its torch "
+            f"condition) [CF-4]")
+    kind, named, reason = match.group(1), match.group(2), text[match.end():].strip()
+    finding = issue = None
+    if kind == "bug":
+        names = _BUG_NAMES.match((named or "").strip())
+        if names is None:
+            raise pytest.UsageError(
+                f"{where}: {cid}: a bug entry names its finding of upstream_findings.md: "
+                f"`bug(finding N)` or `bug(finding N, pytorch#ISSUE)` [CF-4]")
+        finding, issue = int(names.group(1)), names.group(2) and int(names.group(2))
+        if findings is not None and finding not in findings:
+            raise pytest.UsageError(f"{where}: {cid}: bug(finding {finding}): "
+                                    f"{FINDINGS_PATH.name} has no finding {finding} [CF-4]")
+    elif named is not None:
+        raise pytest.UsageError(f"{where}: {cid}: only a bug entry names a finding [CF-4]")
+    if not reason:
+        raise pytest.UsageError(f"{where}: {cid}: the {kind} entry gives no reason: say "
+                                f"what the implementation does instead [CF-4]")
+    return ExpectedFailure(cid, kind, reason, finding, issue, where)
+
+
+def read_expected_failures(path: Path, torch_version=None
+                           ) -> tuple[dict[str, ExpectedFailure], dict[str, list]]:
+    """({case id: entry} of the entries that apply to `torch_version` (all when None),
+    {case id: every entry the file lists for it}). Every entry is checked, applying or
+    not (CF-4)."""
+    applying: dict[str, ExpectedFailure] = {}
+    listed: dict[str, list[ExpectedFailure]] = {}
     if not path.exists():
         return applying, listed
+    findings = finding_numbers() if FINDINGS_PATH.exists() else None
     for number, line in enumerate(path.read_text().splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
@@ -156,7 +225,7 @@ def read_expected_failures(path: Path, torch_version=None) -> tuple[dict[str, st
         cid, _, rest = line.partition(" ")
         rest = rest.strip()
         condition = _CONDITION.match(rest)
-        listed.add(cid)
+        applies = True
         if condition is not None:
             rest = rest[condition.end():]
             try:
@@ -164,13 +233,27 @@ def read_expected_failures(path: Path, torch_version=None) -> tuple[dict[str, st
                                                                          torch_version)
             except ValueError as exc:
                 raise pytest.UsageError(f"{path}:{number}: {exc} [CF-4]") from None
-            if not applies:
-                continue
-        if cid in applying:
+        entry = parse_entry(cid, rest, f"{path}:{number}", findings)
+        listed.setdefault(cid, []).append(entry)
+        if not applies:
+            continue
+        if cid in applying and torch_version is not None:  # None: every entry, any version
             raise pytest.UsageError(f"{path}:{number}: {cid} is listed twice for this torch "
                                     f"version [CF-4]")
-        applying[cid] = rest or "no reason given"
+        applying[cid] = entry
     return applying, listed
+
+
+def refuse_choice_on_core(listed: dict[str, list], levels_of_cases: dict[str, str]) -> None:
+    """A `choice` entry may only excuse a strict or extension case: upstream's contract
+    is what a core rule states, so a core difference is a bug or a SPEC mistake [CF-4]."""
+    for cid, entries in listed.items():
+        for entry in entries:
+            if entry.kind == "choice" and levels_of_cases.get(cid) == "core":
+                raise pytest.UsageError(
+                    f"{entry.where}: {cid}: a choice entry on a core case (its rules are "
+                    f"all core): a difference from a core rule is an upstream bug "
+                    f"(`bug(finding N)`) or a mistake in SPEC.md, not a choice [CF-4]")
 
 
 def expected_failures_file(backend) -> Path:
@@ -195,26 +278,83 @@ def pytest_collection_modifyitems(config, items):
     import torch
 
     path = expected_failures_path(config)
-    expected, listed = read_expected_failures(path, torch.__version__) if path else ({}, set())
-    seen = set()
+    expected, listed = read_expected_failures(path, torch.__version__) if path else ({}, {})
+    levels = rule_levels()
+    case_levels = {}
     for item in _conformance_items(items):
         marker = item.get_closest_marker("spec")
         if marker is None:
             raise pytest.UsageError(f"{item.nodeid}: a conformance case must name its SPEC "
                                     f"IDs with @pytest.mark.spec [CF-2]")
-        item.user_properties.append(("spec_ids", list(marker.args)))
         cid = case_id(item)
-        seen.add(cid)
+        level = case_levels[cid] = case_level(marker.args, levels)
+        item.user_properties += [("spec_ids", list(marker.args)), ("level", level)]
         if cid in expected:
-            item.add_marker(pytest.mark.xfail(reason=expected[cid], strict=True))
+            entry = expected[cid]
+            item.user_properties += [("expected_failure", _entry_record(entry))]
+            item.add_marker(pytest.mark.xfail(reason=str(entry), strict=True))
+    refuse_choice_on_core(listed, case_levels)
     collected = {Path(item.path).name for item in _conformance_items(items)}
     left_out = {p.name for p in CASES_DIR.glob("test_*.py")} - collected
-    for cid in sorted(listed - seen):
+    for cid in sorted(set(listed) - set(case_levels)):
         if cid.split("::")[0] not in left_out:  # a run of some case files judges only those
             warnings.warn(f"{path.name}: {cid!r} matches no case [CF-4]", stacklevel=1)
+    _select_profile(config, items, set(case_levels), left_out)
     _select_sections(config, items)
     _select_cases(config, items)
     _run_first(config, items)
+
+
+def _entry_record(entry) -> dict:
+    """What a case's report record says of the expected-failure entry that applied."""
+    record = {"class": entry.kind, "reason": entry.reason}
+    if entry.finding is not None:
+        record["finding"] = entry.finding
+    if entry.issue:
+        record["upstream_issue"] = entry.issue
+    return record
+
+
+# --- profiles (CF-15) ------------------------------------------------------------------
+
+def frozen_profile_path(profile: str) -> Path:
+    """conformance/levels/<profile>.txt: the case ids a `core-vN` profile runs."""
+    return LEVELS_DIR / f"{profile}.txt"
+
+
+def read_frozen_profile(profile: str) -> list[str]:
+    path = frozen_profile_path(profile)
+    if not path.exists():
+        known = sorted(p.stem for p in LEVELS_DIR.glob("core-v*.txt"))
+        raise pytest.UsageError(f"--profile {profile}: no such frozen list ({path}); known: "
+                                f"{', '.join(known) or 'none'} [CF-15]")
+    return [line.strip() for line in path.read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+
+
+def _select_profile(config, items, collected_ids, left_out) -> None:
+    """--profile core|strict|full keeps the cases of its levels; core-vN keeps exactly the
+    cases of its frozen list, every one of which must still exist."""
+    profile = config.getoption("--profile") or "full"
+    try:
+        wanted_levels = profile_levels(profile)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if profile in PROFILES:
+        _keep_only(config, items, lambda item: dict(item.user_properties).get("level",
+                                                                               "core")
+                   in wanted_levels)
+        return
+    frozen = read_frozen_profile(profile)
+    gone = [cid for cid in frozen if cid not in collected_ids
+            and cid.split("::")[0] not in left_out]
+    if gone:
+        raise pytest.UsageError(
+            f"--profile {profile}: {len(gone)} cases of {frozen_profile_path(profile).name} "
+            f"no longer exist (first: {gone[0]}); a frozen list never changes: cut a new "
+            f"version instead [CF-15]")
+    keep = set(frozen)
+    _keep_only(config, items, lambda item: case_id(item) in keep)
 
 
 def _spec_ids(item) -> tuple:

@@ -210,7 +210,7 @@ wait b5""")
 
 # fsdp_all_gather on 2 ranks, f32, rows (3, 5, 1, 4, 2, 6): members of 72, 120, 24, 96,
 # 48 and 144 bytes (the gathered output is the larger side, BK-3).
-@pytest.mark.spec("BK-3")
+@pytest.mark.spec("BK-21")
 def test_a_bucket_that_exactly_fills_its_cap_keeps_its_last_member(backend):
     # Cap 192 = 72 + 120: the bucket is exactly full; 24 opens bucket 1: 24 + 96 + 48 =
     # 168, and 144 more would pass the cap: 144 sits alone.
@@ -225,7 +225,7 @@ all_gather_into_tensor out-of-place ranks[0,1] in=b4:f32[6, 3]=input out=b5:f32[
 wait b5""")  # noqa: E501
 
 
-@pytest.mark.spec("BK-3")
+@pytest.mark.spec("BK-21")
 @pytest.mark.parametrize("rows, buckets", [((16384, 16384, 1), 2), ((16384, 16383, 1), 1)],
                          ids=["one_row_over", "exactly_full"])
 def test_a_cap_in_mib_counts_2_to_the_20_bytes(backend, rows, buckets):
@@ -238,7 +238,7 @@ def test_a_cap_in_mib_counts_2_to_the_20_bytes(backend, rows, buckets):
     assert result["collectives"] == (3, buckets)
 
 
-@pytest.mark.spec("BK-3")
+@pytest.mark.spec("BK-21")
 def test_one_byte_over_the_cap_opens_the_next_bucket(backend):
     # Cap 191: 72 + 120 is one byte over, so 72 sits alone, 120 opens bucket 1 (with 24:
     # 144), 96 bucket 2 (with 48: 144), 144 bucket 3.
@@ -255,7 +255,7 @@ all_gather_into_tensor out-of-place ranks[0,1] in=b6:f32[6, 3]=input out=b7:f32[
 wait b7""")  # noqa: E501
 
 
-@pytest.mark.spec("BK-3", "BK-5")
+@pytest.mark.spec("BK-21", "BK-5")
 def test_a_member_larger_than_the_cap_sits_alone_between_buckets(backend):
     # Cap 100, members 24, 48, 144, 24, 48: [24, 48] [144] [24, 48].
     result = run_case(backend, 2, "fsdp_all_gather", AG, cap_mb=byte_caps(100),
@@ -270,7 +270,7 @@ all_gather_into_tensor_out out-of-place ranks[0,1] in=b4:f32[9]=view(b5=computed
 wait b5""")  # noqa: E501
 
 
-@pytest.mark.spec("BK-3")
+@pytest.mark.spec("BK-21")
 @pytest.mark.parametrize("cap_bytes, buckets", [(64, (4, 2)), (63, (4, 3))],
                          ids=["exactly_full", "one_byte_over"])
 def test_reduce_scatter_members_count_their_input_bytes(backend, cap_bytes, buckets):
@@ -281,7 +281,7 @@ def test_reduce_scatter_members_count_their_input_bytes(backend, cap_bytes, buck
     assert result["collectives"] == buckets
 
 
-@pytest.mark.spec("BK-3", "BK-8", "BK-10")
+@pytest.mark.spec("BK-21", "BK-8", "BK-10")
 @pytest.mark.parametrize("pass_name, args", [
     (AG, {"rows": (2, 1, 0, 1, 0)}), (RS, {"rows_per_rank": (2, 1, 0, 1, 0)})],
     ids=["all_gather", "reduce_scatter"])
@@ -295,7 +295,7 @@ def test_zero_size_members_are_merged(backend, pass_name, args):
     assert result["collectives"] == (5, 2)
 
 
-@pytest.mark.spec("BK-3", "BK-5")
+@pytest.mark.spec("BK-21", "BK-5")
 def test_nodes_above_the_cap_stay_alone(backend):
     result = run_case(backend, 2, "fsdp_all_gather", AG, cap_mb=1e-6)
     assert result["collectives"] == (6, 6)
@@ -315,7 +315,7 @@ all_gather_into_tensor out-of-place ranks[0,1] in=b4:f32[2]=computed out=b5:f32[
 wait b5""")
 
 
-@pytest.mark.spec("BK-2", "BK-6")
+@pytest.mark.spec("BK-2", "BK-6", "BK-20")
 @pytest.mark.parametrize("pass_name", [AG, RS])
 def test_two_groups_interleaved(backend, pass_name):
     result = run_case(backend, 4, "interleaved", pass_name)
@@ -342,10 +342,31 @@ KEYS = {
 }
 
 
-@pytest.mark.spec("BK-2")
+@pytest.mark.spec("BK-2", "BK-20")
 @pytest.mark.parametrize("name", list(KEYS))
 def test_every_key_component_separates_buckets(backend, name):
     pass_name, members, after = KEYS[name]
+    kind = {AG: "all_gather", RS: "reduce_scatter", AR: "all_reduce"}[pass_name]
+    result = run_case(backend, 2, "keyed", pass_name,
+                      program_args={"kind": kind, "members": members})
+    assert result["collectives"] == (len(members), after)
+
+
+def _key_of(member) -> tuple:
+    """A member's key as BK-20 reads it: the group, the dtype, the reduce op in lower case
+    (FC-17)."""
+    group, dtype, reduce_op = member
+    return str(group), dtype, reduce_op.lower()
+
+
+@pytest.mark.spec("BK-20")
+@pytest.mark.parametrize("name", list(KEYS))
+def test_adjacent_candidates_of_different_keys_share_no_bucket(backend, name):
+    """KEYS's members reordered so that each key's are adjacent in graph order (first
+    key first): merged without BK-2's reach across other keys, one bucket per key."""
+    pass_name, members, after = KEYS[name]
+    order = list(dict.fromkeys(_key_of(m) for m in members))
+    members = sorted(members, key=lambda m: order.index(_key_of(m)))
     kind = {AG: "all_gather", RS: "reduce_scatter", AR: "all_reduce"}[pass_name]
     result = run_case(backend, 2, "keyed", pass_name,
                       program_args={"kind": kind, "members": members})
@@ -479,7 +500,7 @@ all_gather_into_tensor out-of-place ranks[0,1] in=b0:bf16[12]=computed out=b1:bf
 wait b1""")
 
 
-@pytest.mark.spec("BK-9")
+@pytest.mark.spec("BK-22")
 def test_a_cast_to_an_integer_dtype_is_kept(backend):
     # f32 -> int32 is no floating-point cast: each member's cast stays, the bucket's copy
     # converts nothing.
@@ -489,7 +510,7 @@ def test_a_cast_to_an_integer_dtype_is_kept(backend):
     assert result["canonical"].count("aten._to_copy(") == 2, result["canonical"]
 
 
-@pytest.mark.spec("BK-9")
+@pytest.mark.spec("BK-22")
 def test_a_cast_from_an_integer_dtype_is_kept(backend):
     # int32 -> bf16 converts no floating-point source: each member's cast stays.
     result = run_case(backend, 2, "fsdp_all_gather", AG, dtype=BF16,
@@ -615,7 +636,7 @@ def test_gather_and_scatter_dims_other_than_0(backend, pass_name):
     assert result["collectives"] == (4, 3)
 
 
-@pytest.mark.spec("BK-10")
+@pytest.mark.spec("BK-23")
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_padded_reduce_scatter_gives_each_rank_its_chunk(backend, world_size):
     # dim 0 of 3, 5 and 4 rows: on 4 ranks, torch.chunk(3 rows, 4) has 3 chunks and rank 3
@@ -644,7 +665,7 @@ def _bad_graph_outcome(spec: str, name: str) -> tuple:
     return tuple(harness.run(get_backend(spec), bad_graph, 2, name))
 
 
-@pytest.mark.spec("BK-1", "BK-16")
+@pytest.mark.spec("BK-19", "BK-16")
 @pytest.mark.parametrize("name", list(BAD_GRAPHS))
 def test_bad_candidates_are_refused_naming_the_node(backend, name):
     backend.require("functional_collectives")
@@ -656,7 +677,7 @@ def test_bad_candidates_are_refused_naming_the_node(backend, name):
             assert word in message, f"rank {rank}: {message!r} does not name {word!r}"
 
 
-@pytest.mark.spec("BK-1")
+@pytest.mark.spec("BK-19")
 @pytest.mark.parametrize("shape", [(4,), (4, 1)], ids=["every_dim_symbolic", "one_dim_symbolic"])
 def test_a_candidate_of_symbolic_size_is_refused_naming_it(backend, shape):
     """A graph traced with symbolic sizes: every dim a symbol, or one symbol beside a
@@ -666,7 +687,7 @@ def test_a_candidate_of_symbolic_size_is_refused_naming_it(backend, shape):
     for rank, (exc_type, message, node) in enumerate(
             harness.run(backend, symbolic_candidates, 2, shape)):
         assert exc_type == "ValueError", f"rank {rank}: {exc_type} {message}"
-        for word in ("gm", node, "BK-1"):
+        for word in ("gm", node, "BK-19"):
             assert word in message, f"rank {rank}: {message!r} does not name {word!r}"
 
 
@@ -677,7 +698,7 @@ def _bad_argument_outcomes(spec: str) -> tuple:
     return tuple(harness.run(get_backend(spec), bad_arguments, 2))
 
 
-@pytest.mark.spec("BK-1", "BK-3", "BK-12")
+@pytest.mark.spec("BK-19", "BK-3", "BK-12")
 @pytest.mark.parametrize("name", list(BAD_ARGUMENTS))
 def test_bad_arguments_are_refused_naming_them(backend, name):
     backend.require("functional_collectives")

@@ -100,7 +100,7 @@ return [%3, %5]""")
     check_numerics(backend, "ar_graph_input", [(4,)])
 
 
-@pytest.mark.spec("CL-3", "CL-9", "CL-15")
+@pytest.mark.spec("CL-18", "CL-9", "CL-15")
 def test_all_reduce_of_unshared_intermediate_runs_in_place(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "ar_intermediate", [(4,)]), """\
 all_reduce_ in-place ranks[0,1] sum in=b0:f32[4]=computed
@@ -151,7 +151,7 @@ return %4""")
     check_numerics(backend, "ar_inplace", [(4,)])
 
 
-@pytest.mark.spec("CL-5", "CL-3", "CL-9", "CL-15")
+@pytest.mark.spec("CL-19", "CL-18", "CL-9", "CL-15")
 def test_all_reduce_coalesced_becomes_clones_plus_inplace(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "ar_coalesced", [(4,), (2, 3)]), """\
 all_reduce_coalesced_ in-place ranks[0,1] sum in=b0:f32[4]=copy(b1=input),b2:f32[2, 3]=computed
@@ -173,7 +173,7 @@ return [%7, %8]""")
     check_numerics(backend, "ar_coalesced", [(4,), (2, 3)])
 
 
-@pytest.mark.spec("CL-5", "CL-9", "CL-15", "FC-35")
+@pytest.mark.spec("CL-19", "CL-9", "CL-15", "FC-35")
 def test_a_wait_of_a_list_stays_the_wait_of_the_lowered_coalesced_all_reduce(backend,
                                                                            fake_world):
     """torch 2.15 traces the wait of a coalesced collective as one `wait_tensors`. Lowered,
@@ -203,7 +203,7 @@ return [%10, %9]""")
     check_numerics(backend, "ar_coalesced_waited_together", shapes)
 
 
-@pytest.mark.spec("CL-5", "CL-3", "CL-15")
+@pytest.mark.spec("CL-19", "CL-3", "CL-15")
 def test_all_reduce_coalesced_of_one_tensor_twice_clones_it(backend, fake_world):
     """`y` is the coalesced all_reduce's only user but appears twice in its list: reduced
     in place for both members, each rank would get the sum of sums (5.0 for 3.0)."""
@@ -227,7 +227,7 @@ return [%7, %8]""")
     check_numerics(backend, "ar_coalesced_same_tensor_twice", [(4,)])
 
 
-@pytest.mark.spec("CL-9", "CL-15", "FC-5")
+@pytest.mark.spec("CL-20", "CL-15", "FC-5")
 @pytest.mark.parametrize("program", ["ar_inplace_wait_result_written",
                                      "ar_inplace_argument_written_after_wait"])
 def test_a_wait_whose_result_or_argument_is_written_later_keeps_its_values(backend,
@@ -415,7 +415,7 @@ return %4""")  # noqa: E501
     check_numerics(backend, "ar_small_intermediate", [(4,)], ONE_SHOT)
 
 
-@pytest.mark.spec("CL-10")
+@pytest.mark.spec("CL-21")
 def test_force_one_shot_alone_lowers_one_shot(backend, fake_world):
     """`force_one_shot_all_reduce` needs no `auto_select`: on its own it lowers every
     all_reduce one-shot (or refuses, CL-10's other half)."""
@@ -509,7 +509,7 @@ def test_all_reduce_of_one_result_of_a_multi_output_op(backend, fake_world, opti
     check_numerics(backend, "ar_of_one_result_of_two", [(3, 4)], options)
 
 
-@pytest.mark.spec("CL-15", "CL-2", "CL-5", "CL-6")
+@pytest.mark.spec("CL-15", "CL-2", "CL-19", "CL-6")
 @pytest.mark.parametrize("name, shapes", [("ar_graph_input", [(4,)]),
                                           ("ar_coalesced", [(4,), (2, 3)]),
                                           ("reduce_scatter_coalesced", [(8,), (4, 3)])])
@@ -960,7 +960,7 @@ REFUSALS = ["not_a_graph_module", "config_of_another_type", "no_fake_values",
             "collective_without_meta_val", "collective_input_without_meta_val"]
 
 
-@pytest.mark.spec("CL-1", "CL-4", "CL-5", "CL-10", "CL-16")
+@pytest.mark.spec("CL-1", "CL-4", "CL-5", "CL-21", "CL-16")
 @pytest.mark.parametrize("name", REFUSALS)
 def test_lower_refuses_what_it_cannot_lower(backend, fake_world, name):
     call, error, words = _refusals(backend)[name]

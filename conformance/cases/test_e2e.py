@@ -16,6 +16,7 @@ texts and from the backend's own record.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -96,17 +97,42 @@ def check_issued(results, forward: int, backward: int) -> None:
 # --------------------------------------------------------------------------------------
 # The transformer, every stage off and every stage on
 # --------------------------------------------------------------------------------------
-@pytest.mark.spec("E2E-2", "E2E-3", "E2E-4")
-@pytest.mark.parametrize("stages", ["off", "all"])
-def test_transformer_training_matches_eager(backend, stages):
+# Every stage off or all on, each run once for the two cases that read it.
+TRANSFORMER_STAGES = [pytest.param(s, marks=pytest.mark.xdist_group(f"e2e-transformer-{s}"))
+                      for s in ("off", "all")]
+
+
+@functools.cache
+def _transformer_run(backend, stages) -> tuple[int, list[dict]]:
+    """The transformer's 5 steps: all_gathers its forward issues, every rank's results."""
     options = OFF if stages == "off" else all_stages(backend)
     results = run(backend, TRANSFORMER, 5, options)
-    check_values(backend, results)
     shapes = parameter_shapes(TRANSFORMER).values()
     sizes = [4 * math.prod(s) for s in shapes]  # gathered bytes, even sizes: no padding
     cap = options["bucket_cap_mb"]
     assert cap is None or sum(sizes) <= cap * MiB  # the whole model fits one bucket
-    gathers = len(sizes) if cap is None else 1
+    return (len(sizes) if cap is None else 1), results
+
+
+@pytest.mark.spec("E2E-3", "E2E-4")
+@pytest.mark.parametrize("stages", TRANSFORMER_STAGES)
+def test_compiled_steps_match_eager_and_issue_the_forwards_collectives(backend, stages):
+    """E2E-3's values, and E2E-4's collectives of the forward: its gathers, bucketed or as
+    traced, then the logged loss's all_reduce. (The backward's count also needs E2E-2's
+    partitioner, which keeps no forward collective there: the next case's.)"""
+    gathers, results = _transformer_run(backend, stages)
+    check_values(backend, results)
+    for rank, result in enumerate(results):
+        issued = [s.forward_collectives for s in result["compiled"]["steps"]]
+        assert issued == [gathers + 1] * len(issued), \
+            f"rank {rank}: forward collectives per step {issued}, expected {gathers + 1}"
+
+
+@pytest.mark.spec("E2E-2", "E2E-3", "E2E-4")
+@pytest.mark.parametrize("stages", TRANSFORMER_STAGES)
+def test_transformer_training_matches_eager(backend, stages):
+    gathers, results = _transformer_run(backend, stages)
+    check_values(backend, results)
     # Forward: the gathers, then the logged loss's all_reduce; backward: the scatters.
     check_issued(results, gathers + 1, gathers)
 

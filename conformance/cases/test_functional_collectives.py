@@ -15,6 +15,7 @@ import gc
 import os
 import time
 import uuid
+import weakref
 
 import pytest
 import torch
@@ -93,7 +94,8 @@ def _fresh_results(spec):
         "all_reduce": fc.ops.all_reduce(x, "sum", name),
         "all_gather_into_tensor": fc.ops.all_gather_into_tensor(x, n, name),
         "reduce_scatter_tensor": fc.ops.reduce_scatter_tensor(x, "sum", n, name),
-        "all_to_all_single": fc.ops.all_to_all_single(x, [], [], name),
+        # Explicit equal splits: what an empty list means is FC-49's (strict), not FC-2's.
+        "all_to_all_single": fc.ops.all_to_all_single(x, [2] * n, [2] * n, name),
         "broadcast": fc.ops.broadcast(x, n - 1, name),
     }
     facts = {}
@@ -166,8 +168,14 @@ def _fake_shape_results(backend):
     return run(backend, _fake_shapes, N)
 
 
-@pytest.mark.spec("FC-3", "FC-21")
-@pytest.mark.parametrize("op", [pytest.param(o, marks=pytest.mark.xdist_group("fake-shapes"))
+def _fake_shape_rules(op):
+    """An empty split list read as equal splits is FC-49 (strict): upstream's op reads it
+    as 0 rows; the other shapes are upstream's contract (CF-14: a case has its rules' level)."""
+    return ("FC-38", "FC-49") if op == "all_to_all_single:empty" else ("FC-38", "FC-45")
+
+
+@pytest.mark.parametrize("op", [pytest.param(o, marks=[pytest.mark.xdist_group("fake-shapes"),
+                                                       pytest.mark.spec(*_fake_shape_rules(o))])
                                 for o in FAKE_SHAPES])
 def test_fake_kernels_give_result_shapes(backend, op):
     backend.require("functional_collectives")
@@ -325,7 +333,7 @@ def _in_place(spec):
     return facts
 
 
-@pytest.mark.spec("FC-4")
+@pytest.mark.spec("FC-39")
 def test_in_place_ops_write_into_their_argument(backend):
     backend.require("functional_collectives")
     n = 2
@@ -398,7 +406,7 @@ def _gathered_on_dim_one(spec):
     return facts
 
 
-@pytest.mark.spec("FC-9", "FC-6", "FC-14")
+@pytest.mark.spec("FC-40", "FC-6", "FC-14")
 def test_all_gather_on_another_dim_is_pending_too(backend):
     """Gathering on dim 1 rearranges the gathered rows: eagerly, only once waited."""
     backend.require("functional_collectives")
@@ -468,7 +476,7 @@ def _view_facts(backend):
     return run(backend, _views, 2)
 
 
-# ---- FC-6..FC-8, FC-26: the work registry ----------------------------------------------
+# ---- FC-5, FC-6, FC-8, FC-26: the work registry ----------------------------------------
 def _registry(spec):
     fc = funcol_api(spec)
     count, world = fc.work_registry_size, dist.group.WORLD
@@ -492,14 +500,9 @@ def _registry(spec):
     r.numpy()
     seen["after_numpy"] = count()  # .numpy() waited: r, still alive, has no entry left
     del r
-    # Results without storage complete before the op returns (FC-7); held, so that no
-    # finalizer hides an entry they left.
-    empties = [fc.all_reduce(torch.empty(0), "sum", world),
-               fc.all_gather_tensor(torch.empty(0, 3), 0, world)]
-    seen["empty"] = count()
     one = fc.all_reduce(torch.ones(1), "sum", world)  # one element: pending
     seen["one_element"] = count()
-    del one, empties
+    del one
     for i in range(4):
         fc.all_reduce(torch.full((8,), float(i)), "sum", world)
     gc.collect()
@@ -530,7 +533,9 @@ def _registry(spec):
     return seen
 
 
-@pytest.mark.spec("FC-5", "FC-6", "FC-7", "FC-8", "FC-9", "FC-11", "FC-26")
+# The strict FC-7 (a result without storage) has a case of its own, so that this one is of
+# its core rules' level (CF-14).
+@pytest.mark.spec("FC-5", "FC-6", "FC-8", "FC-9", "FC-11", "FC-26")
 def test_work_registry(backend):
     backend.require("functional_collectives", "work_registry_size")
     for seen in run(backend, _registry, 2):
@@ -538,12 +543,100 @@ def test_work_registry(backend):
         assert seen == {
             "start": s, "issued": s + 1, "after_view": s + 1, "after_use": s,
             "after_wait": s, "raw_issued": s + 1, "after_wait_tensor": s,
-            "after_second_wait": s, "after_numpy": s, "empty": s, "one_element": s + 1,
+            "after_second_wait": s, "after_numpy": s, "one_element": s + 1,
             "dropped": s, "dropped_requiring_grad": s, "after_stale_finalizer": s + 1,
             "stale_value": [4.0] * 4,
             "coalesced_issued": s + 3, "coalesced_one_waited": s + 2,
             "coalesced_values": [[2.0] * 2, [2.0] * 3, [2.0] * 4], "end": s,
             "next": [2.0, 2.0]}
+
+
+# ---- FC-7: a result without storage completes before the op returns --------------------
+def _storageless(spec):
+    fc = funcol_api(spec)
+    count, world = fc.work_registry_size, dist.group.WORLD
+    start = count()
+    # Held, so that no finalizer hides an entry they left.
+    empties = [fc.all_reduce(torch.empty(0), "sum", world),
+               fc.all_gather_tensor(torch.empty(0, 3), 0, world)]
+    seen = {"empty": count() - start}
+    one = fc.all_reduce(torch.ones(1), "sum", world)  # one element: pending, counted
+    seen["one_element"] = count() - start
+    one.wait()
+    seen["shapes"] = [list(waited(e).shape) for e in empties]
+    seen["end"] = count() - start
+    return seen
+
+
+@pytest.mark.spec("FC-7")
+def test_a_result_without_storage_completes_before_the_op_returns(backend):
+    """Zero elements (`data_ptr()` 0) leave no entry in the registry, where one element
+    does."""
+    backend.require("functional_collectives", "work_registry_size")
+    for rank, seen in enumerate(run(backend, _storageless, 2)):
+        assert seen == {"empty": 0, "one_element": 1, "shapes": [[0], [0, 3]], "end": 0}, \
+            f"rank {rank}: {seen} [FC-7]"
+
+
+# ---- FC-36: a collective in flight keeps what it communicates -------------------------
+def _inputs_held_in_flight(spec):
+    """Each collective's inputs, dropped by the caller as soon as it is issued: alive
+    until its result is waited? A coalesced member's until its own result is. `control`:
+    a tensor no collective holds, dropped, dies (the probe sees a drop)."""
+    fc = funcol_api(spec)
+    ops, n, me = fc.ops, dist.get_world_size(), dist.get_rank()
+    name = fc.resolve_group_name(dist.group.WORLD)
+    alive = {}
+
+    def probed(label):
+        x = oracle.rank_input(me, (2 * n, 3), torch.float32, salt=60 + len(alive))
+        alive[label] = True
+        weakref.finalize(x.untyped_storage(), alive.__setitem__, label, False)
+        return x
+
+    def held(*labels):
+        gc.collect()
+        return [alive[label] for label in labels]
+
+    probed("control")
+    seen = {"control": held("control")}
+    calls = {
+        "all_gather_into_tensor": lambda x: ops.all_gather_into_tensor(x, n, name),
+        "all_gather_into_tensor_out": lambda x: ops.all_gather_into_tensor_out(
+            x, n, name, out=torch.empty(2 * n * n, 3)),
+        "reduce_scatter_tensor": lambda x: ops.reduce_scatter_tensor(x, "sum", n, name),
+        "all_to_all_single": lambda x: ops.all_to_all_single(x, [2] * n, [2] * n, name),
+    }
+    for op, call in calls.items():
+        result = call(probed(op))
+        seen[op] = held(op)
+        fc.wait_tensor(result)
+    for op in ("all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced"):
+        labels = [f"{op}[0]", f"{op}[1]"]
+        xs = [probed(label) for label in labels]
+        results = (ops.all_gather_into_tensor_coalesced(xs, n, name) if "gather" in op
+                   else ops.reduce_scatter_tensor_coalesced(xs, "sum", n, name))
+        del xs
+        seen[op] = held(*labels)
+        fc.wait_tensor(results[0])
+        seen[f"{op}, [0] waited"] = held(labels[1])
+        fc.wait_tensor(results[1])
+    return seen
+
+
+@pytest.mark.spec("FC-36")
+def test_a_collective_in_flight_keeps_its_inputs_until_waited(backend):
+    """So on every process group, gloo's reduce_scatter (which copies its input and lets
+    it go) included."""
+    backend.require("functional_collectives")
+    coalesced = ["all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced"]
+    want = {"control": [False],
+            **{op: [True] for op in ("all_gather_into_tensor", "all_gather_into_tensor_out",
+                                     "reduce_scatter_tensor", "all_to_all_single")},
+            **{op: [True, True] for op in coalesced},
+            **{f"{op}, [0] waited": [True] for op in coalesced}}
+    for rank, seen in enumerate(run(backend, _inputs_held_in_flight, 2)):
+        assert seen == want, f"rank {rank}: inputs alive before their wait: {seen} [FC-36]"
 
 
 def _rows_out_of_order(spec):
@@ -789,9 +882,11 @@ def _bad_input(spec, name):
     return (exc_type, message), started, after
 
 
-@pytest.mark.spec("FC-4", "FC-13", "FC-15", "FC-16", "FC-17", "FC-18", "FC-19", "FC-20",
-                  "FC-21", "FC-22", "FC-24", "FC-27", "FC-30")
-@pytest.mark.parametrize("name", list(BAD_INPUTS))
+# Each bad input names its own rule (and FC-27, which every one checks), so that a case
+# has the level of the rule it checks (CF-14).
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.spec(*dict.fromkeys((BAD_INPUTS[n][0], "FC-27"))))
+    for n in BAD_INPUTS])
 def test_bad_input_is_refused(backend, name):
     rule, types, words = BAD_INPUTS[name]
     backend.require("functional_collectives")
@@ -828,7 +923,7 @@ def _accepted(spec, name):
         return waited(call(fc, x, dist.group.WORLD))
 
 
-@pytest.mark.spec("FC-18", "FC-24")
+@pytest.mark.spec("FC-18", "FC-24", "FC-43")
 @pytest.mark.parametrize("name", list(ACCEPTED))
 def test_inputs_at_the_edge_of_a_refusal_are_accepted(backend, name):
     backend.require("functional_collectives")
@@ -911,8 +1006,12 @@ def _expected_grad(op, rank, n, salt):
     return total if rank == 1 else torch.zeros_like(total)  # broadcast from group rank 1
 
 
-@pytest.mark.spec("FC-23", "FC-25", "FC-32")
-@pytest.mark.parametrize("op", GRAD_OPS)
+# reduce_scatter(avg)'s gradient is FC-47's (an extension); every other op's is FC-23's.
+@pytest.mark.parametrize("op", [
+    pytest.param(op, marks=pytest.mark.spec("FC-47", "FC-25", "FC-32")
+                 if op in ("reduce_scatter_avg", "reduce_scatter_Avg")
+                 else pytest.mark.spec("FC-23", "FC-25", "FC-32"))
+    for op in GRAD_OPS])
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_gradient(backend, op, world_size):
     backend.require("functional_collectives")
@@ -960,8 +1059,10 @@ def _dead_code_of_packets(spec):
     return before, ops()
 
 
-@pytest.mark.spec("FC-33", "FC-12")
-@pytest.mark.parametrize("waited", [True, False], ids=["waited", "unwaited"])
+# A waited collective is kept by upstream too (FC-48); an unwaited one only by FC-33.
+@pytest.mark.parametrize("waited", [
+    pytest.param(True, id="waited", marks=pytest.mark.spec("FC-48", "FC-12")),
+    pytest.param(False, id="unwaited", marks=pytest.mark.spec("FC-33", "FC-12"))])
 def test_dead_code_elimination_keeps_collectives_and_waits(backend, waited):
     backend.require("functional_collectives")
     for rank, (before, after) in enumerate(run(backend, _dead_code, 2, waited)):
@@ -1030,7 +1131,7 @@ def _make_fx_text(spec):
     return canonical_graph(gm)
 
 
-@pytest.mark.spec("FC-3", "FC-12")
+@pytest.mark.spec("FC-38", "FC-12", "FC-45")
 def test_make_fx_graph(backend):
     backend.require("functional_collectives")
     texts = run(backend, _make_fx_text, 2)
@@ -1406,11 +1507,20 @@ def _values(backend, world_size, form, dtype_name):
     return run(backend, funcol_cases.run_cases, world_size, form, dtype, cases_for(dtype))
 
 
-@pytest.mark.spec("FC-1", "FC-2", "FC-4", "FC-5", "FC-7", "FC-13", "FC-14", "FC-15", "FC-16",
-                  "FC-17", "FC-18", "FC-20", "FC-21", "FC-22", "FC-26", "FC-32", "CF-9")
+def _value_rules(form, case):
+    """The rules a value case checks: upstream's (core) for every group form, and the
+    extension's too for the forms only refimpl has (a 2-D rank list, a mesh dim by name),
+    the strict FC-7 for a result without storage (CF-14: a case has its rules' level)."""
+    rules = ["FC-1", "FC-2", "FC-39", "FC-5", "FC-41", "FC-14", "FC-42", "FC-43", "FC-44",
+             "FC-45", "FC-46", "FC-26", "FC-32", "CF-9"]
+    rules += {"rows": ["FC-15"], "mesh_dim_name": ["FC-16"]}.get(form, [])
+    return rules + (["FC-7"] if case.startswith("all_gather_empty") else [])
+
+
 @pytest.mark.parametrize("world_size,form,dtype_name,case", [
     pytest.param(*p, id="-".join(map(str, p)),
-                 marks=pytest.mark.xdist_group(f"values-{p[0]}-{p[1]}-{p[2]}"))
+                 marks=[pytest.mark.xdist_group(f"values-{p[0]}-{p[1]}-{p[2]}"),
+                        pytest.mark.spec(*_value_rules(p[1], p[3]))])
     for p in VALUE_PARAMS])
 def test_eager_values(backend, world_size, form, dtype_name, case):
     backend.require("functional_collectives")
@@ -1652,7 +1762,7 @@ def _premul_sum(spec, factors, kind):
     return waited(reduced).detach(), waited(scattered), x.grad
 
 
-@pytest.mark.spec("FC-17", "FC-23")
+@pytest.mark.spec("FC-17", "FC-47")
 @pytest.mark.parametrize("factors, kind", [((0.5, 0.5), "number"), ((0.5, 3.0), "number"),
                                            ((0.25, 2.0), "tensor")],
                          ids=["equal", "per_rank", "tensor_per_rank"])

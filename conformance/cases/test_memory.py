@@ -308,7 +308,7 @@ high-water 64 at %4""")
 
 
 # The lowered program's waits complete in place (FC-35): no copy, a wait costs nothing.
-@pytest.mark.spec("MEM-4", "FC-35", "CL-9")
+@pytest.mark.spec("MEM-4", "FC-35", "CL-20")
 def test_lowered_wait_costs_no_memory(backend, fake_world):
     gm = mp.lowered_waits()
     assert_expected_inline(plan_text(backend, gm), """\

@@ -14,6 +14,7 @@ group is each rank's pair of [[0, 1], [2, 3]].
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 
@@ -25,7 +26,8 @@ from expecttest import assert_expected_inline
 from conformance import harness
 from conformance import reorder_programs as rp
 from conformance.canonical import canonical_graph
-from conformance.reorder_rules import kind_of, order_violations
+from conformance.ops import kind_of
+from conformance.reorder_rules import order_violations
 
 
 @pytest.fixture
@@ -70,6 +72,16 @@ def golden(backend, case: rp.Case) -> str:
 def test_every_order_keeps_the_rules(backend, world4, case):
     gm, new = reordered(backend, case)
     assert order_violations(gm, new, case.memory_budget, dict(case.max_in_flight)) == []
+
+
+@pytest.mark.spec("RO-3", "RO-4")
+@pytest.mark.parametrize("case", rp.CASES, ids=lambda c: c.id)
+def test_every_order_keeps_what_each_node_reads(backend, world4, case):
+    """The core rules of the order alone: the same nodes, each after its inputs, and each
+    reading the version of every buffer it read (the validator's RO-3 and RO-4 lines)."""
+    gm, new = reordered(backend, case)
+    problems = order_violations(gm, new, case.memory_budget, dict(case.max_in_flight))
+    assert [p for p in problems if p.startswith(("RO-3:", "RO-4:"))] == []
 
 
 @pytest.mark.spec("RO-1")
@@ -196,14 +208,37 @@ def test_size_arithmetic_is_no_barrier(backend, world4, budget):
     assert gather < min(arithmetic), [n.format_node() for n in nodes]
 
 
+# Each (program, config) on 2 and 4 ranks, run once for the two cases that read the run:
+# the values alone (RO-13, core) and the values with every node's meta val (RO-1).
+VALUE_RUNS = [pytest.param(case, world_size, id=f"{case.id}-{world_size}",
+                           marks=pytest.mark.xdist_group(f"reorder-values-{case.id}-{world_size}"))
+              for world_size in (2, 4) for case in rp.CASES]
+# values_on_rank's difference for a program whose values match but a meta val does not.
+UNTRUE_META = "untrue meta val: "
+
+
+@functools.cache
+def _values_found(backend, case, world_size):
+    return harness.run(backend, rp.values_on_rank, world_size, [case])
+
+
+@pytest.mark.spec("RO-13")
+@pytest.mark.parametrize("case, world_size", VALUE_RUNS)
+def test_reordered_values_are_the_original_ones(backend, case, world_size):
+    """Bit for bit, on every rank (the nodes' meta vals are the next case's, RO-1)."""
+    concept(backend)
+    for rank, found in enumerate(_values_found(backend, case, world_size)):
+        differences = {k: v for k, v in found.items() if v and not v.startswith(UNTRUE_META)}
+        assert differences == {}, f"rank {rank}"
+
+
 @pytest.mark.spec("RO-13", "RO-1")
-@pytest.mark.parametrize("world_size", [2, 4])
-@pytest.mark.parametrize("case", rp.CASES, ids=lambda c: c.id)
-def test_values_equal_the_original_order(backend, world_size, case):
+@pytest.mark.parametrize("case, world_size", VALUE_RUNS)
+def test_values_equal_the_original_order(backend, case, world_size):
     """And every node's meta val is what it computes there (RO-1: the nodes keep their
     meta)."""
     concept(backend)
-    for rank, found in enumerate(harness.run(backend, rp.values_on_rank, world_size, [case])):
+    for rank, found in enumerate(_values_found(backend, case, world_size)):
         assert {k: v for k, v in found.items() if v} == {}, f"rank {rank}"
 
 

@@ -567,7 +567,7 @@ def test_all_to_all_costs_the_larger_of_its_input_and_result(backend):
         ops = mp.refimpl_ops()
         for send, receive in (([1, 3], [2, 4]), ([2, 4], [1, 3])):
             def program(x, send, receive):
-                return mp._wait(ops, ops.all_to_all_single(x, receive, send, mp.G))
+                return ops.wait_tensor(ops.all_to_all_single(x, receive, send, mp.G))
 
             gm = make_fx(functools.partial(program, send=send, receive=receive),
                          tracing_mode="fake")(torch.ones(sum(send)))

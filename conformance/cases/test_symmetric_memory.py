@@ -823,6 +823,50 @@ def check_mismatches(results) -> None:
         assert after == [6.0] * 4, "the ranks stay in step after a refused call"
 
 
+def _mismatched_sums(spec: str):
+    """`_mismatched_calls`'s mismatches that take only what upstream's all-reduces take
+    (`sum` of float32 or bfloat16, SM-13), and a dtype that differs among those two."""
+    sm, group, device = _setup(spec, "empty", "ops")
+    rank = dist.get_rank()
+    buf = sm.empty(16, dtype=torch.float32, device=device)
+    buf.fill_(rank + 1)
+    calls = [
+        # rank 2 passes fewer elements
+        lambda: sm.ops.one_shot_all_reduce(buf[: 8 if rank == 2 else 9], "sum", group),
+        # ranks 1 and 2 start at another offset: the lowest of them is named
+        lambda: sm.ops.one_shot_all_reduce(buf[(rank > 0):][:8], "sum", group),
+        # rank 1 reads the bytes as bfloat16
+        lambda: sm.ops.one_shot_all_reduce(buf.view(torch.bfloat16)[:8] if rank == 1
+                                           else buf[:8], "sum", group),
+        # rank 1 calls two-shot where the others call one-shot
+        lambda: (sm.ops.two_shot_all_reduce_(buf[:8], "sum", group) if rank == 1
+                 else sm.ops.one_shot_all_reduce(buf[:8], "sum", group)),
+        # the out= variant: rank 1 passes fewer elements
+        lambda: sm.ops.one_shot_all_reduce_out(buf[: 8 if rank == 1 else 9], "sum", group,
+                                               out=torch.empty(8 if rank == 1 else 9,
+                                                               device=device)),
+        # no element, at another offset on rank 1 (data_ptr() is 0 for every such tensor)
+        lambda: sm.ops.one_shot_all_reduce(buf[3:3] if rank == 1 else buf[2:2], "sum", group),
+    ]
+    messages = [_refusal(call, whole=True) for call in calls]
+    after = sm.ops.one_shot_all_reduce(buf[:4], "sum", group).cpu().tolist()  # still in step
+    return messages, after
+
+
+@pytest.mark.spec("SM-20")
+def test_a_sum_that_differs_between_ranks_fails_on_every_rank_naming_the_rank(backend):
+    """SM-20 on calls within upstream's all-reduces: every rank refuses each one, naming
+    `input`, the lowest rank that differs and both calls, and the ranks stay in step."""
+    backend.require(CONCEPT, "empty", "ops")
+    for rank, (messages, after) in enumerate(run(backend, _mismatched_sums, 3)):
+        named = [m and m.split(";")[1].split()[1] for m in messages]
+        assert named == ["2", "1", "1", "1", "1", "1"], (rank, messages)
+        assert all(m.startswith("input:") and "[SM-20]" in m for m in messages), messages
+        assert "8 elements" in messages[0] and "9 elements" in messages[0], messages[0]
+        assert "float32" in messages[2] and "bfloat16" in messages[2], messages[2]
+        assert after == [6.0] * 4, "the ranks stay in step after a refused call"
+
+
 def _ops_in_use(spec: str):
     sm = backend_in_rank(spec).require(CONCEPT)
     info = getattr(sm, "kernel_build_info", None)

@@ -12,7 +12,7 @@ from collections import Counter
 
 import torch
 
-from conformance import bucket_model
+from conformance import bucket_model, ops
 from conformance import reorder_programs as rp
 from conformance.fuzz.on_rank import (
     cap_callback,
@@ -93,7 +93,7 @@ def _second_gather_pass(gm, bucket, options, kwargs, label, xs, want_values) -> 
                                     kwargs.get("mixed_dtypes", False))
     tags = {n.meta.get("refimpl_block") for n in gm.graph.nodes}
     issued = {n.meta.get("refimpl_block") for n in gm.graph.nodes
-              if bucket_model.kind_of(n) == "all_gather"}
+              if ops.kind_of(n) == "all_gather"}
     orphans = sorted(t for t in tags if t and t[0] in ("all_gather", "all_gather_wait") and
                      ("all_gather", t[1]) not in issued)
     if orphans:
@@ -140,7 +140,7 @@ def _one_pass(gm, name: str, bucket, options, kwargs, want, first: int = 0) -> l
         problems.append(f"BK-15: {name} logged {lines.lines} at INFO; one line with "
                         f"{want.counts[kind]} (candidates, merged, buckets, left alone) expected")
     merged = [n for n in gm.graph.nodes if n.name not in before and
-              bucket_model.kind_of(n) == kind]
+              ops.kind_of(n) == kind]
     tags = [(n.meta.get("refimpl_block"), [u.meta.get("refimpl_block") for u in n.users])
             for n in merged]
     expected = [((kind, i), [(f"{kind}_wait", i)]) for i in range(first, first + len(merged))]

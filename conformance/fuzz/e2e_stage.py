@@ -9,11 +9,17 @@ import re
 
 import torch
 
+from conformance import ops
 from conformance.fuzz.on_rank import differences_from_eager, load_program, observe, shortened
 from conformance.fuzz.vocabulary import STAGES
 
-# The collectives that return an alias of an argument: their compile may fail (E2E-7).
-ALIASING_COLLECTIVE = re.compile(r"ops\.(all_reduce_|all_gather_into_tensor_out)\(")
+
+def aliasing_collective(source: str) -> re.Match | None:
+    """The first call in `source` of a collective that returns an alias of an argument (in
+    place or `out=`, by the op table's Form): its compile may fail (E2E-7)."""
+    names = sorted({op.name for op in ops.rows().values()
+                    if op.is_collective and (op.in_place or op.out)})
+    return re.search(rf"ops\.({'|'.join(map(re.escape, names))})\(", source)
 
 
 def e2e_on_rank(spec: str, source: str, inputs, options) -> dict:
@@ -26,7 +32,7 @@ def e2e_on_rank(spec: str, source: str, inputs, options) -> dict:
     want = observe(lambda: fn(*[x.clone() for x in xs]))
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend=concept.make(dict(options)))
-    aliasing = ALIASING_COLLECTIVE.search(source)
+    aliasing = aliasing_collective(source)
     try:
         got = observe(lambda: compiled(*[x.clone() for x in xs]))
     except Exception as exc:  # what torch.compile raises is its own class

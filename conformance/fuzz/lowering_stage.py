@@ -145,7 +145,7 @@ def _forced_refused(refusal: tuple[str, str], make) -> list[str]:
 
 def _blocking_waits_removed(gm) -> list[str]:
     """CL-9: the wait of a collective lowered to a blocking kernel is removed."""
-    from conformance.reorder_rules import is_blocking, is_wait
+    from conformance.ops import is_blocking, is_wait
 
     kept = [n.name for n in gm.graph.nodes if is_wait(n) and
             isinstance(n.args[0], torch.fx.Node) and is_blocking(n.args[0])]

@@ -243,10 +243,10 @@ def expected_rules(backend) -> dict[str, str]:
 
     applying, _ = read_expected_failures(expected_failures_file(backend), torch.__version__)
     rules: dict[str, str] = {}
-    for cid, reason in applying.items():
-        head = re.match(r"\s*([A-Z]+-\d+(?:/[A-Z]+-\d+)*)\s*:", reason)  # "MEM-5/MEM-6: ..."
+    for cid, entry in applying.items():
+        head = re.match(r"\s*([A-Z]+-\d+(?:/[A-Z]+-\d+)*)\s*:", entry.reason)  # "MEM-5/MEM-6: .."
         for rule in head.group(1).split("/") if head else []:
-            rules.setdefault(rule, f"{cid}: {reason}")
+            rules.setdefault(rule, f"{cid}: {entry}")
     return rules
 
 

@@ -1,0 +1,271 @@
+"""Levels, profiles, verdicts by rule, classed expected failures and the report's schema
+(SPEC.md CF-4, CF-14, CF-15, CF-16).
+
+These tests name CF-14, CF-15 and CF-16 for CF-10: the suite's own rules are checked by
+the project's tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from conformance.cases.conftest import (
+    finding_numbers,
+    parse_entry,
+    read_expected_failures,
+    read_frozen_profile,
+    refuse_choice_on_core,
+)
+from conformance.spec import LEVELS, case_level, rule_ids, rule_levels
+from conformance.verdicts import SUITE_SECTIONS, rule_verdicts
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = json.loads((ROOT / "conformance" / "report.schema.json").read_text())
+TORCH_XFAILS = ROOT / "conformance" / "expected_failures" / "torch.txt"
+
+
+def _conformance(*args, timeout=600, env=None):
+    return subprocess.run([sys.executable, "-m", "conformance", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def listing(tmp_path_factory):
+    """Every case with its rules and level, as `--list --json` gives them."""
+    report = tmp_path_factory.mktemp("listing") / "list.json"
+    proc = _conformance("--list", "--json", str(report), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads(report.read_text())
+
+
+# --- CF-14: levels -------------------------------------------------------------------
+
+def test_every_rule_has_exactly_one_level():
+    """CF-14: a rule written without `[core]`, `[strict]` or `[extension]` after its ID
+    fails here, named."""
+    levels = rule_levels()
+    every = [rule for ids in rule_ids().values() for rule in ids]
+    assert list(levels) == every
+    unlevelled = [rule for rule, level in levels.items() if level is None]
+    assert not unlevelled, f"SPEC.md rules with no level: {unlevelled}"
+
+
+def test_a_rule_without_a_level_is_found(tmp_path):
+    """CF-14: the parser sees a missing or misspelt level (the test above would fail)."""
+    spec = tmp_path / "SPEC.md"
+    spec.write_text("## 1. Demo (DM)\n\n- **DM-1** [core] MUST.\n- **DM-2** MUST too.\n"
+                    "- **DM-3** [cor] MUST three.\n")
+    assert rule_levels(spec) == {"DM-1": "core", "DM-2": None, "DM-3": None}
+
+
+def test_a_case_has_the_level_of_its_most_demanding_rule():
+    """CF-14: core < strict < extension; an unlevelled rule is never taken as core."""
+    levels = {"A-1": "core", "A-2": "strict", "A-3": "extension", "A-4": None}
+    assert case_level(["A-1"], levels) == "core"
+    assert case_level(["A-1", "A-2"], levels) == "strict"
+    assert case_level(["A-3", "A-1"], levels) == "extension"
+    assert case_level(["A-1", "A-4"], levels) == "extension"
+
+
+def test_every_rule_is_named_by_a_case_of_its_own_level(listing):
+    """CF-14: a rule's verdict comes from cases of its level; a rule that only a case of a
+    more demanding level names would never be judged at its own."""
+    levels = rule_levels()
+    own = {rule for case in listing["cases"] for rule in case["spec_ids"]
+           if case["level"] == levels.get(rule)}
+    lacking = [rule for prefix, ids in rule_ids().items() if prefix not in SUITE_SECTIONS
+               for rule in ids if rule not in own]
+    assert not lacking, f"rules no case of their own level names: {lacking}"
+
+
+# --- CF-15: verdicts by rule ----------------------------------------------------------
+
+def _case(cid, spec_ids, outcome, level, **extra):
+    return {"id": cid, "spec_ids": spec_ids, "outcome": outcome, "level": level,
+            "reason": extra.pop("reason", ""), **extra}
+
+
+def test_a_verdict_counts_only_the_cases_of_the_rules_level(monkeypatch):
+    """CF-15: a strict case's failure does not make the core rule it also names differ;
+    a bug's expected failure is a difference, a missing one not implemented; a rule no
+    counting case ran for is `not_run`."""
+    import conformance.verdicts as verdicts
+
+    monkeypatch.setattr(verdicts, "judged_rules", lambda levels, prefixes=None: [
+        (r, lv) for r, lv in [("A-1", "core"), ("A-2", "strict"), ("A-3", "core"),
+                              ("A-4", "extension"), ("A-5", "core")] if lv in levels])
+    cases = [_case("c1", ["A-1"], "passed", "core"),
+             _case("c2", ["A-1", "A-2"], "failed", "strict", reason="no name"),
+             _case("c3", ["A-3"], "xfailed", "core", reason="bug(finding 2) A-3: x",
+                   expected_failure={"class": "bug", "finding": 2, "reason": "A-3: x"}),
+             _case("c4", ["A-4"], "not_implemented", "extension"),
+             _case("c5", ["A-5"], "skipped", "core"),
+             _case("c6", ["A-5"], "xfailed", "core", expected_failure={
+                 "class": "missing", "reason": "A-5: no such concept"})]
+    got = {r["id"]: r for r in rule_verdicts(cases, LEVELS)}
+    assert {k: v["verdict"] for k, v in got.items()} == {
+        "A-1": "conforms", "A-2": "differs", "A-3": "differs", "A-4": "not_implemented",
+        "A-5": "not_implemented"}
+    assert got["A-1"]["cases"] == {"passed": 1}
+    assert got["A-2"]["first_case"] == "c2" and got["A-2"]["reason"] == "no name"
+    assert got["A-3"]["expected_failure"]["finding"] == 2
+    assert got["A-3"]["differing_cases"] == 1
+    assert [r["id"] for r in rule_verdicts(cases, ("core",))] == ["A-1", "A-3", "A-5"]
+    assert rule_verdicts(cases[4:5], ("core",))[2]["verdict"] == "not_run"
+
+
+def test_a_real_report_validates_against_the_schema(tmp_path):
+    """CF-15: `--json` of a run with an expected failure and a profile validates against
+    conformance/report.schema.json; its rules and cases carry levels and classes."""
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
+    report = tmp_path / "report.json"
+    case = _an_expected_failure_of_torch()
+    proc = _conformance("--backend", "torch", "-n", "0", "--case", case.split("::")[1],
+                        "--profile", "full", "--json", str(report))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(report.read_text())
+    jsonschema.validate(data, SCHEMA, cls=jsonschema.Draft202012Validator)
+    assert data["profile"] == "full" and data["backend"] == "torch"
+    assert len(data["spec_sha256"]) == 64
+    record = next(c for c in data["cases"] if c["id"] == case)
+    assert record["outcome"] == "xfailed" and record["expected_failure"]["class"]
+    assert record["level"] in LEVELS and record["rules"] == record["spec_ids"]
+    assert {r["verdict"] for r in data["rules"]} <= {"conforms", "differs", "not_implemented",
+                                                     "not_run"}
+    assert "verdicts by rule (profile full)" in proc.stdout
+    # Broken on purpose: the schema is a check that can fail.
+    broken = {**data, "rules": [{**data["rules"][0], "verdict": "maybe"}]}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, SCHEMA, cls=jsonschema.Draft202012Validator)
+
+
+def _an_expected_failure_of_torch() -> str:
+    """A cheap case torch.txt lists for every release (FC-9's gather on another dim)."""
+    return "test_functional_collectives.py::test_all_gather_on_another_dim_is_pending_too"
+
+
+def test_a_section_without_cases_is_refused():
+    """CF-15: `--section CF` says its rules are checked by the project's tests and exits
+    non-zero; it does not run other sections' cases."""
+    proc = _conformance("--section", "CF", timeout=120)
+    assert proc.returncode == 2
+    assert "has no cases" in proc.stderr and "tests/test_conformance_suite.py" in proc.stderr
+    assert "passed" not in proc.stdout
+
+
+def test_a_section_run_counts_its_cases_under_it(tmp_path):
+    """CF-15: `--section MEM` counts the cases it runs under MEM and judges MEM's rules
+    only, though some of those cases name a rule of another section first."""
+    report = tmp_path / "report.json"
+    proc = _conformance("--section", "MEM", "-k", "test_timeline_peak_is_the_memory_plan or "
+                        "test_all_gather_copy_out", "-n", "0", "--json", str(report))
+    data = json.loads(report.read_text())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert data["cases"] and {c["section"] for c in data["cases"]} == {"5. Memory"}
+    assert {r["id"].split("-")[0] for r in data["rules"]} == {"MEM"}
+
+
+# --- CF-4: classed expected failures --------------------------------------------------
+
+@pytest.mark.parametrize("text,message", [
+    ("FC-9: no class", "has no class"),
+    ("bug FC-9: no finding", "names its finding"),
+    ("bug(finding 999) FC-9: x", "has no finding 999"),
+    ("missing", "gives no reason"),
+    ("choice(finding 2) FC-9: x", "only a bug entry names a finding"),
+])
+def test_an_entry_without_class_finding_or_reason_is_refused(text, message):
+    """CF-4: each refusal names the file:line, the case and the rule."""
+    with pytest.raises(pytest.UsageError, match=message) as info:
+        parse_entry("f.py::t", text, "torch.txt:7", finding_numbers())
+    assert "torch.txt:7: f.py::t" in str(info.value) and "[CF-4]" in str(info.value)
+
+
+def test_a_bug_entry_names_its_finding_and_issue():
+    entry = parse_entry("f.py::t", "bug(finding 5, pytorch#190942) FC-18: assert",
+                        "torch.txt:1", {5})
+    assert (entry.kind, entry.finding, entry.issue, entry.reason) == (
+        "bug", 5, 190942, "FC-18: assert")
+    assert str(entry) == "bug(finding 5, pytorch#190942) FC-18: assert"
+
+
+def test_a_choice_on_a_core_case_is_refused():
+    """CF-4: upstream's contract is what a core rule states: a core difference is a bug."""
+    entry = parse_entry("f.py::t", "choice FC-1: designed so", "x.txt:3", set())
+    refuse_choice_on_core({"f.py::t": [entry]}, {"f.py::t": "strict"})  # allowed
+    with pytest.raises(pytest.UsageError, match="choice entry on a core case"):
+        refuse_choice_on_core({"f.py::t": [entry]}, {"f.py::t": "core"})
+
+
+def test_every_torch_entry_is_classed_and_every_bug_names_a_finding():
+    """CF-4: torch.txt loads (every entry classed, every bug's finding exists)."""
+    _, listed = read_expected_failures(TORCH_XFAILS)
+    entries = [e for per_case in listed.values() for e in per_case]
+    assert entries and all(e.kind in ("bug", "choice", "missing") for e in entries)
+    known = finding_numbers()
+    assert all(e.finding in known for e in entries if e.kind == "bug")
+
+
+def test_update_expected_failures_appends_entries_the_loader_refuses(tmp_path):
+    """CF-4: `--update-expected-failures FILE` appends the unexpected failures with their
+    class and reason blank, and the loader refuses the file until they are written."""
+    backend = tmp_path / "vendor_backend.py"
+    backend.write_text(
+        "from conformance.backends import Backend\n"
+        "class Failing(Backend):\n"
+        "    def require(self, concept, *attrs):\n"
+        "        raise RuntimeError('always fails')\n"
+        f"backend = Failing('vendor', {{}}, expected_failures={str(tmp_path / 'x.txt')!r})\n")
+    xfails = tmp_path / "x.txt"
+    xfails.write_text("")
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    args = ("--backend", "vendor_backend:backend", "-n", "0", "--case",
+            "test_all_gather_on_another_dim_is_pending_too")
+    proc = _conformance(*args, "--update-expected-failures", str(xfails), env=env)
+    assert proc.returncode == 1
+    release = __import__("torch").__version__.split("+")[0]
+    entry = f"test_functional_collectives.py::test_all_gather_on_another_dim_is_pending_too" \
+            f"  [torch=={release}]"
+    assert entry in xfails.read_text().splitlines()
+    proc = _conformance(*args, env=env)
+    assert proc.returncode != 0 and "has no class" in proc.stdout + proc.stderr
+
+
+# --- CF-16: frozen must-pass lists ----------------------------------------------------
+
+def test_core_v1_names_existing_core_cases(listing):
+    """CF-16: core-v1 lists core cases that exist (a renamed case would stop its runs)."""
+    frozen = read_frozen_profile("core-v1")
+    levels = {c["id"]: c["level"] for c in listing["cases"]}
+    assert frozen and len(frozen) == len(set(frozen))
+    assert [cid for cid in frozen if cid not in levels] == []
+    assert {levels[cid] for cid in frozen} == {"core"}
+
+
+def test_a_frozen_profile_runs_exactly_its_list(tmp_path):
+    """CF-16: `--profile core-vN` runs its listed cases, no other; a listed case that is
+    gone stops the run; an unknown version is refused."""
+    levels = ROOT / "conformance" / "levels"
+    listed = read_frozen_profile("core-v1")[:2]
+    trial = levels / "core-v999.txt"
+    try:
+        trial.write_text("\n".join(listed) + "\n")
+        report = tmp_path / "r.json"
+        proc = _conformance("--profile", "core-v999", "-n", "0", "--json", str(report))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert sorted(c["id"] for c in json.loads(report.read_text())["cases"]) == \
+            sorted(listed)
+        trial.write_text("\n".join(listed) + "\ntest_functional_collectives.py::test_gone\n")
+        proc = _conformance("--profile", "core-v999", "-n", "0")
+        assert proc.returncode != 0 and "no longer exist" in proc.stdout + proc.stderr
+    finally:
+        trial.unlink(missing_ok=True)
+    proc = _conformance("--profile", "core-v998", "-n", "0", timeout=120)
+    assert proc.returncode != 0 and "no such frozen list" in proc.stdout + proc.stderr
