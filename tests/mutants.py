@@ -342,6 +342,14 @@ FC = [
            "    outs = _check_splits(",
            "the output's dim 0 is computed from the input splits",
            catch="test_fake_kernels_give_result_shapes[all_reduce]"),
+    Mutant("fake_empty_splits_read_as_no_rows", "FC-49", F,
+           "    rows, _, _, _ = _check_all_to_all(tensor, output_split_sizes, input_split_sizes, "
+           "group_name)\n    return tensor.new_empty(",
+           "    _check_all_to_all(tensor, output_split_sizes, input_split_sizes, group_name)\n"
+           "    rows = sum(output_split_sizes)\n    return tensor.new_empty(",
+           "upstream's reading: the fake kernel sizes dim 0 by the sum of an empty split list (0 "
+           "rows), not as equal splits",
+           catch="test_fake_kernels_give_result_shapes[all_to_all_single:empty]"),
     Mutant("src_bound_off_by_one", "FC-22", F,
            "not isinstance(src, int) or not 0 <= src < size:",
            "not isinstance(src, int) or not 0 <= src <= size:",
@@ -2529,6 +2537,7 @@ MUTANTS: list[Mutant] = [m for section in section_lists().values() for m in sect
 # quick catching case, where the rule has such a mutant), then fixed: a new rule's first
 # mutant joins it (a test checks every rule is here).
 FIRST_TIER: frozenset[str] = frozenset({
+    "fake_empty_splits_read_as_no_rows",
     "cast_to_an_integer_absorbed", "absorbed_casts_concatenated_as_the_first_source",
     "candidate_whose_first_user_is_a_wait", "reduce_scatter_member_strides_ignored",
     "mib_of_1025_kib", "default_threshold_in_kilobytes",

@@ -766,19 +766,29 @@ def test_pointwise_schema_and_fake_kernel(backend):
             make_fx(bad, tracing_mode="fake")(torch.ones(3, 5), torch.ones(3, 5))
 
 
-def _mismatched_calls(spec: str):
+def _ranked_buffer(spec: str):
+    """The mismatch cases' setup: a 16-element float32 allocation filled with rank + 1,
+    and the two mismatches of size and offset that both cases make first."""
     sm, group, device = _setup(spec, "empty", "ops")
     rank = dist.get_rank()
     buf = sm.empty(16, dtype=torch.float32, device=device)
     buf.fill_(rank + 1)
-    fresh = sm.empty(16, dtype=torch.float32, device=device)
-    fresh.fill_(rank + 1)
-
-    calls = [
+    size_and_offset = [
         # rank 2 passes fewer elements
         lambda: sm.ops.one_shot_all_reduce(buf[: 8 if rank == 2 else 9], "sum", group),
         # ranks 1 and 2 start at another offset: the lowest of them is named
         lambda: sm.ops.one_shot_all_reduce(buf[(rank > 0):][:8], "sum", group),
+    ]
+    return sm, group, device, rank, buf, size_and_offset
+
+
+def _mismatched_calls(spec: str):
+    sm, group, device, rank, buf, size_and_offset = _ranked_buffer(spec)
+    fresh = sm.empty(16, dtype=torch.float32, device=device)
+    fresh.fill_(rank + 1)
+
+    calls = [
+        *size_and_offset,
         # rank 1 reads the bytes as int32
         lambda: sm.ops.two_shot_all_reduce_(buf.view(torch.int32)[:8] if rank == 1
                                             else buf[:8], "max", group),
@@ -826,15 +836,9 @@ def check_mismatches(results) -> None:
 def _mismatched_sums(spec: str):
     """`_mismatched_calls`'s mismatches that take only what upstream's all-reduces take
     (`sum` of float32 or bfloat16, SM-13), and a dtype that differs among those two."""
-    sm, group, device = _setup(spec, "empty", "ops")
-    rank = dist.get_rank()
-    buf = sm.empty(16, dtype=torch.float32, device=device)
-    buf.fill_(rank + 1)
+    sm, group, device, rank, buf, size_and_offset = _ranked_buffer(spec)
     calls = [
-        # rank 2 passes fewer elements
-        lambda: sm.ops.one_shot_all_reduce(buf[: 8 if rank == 2 else 9], "sum", group),
-        # ranks 1 and 2 start at another offset: the lowest of them is named
-        lambda: sm.ops.one_shot_all_reduce(buf[(rank > 0):][:8], "sum", group),
+        *size_and_offset,
         # rank 1 reads the bytes as bfloat16
         lambda: sm.ops.one_shot_all_reduce(buf.view(torch.bfloat16)[:8] if rank == 1
                                            else buf[:8], "sum", group),
