@@ -265,8 +265,19 @@ def print_verdicts(rules, profile) -> None:
         print(f"  {section_title(prefix)} ({prefix}): {conforming} of {len(records)} rules "
               f"conform")
         for rule in records:
-            if rule["verdict"] != "conforms":
+            if rule["verdict"] in ("differs", "not_implemented"):
                 print("    " + _verdict_line(rule))
+        _print_not_run([r for r in records if r["verdict"] == "not_run"])
+
+
+def _print_not_run(records) -> None:
+    """Rules no case of their level ran for, on one line (a run of a few cases leaves
+    many); each with the reason of a skip where one was skipped (no GPU, say)."""
+    if not records:
+        return
+    print("    not run: " + ", ".join(
+        rule["id"] + (f" ({rule['reason'].splitlines()[0][:100]})" if rule.get("reason")
+                      else "") for rule in records))
 
 
 def _verdict_line(rule) -> str:
@@ -548,7 +559,8 @@ def _check_selection(parser, args) -> None:
             print(f"python -m conformance: --section {prefix}: {section_title(prefix)} has no "
                   f"cases: its rules govern the suite itself and are checked by the "
                   f"project's tests (tests/test_conformance_suite.py, tests/test_mutants.py, "
-                  f"tests/test_fuzz.py, tests/test_launched.py), not by a backend's run",
+                  f"tests/test_fuzz.py, tests/test_launched.py, tests/test_verdicts.py), not "
+                  f"by a backend's run",
                   file=sys.stderr)
             sys.exit(2)
         if prefix not in sections():

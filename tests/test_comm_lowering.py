@@ -228,7 +228,7 @@ def test_cl10_not_chosen_without_auto_select_or_symm_mem(fake_world):
     ("no_symm_mem", r"symmetric memory is not enabled for group"),
     ("dtype", r"has dtype torch.float64, which the one-shot kernel does not support"),
 ])
-def test_cl10_forced_one_shot_is_refused_with_the_reason(fake_world, case, reason):
+def test_cl21_forced_one_shot_is_refused_with_the_reason(fake_world, case, reason):
     config = FORCE
     if case == "avg":
         gm = traced("ar_small_avg")
@@ -245,7 +245,7 @@ def test_cl10_forced_one_shot_is_refused_with_the_reason(fake_world, case, reaso
     else:
         gm = make_fx(lambda x: fc.all_reduce(x * 2, "sum", fake_world), tracing_mode="fake")(
             torch.ones(4))
-    with pytest.raises(CommBufferError, match=reason + r".*\[CL-10\]"):
+    with pytest.raises(CommBufferError, match=reason + r".*\[CL-21\]"):
         lower(gm, config)
 
 

@@ -20,9 +20,10 @@ import torch
 import torch.fx
 
 from conformance.canonical import canonical_graph
-from conformance.cases.conftest import torch_version_matches
+from conformance.cases.conftest import read_frozen_profile, torch_version_matches
 from conformance.comm_trace import comm_trace_of_graph, format_comm_trace
-from conformance.spec import rule_ids, sections
+from conformance.spec import rule_ids, rule_levels, sections
+from conformance.verdicts import SUITE_SECTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 CASE = "test_functional_collectives.py::test_make_fx_graph"
@@ -92,7 +93,8 @@ def test_a_backend_outside_the_repo_runs_through_module_attr(tmp_path):
     assert data["backend"] == "acme" and data["backend_spec"] == "acme_backend:backend"
     assert data["world_sizes"] == [2] and data["torch_version"] == torch.__version__
     case = next(c for c in data["cases"] if c["id"] == CASE)
-    assert case["spec_ids"] == ["FC-3", "FC-12"] and case["section"].endswith("collectives")
+    assert case["spec_ids"] == ["FC-38", "FC-12", "FC-45"] and \
+        case["section"].endswith("collectives")
     assert "conformance report: backend acme (acme_backend:backend)," in proc.stdout
     done = sorted(ln.split("] ", 1)[1] for ln in proc.stdout.splitlines() if ") done: " in ln)
     assert len(done) == 2, proc.stdout  # FC's case, and BK's: not implemented by acme
@@ -110,7 +112,7 @@ def test_expected_failures_are_counted_per_section_and_listed_with_v(tmp_path):
     assert outcomes == {CASE: "xfailed", CASE2: "failed"}, proc.stdout[-3000:]
     assert proc.returncode == 1
     assert "xfailed: 1. Functional collectives 1 (each with its reason: -v)" in proc.stdout
-    assert "listed for every torch" not in proc.stdout
+    assert "cases that did not pass" not in proc.stdout  # the case list: -v only
     proc, outcomes, _ = _run_suite(tmp_path, "acme_backend:failing", NAME, lines, "-v")
     assert outcomes == {CASE: "xfailed"} and proc.returncode == 0
     assert "FC-12: listed for every torch this project runs" in proc.stdout
@@ -338,11 +340,31 @@ def test_every_spec_rule_is_named_by_a_case(torch_listing):
         f"  {sections()[prefix]} ({prefix}): {', '.join(ids)}" for prefix, ids in missing.items())
 
 
+def test_every_rule_is_named_by_a_case_of_its_own_level(torch_listing):
+    """CF-14: a rule's verdict comes from cases of its level; a rule that only a case of a
+    more demanding level names would never be judged at its own."""
+    levels = rule_levels()
+    own = {rule for case in torch_listing[1]["cases"] for rule in case["spec_ids"]
+           if case["level"] == levels.get(rule)}
+    lacking = [rule for prefix, ids in rule_ids().items() if prefix not in SUITE_SECTIONS
+               for rule in ids if rule not in own]
+    assert not lacking, f"rules no case of their own level names: {lacking}"
+
+
+def test_core_v1_names_existing_core_cases(torch_listing):
+    """CF-16: core-v1 lists core cases that exist (a renamed case would stop its runs)."""
+    frozen = read_frozen_profile("core-v1")
+    levels = {c["id"]: c["level"] for c in torch_listing[1]["cases"]}
+    assert frozen and len(frozen) == len(set(frozen))
+    assert [cid for cid in frozen if cid not in levels] == []
+    assert {levels[cid] for cid in frozen} == {"core"}
+
+
 def test_every_conformance_rule_is_named_by_a_test(torch_listing):
     """CF-10: SPEC section 7's rules are named by tests of the machinery (or a case)."""
     text = "".join((ROOT / "tests" / name).read_text()
                    for name in ("test_conformance_suite.py", "test_mutants.py",
-                                "test_fuzz.py", "test_launched.py"))
+                                "test_fuzz.py", "test_launched.py", "test_verdicts.py"))
     named = {i for case in torch_listing[1]["cases"] for i in case["spec_ids"]}
     missing = [i for i in rule_ids()["CF"]
                if i not in named and not re.search(rf"\b{i}\b", text)]

@@ -327,7 +327,7 @@ def read_frozen_profile(profile: str) -> list[str]:
     if not path.exists():
         known = sorted(p.stem for p in LEVELS_DIR.glob("core-v*.txt"))
         raise pytest.UsageError(f"--profile {profile}: no such frozen list ({path}); known: "
-                                f"{', '.join(known) or 'none'} [CF-15]")
+                                f"{', '.join(known) or 'none'} [CF-16]")
     return [line.strip() for line in path.read_text().splitlines()
             if line.strip() and not line.startswith("#")]
 
@@ -345,6 +345,13 @@ def _select_profile(config, items, collected_ids, left_out) -> None:
                                                                                "core")
                    in wanted_levels)
         return
+    keep = frozen_cases(profile, collected_ids, left_out)
+    _keep_only(config, items, lambda item: case_id(item) in keep)
+
+
+def frozen_cases(profile: str, collected_ids, left_out=()) -> set[str]:
+    """The case ids of a frozen profile, every one of which must still be collected (or
+    sit in a case file this run leaves out) [CF-16]."""
     frozen = read_frozen_profile(profile)
     gone = [cid for cid in frozen if cid not in collected_ids
             and cid.split("::")[0] not in left_out]
@@ -352,9 +359,8 @@ def _select_profile(config, items, collected_ids, left_out) -> None:
         raise pytest.UsageError(
             f"--profile {profile}: {len(gone)} cases of {frozen_profile_path(profile).name} "
             f"no longer exist (first: {gone[0]}); a frozen list never changes: cut a new "
-            f"version instead [CF-15]")
-    keep = set(frozen)
-    _keep_only(config, items, lambda item: case_id(item) in keep)
+            f"version instead [CF-16]")
+    return set(frozen)
 
 
 def _spec_ids(item) -> tuple:
