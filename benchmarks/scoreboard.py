@@ -227,13 +227,9 @@ def _verdicts(report: dict) -> list[dict]:
     if report.get("rules") and report.get("profile", "full") == "full":
         return report["rules"]
     levels = rule_levels()
-    cases = [{**c, "level": c.get("level") or _level_of(c["spec_ids"], levels)}
+    cases = [{**c, "level": c.get("level") or case_level(c["spec_ids"], levels)}
              for c in report["cases"]]
     return rule_verdicts(cases, LEVELS)
-
-
-def _level_of(spec_ids, levels) -> str:
-    return case_level(spec_ids, levels)
 
 
 def _why(verdict: dict) -> str:

@@ -37,8 +37,7 @@ from conformance.backends import REGISTERED, BackendSpecError, get_backend
 from conformance.cases.conftest import DEFAULT_CASE_TIMEOUT_S, section_of, strip_xdist_group
 from conformance.spec import (
     profile_levels,
-    rule_ids,
-    rule_levels,
+    rules_of_levels,
     section_prefix,
     section_title,
     sections,
@@ -364,9 +363,7 @@ def unnamed_rules(cases, sections=(), profile="full") -> dict[str, list[str]]:
 
 def _rules_of_profile(profile) -> dict[str, list[str]]:
     """rule_ids() keeping the rules of the profile's levels (CF-15)."""
-    levels, of_rule = profile_levels(profile), rule_levels()
-    return {prefix: [i for i in ids if (of_rule.get(i) or "extension") in levels]
-            for prefix, ids in rule_ids().items()}
+    return rules_of_levels(profile_levels(profile))
 
 
 def _parser() -> argparse.ArgumentParser:

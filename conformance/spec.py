@@ -25,14 +25,14 @@ from functools import cache
 from pathlib import Path
 
 __all__ = ["SPEC_PATH", "LEVELS", "PROFILES", "sections", "rule_ids", "rule_levels",
-           "section_prefix", "section_title", "case_level", "profile_levels", "spec_sha256",
-           "op_table", "ops_left_out"]
+           "rules_of_levels", "section_prefix", "section_title", "case_level",
+           "profile_levels", "spec_sha256", "op_table", "ops_left_out"]
 
 # SPEC.md sits at the repository root; an installed package without it knows no titles.
 SPEC_PATH = Path(__file__).resolve().parent.parent / "SPEC.md"
 _SECTION = re.compile(r"^## (\d+\. .+?) \(([A-Z][A-Z0-9]*)\)\s*$", re.MULTILINE)
-_RULE = re.compile(r"^- \*\*([A-Z][A-Z0-9]*-\d+)\*\*", re.MULTILINE)
-_LEVELLED_RULE = re.compile(r"^- \*\*([A-Z][A-Z0-9]*-\d+)\*\*(?: \[([a-z]+)\])?", re.MULTILINE)
+# A rule's bold ID, then its level when written (CF-14).
+_RULE = re.compile(r"^- \*\*([A-Z][A-Z0-9]*-\d+)\*\*(?: \[([a-z]+)\])?", re.MULTILINE)
 # The levels in the order a profile adds them (CF-14): what upstream's contract demands,
 # what refimpl guarantees on top of it, what upstream has no counterpart of.
 LEVELS = ("core", "strict", "extension")
@@ -54,7 +54,7 @@ def sections(path: Path = SPEC_PATH) -> dict[str, str]:
 def rule_ids(path: Path = SPEC_PATH) -> dict[str, list[str]]:
     """{prefix: [rule IDs in the order written]} for every section (empty ones included)."""
     ids = {prefix: [] for prefix in sections(path)}
-    for rule in _RULE.findall(_text(path)):
+    for rule, _ in _RULE.findall(_text(path)):
         ids.setdefault(section_prefix(rule), []).append(rule)
     return ids
 
@@ -63,7 +63,15 @@ def rule_levels(path: Path = SPEC_PATH) -> dict[str, str | None]:
     """{rule ID: its level} in SPEC.md's order; None for a rule written without one, or
     with a word that is not a level (a test fails for either: CF-14)."""
     return {rule: (level if level in LEVELS else None)
-            for rule, level in _LEVELLED_RULE.findall(_text(path))}
+            for rule, level in _RULE.findall(_text(path))}
+
+
+def rules_of_levels(levels, path: Path = SPEC_PATH) -> dict[str, list[str]]:
+    """rule_ids() keeping the rules whose level is one of `levels`; a rule written without
+    a level counts as an extension (as in case_level)."""
+    of_rule = rule_levels(path)
+    return {prefix: [i for i in ids if (of_rule.get(i) or LEVELS[-1]) in levels]
+            for prefix, ids in rule_ids(path).items()}
 
 
 def case_level(spec_ids, levels: dict[str, str | None] | None = None) -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from conformance.spec import LEVELS, rule_ids, rule_levels
+from conformance.spec import LEVELS, rule_levels, rules_of_levels
 
 __all__ = ["VERDICTS", "SUITE_SECTIONS", "rule_verdicts", "count_conforming"]
 
@@ -37,9 +37,9 @@ def judged_rules(levels: tuple[str, ...], prefixes=None) -> list[tuple[str, str]
     `prefixes` when given."""
     of_rule = rule_levels()
     return [(rule, of_rule[rule] or LEVELS[-1])
-            for prefix, ids in rule_ids().items()
+            for prefix, ids in rules_of_levels(levels).items()
             if prefix not in SUITE_SECTIONS and (not prefixes or prefix in prefixes)
-            for rule in ids if (of_rule.get(rule) or LEVELS[-1]) in levels]
+            for rule in ids]
 
 
 def _reading(case: dict) -> str:
