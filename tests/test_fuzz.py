@@ -124,13 +124,13 @@ def test_wrong_bucketing_is_caught_with_a_reproducer(tmp_path):
     backend.expected_failures = str(listed)
     outcomes = []
     for rule in ("BK-3", "BK-8"):
-        listed.write_text(f"test_bucketing.py::test_some_case  {rule}: known to differ\n")
+        listed.write_text(f"test_bucketing.py::test_some_case  missing {rule}: known to differ\n")
         known = fuzz.run(backend, BROKEN, 1, failing_seed, ["BK"], shrink_runs=0,
                          write=lambda line: None)[0]
         outcomes.append(known["outcome"])
     assert outcomes == ["failed", "xfailed"]
     assert known["reason"].startswith("an expected difference by rule BK-8: test_bucketing.py"
-                                      "::test_some_case: BK-8: known to differ\n"), known
+                                      "::test_some_case: missing BK-8: known to differ\n"), known
     assert "rerun: python -m conformance --fuzz 1" in known["reason"]
 
 
