@@ -850,12 +850,14 @@ register_allocator("cpu", _cpu_allocator)
 # Public API (SM-3 .. SM-6)
 # --------------------------------------------------------------------------------------
 def _check_shape(size, stride) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """`stride=()` checks the size alone (`empty` derives the strides from it)."""
-    size, stride = tuple(size), tuple(stride)
+    """`stride=None` checks the size alone (`empty` derives the strides from it); an
+    empty stride is a stride like any other (right only for a 0-d size)."""
+    size = tuple(size)
     if any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in size):
         refuse("size", "non-negative ints", size, "SM-3")
-    if not stride:
-        return size, stride
+    if stride is None:
+        return size, ()
+    stride = tuple(stride)
     if len(stride) != len(size) or any(not isinstance(s, int) or s < 0 for s in stride):
         refuse("stride", f"{len(size)} non-negative ints", stride, "SM-3")
     return size, stride
@@ -901,7 +903,7 @@ def empty(*size, dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
         size = tuple(size[0])
     dtype = dtype or torch.get_default_dtype()
     device = torch.device(device) if device is not None else torch.get_default_device()
-    size, _ = _check_shape(size, ())  # before the strides are derived from it
+    size, _ = _check_shape(size, None)  # before the strides are derived from it
     stride = tuple(torch._prims_common.make_contiguous_strides_for(size))
     return empty_strided_p2p(size, stride, dtype, device)
 

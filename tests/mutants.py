@@ -554,6 +554,31 @@ FC = [
            "the min/max gradient given as sum's: every element gets its share, extremum "
            "or not",
            catch="test_min_and_max_gradients_go_to_the_extremum_shared_among_ties[2-max]"),
+    Mutant("broadcast_grad_src_vs_global_rank", "FC-23", F,
+           "    is_src = _process_group(ctx.group_name).rank() == ctx.src",
+           "    is_src = dist.get_rank() == ctx.src",
+           "broadcast's backward compares the global rank with src, which is a group rank "
+           "(FC-46), so the summed gradient goes to the wrong rank, or to none, in a group "
+           "that is not the default one. (red team)",
+           catch="test_broadcast_gradient_goes_to_the_src_group_rank_of_a_subgroup[1_3-src0]"),
+    Mutant("premul_dtype_checked_on_first_member_only", "FC-17", F,
+           "        for t in tensors:\n            if not _floating(t.dtype):\n"
+           "                refuse(\"reduce_op\", \"a floating dtype for premul_sum\", t.dtype, "
+           "\"FC-18\")",
+           "        if not _floating(tensors[0].dtype):\n"
+           "            refuse(\"reduce_op\", \"a floating dtype for premul_sum\", "
+           "tensors[0].dtype, \"FC-18\")",
+           "The premul_sum dtype check assumes a coalesced list has one dtype and checks only "
+           "its first member, so an integer member later in the list gets through. (red team)",
+           catch="test_premul_sum_takes_floating_inputs_only_every_member_checked"
+                 "[all_reduce_coalesced-f32_i64-number]"),
+    Mutant("apply_env_never_drops_unset_vars", "FC-28", "refimpl/_rank_process.py",
+           "    for key in [k for k in os.environ if k.startswith(FORWARDED_ENV_PREFIX)]:",
+           "    for key in [k for k in env if k.startswith(FORWARDED_ENV_PREFIX)]:",
+           "The loop meant to delete the worker's REFIMPL_* variables that the caller no longer "
+           "has iterates the caller's dict instead, so nothing is ever dropped and a switch the "
+           "caller turned off stays on in a reused worker. (red team)",
+           catch="test_the_ranks_follow_the_callers_refimpl_variables_set_and_removed"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -875,6 +900,27 @@ CL = [
            "an op of refimpl's library left out of the catalogue (a row deleted, or never "
            "written for a new op): a pass that meets it must say so, not default it",
            catch="test_all_reduce_coalesced_becomes_clones_plus_inplace"),
+    Mutant("force_one_shot_reason_order", "CL-21", _CL,
+           "    if not _symm_mem_enabled(group_name):\n        return f\"symmetric "
+           "memory is not enabled for group {group_name!r}\"\n    if reduce_op.lower() "
+           "!= \"sum\":\n        return f\"reduce_op is {reduce_op!r}; one-shot "
+           "all-reduce only sums\"\n",
+           "    if reduce_op.lower() != \"sum\":\n        return f\"reduce_op is "
+           "{reduce_op!r}; one-shot all-reduce only sums\"\n    if not "
+           "_symm_mem_enabled(group_name):\n        return f\"symmetric memory is not "
+           "enabled for group {group_name!r}\"\n",
+           "Running the cheap reduce-op check before the symmetric-memory check means "
+           "the refusal no longer names the first CL-10 condition that fails. (red team)",
+           catch="test_forced_one_shot_refusal_names_the_first_condition_that_"
+                 "fails[symmetric_memory]"),
+    Mutant("fused_buffer_index_not_advanced", "CL-12", _CL,
+           "self.next_alloc_id(group_name, _val(inp)),",
+           "_alloc_id(self.fingerprint, self.config.alloc_id_namespace, "
+           "self.next_buffer, group_name, _val(inp)),",
+           "Working out the id inline on the prologue path of the fused kernel forgets "
+           "to advance the buffer index, so the next comm buffer reuses that index. "
+           "(red team)",
+           catch="test_a_fused_prologue_buffer_takes_the_next_alloc_id"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -1113,6 +1159,22 @@ BK = [
            "the wait found among the user's inputs, not as its argument: collectives "
            "waited together by one wait_tensors become candidates",
            catch="test_collectives_waited_together_are_no_candidates[bucket_all_gather]"),
+    Mutant("cap_index_counts_all_keys", "BK-3", _BK,
+           "bucket = self._new_bucket(key, bucket.index + 1)",
+           "bucket = self._new_bucket(key, len(self.buckets))",
+           "Numbers a new bucket by how many buckets the pass has opened so far, across "
+           "keys, instead of counting within its own key. (red team)",
+           catch="test_bucket_indices_count_within_their_own_key[all_gather_dtype]"),
+    Mutant("dedup_waits_after_bucketing", "BK-18", "refimpl/compile.py",
+           "    deduplicate_waits(gm, recompile=False)\n    bucket_all_gather(gm, cap, "
+           "recompile=False)\n    bucket_reduce_scatter(gm, cap, recompile=False)\n",
+           "    bucket_all_gather(gm, cap, recompile=False)\n    "
+           "bucket_reduce_scatter(gm, cap, recompile=False)\n    deduplicate_waits(gm, "
+           "recompile=False)\n",
+           "Wait deduplication is done as a clean-up after bucketing rather than before "
+           "it, so a collective that is waited twice still has two users when the "
+           "bucketing pass checks it, and is not a candidate (BK-1). (red team)",
+           catch="test_a_gather_waited_twice_is_bucketed_by_the_compile_backend"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -1451,6 +1513,27 @@ RO = [
            "        if math.isinf(self.memory_budget or 0.0):",
            "memory_budget=None read as a budget of 0, not as no bound",
            catch="test_the_exact_memory_test_at_its_limit[0.035]"),
+    Mutant("budget_zero_means_unbounded", "RO-9", _RO,
+           "        if self.memory_budget is None or math.isinf(self.memory_budget):",
+           "        if not self.memory_budget or math.isinf(self.memory_budget):",
+           "tests the budget for truthiness, so memory_budget=0 (allow no growth at all) is "
+           "read like None and the memory bound disappears; RO-1 says only None or inf "
+           "lifts it (red team)",
+           catch="test_a_budget_of_0_raises_nothing_that_costs_memory[int]"),
+    Mutant("check_order_baseline_is_handed_in_order", "RO-15", _RO,
+           "    original = program.model.plan(program.body)",
+           "    original = program.model.plan()",
+           "check_order measures RO-9's reference peak with the order of the graph handed in "
+           "instead of the original order of RO-2: a reordered graph gets a fresh budget "
+           "(red team)",
+           catch="test_check_order_measures_a_reordered_graph_against_its_original_order"),
+    Mutant("tree_right_path_adds_left_pending", "RO-10", _RO_MEMORY,
+           "                t[right] = (a if a > b else b) + d[right]",
+           "                t[right] = (a if a > b else b) + d[left]",
+           "copy-paste slip in MaxTree.add's recompute of the right end's ancestors: it adds "
+           "the left ancestor's pending adds, so range maxima over the right subtree are "
+           "wrong and the exact test accepts a raise that breaks RO-9's bound (red team)",
+           catch="test_a_raise_after_a_fill_ahead_is_tested_exactly[bound_388]"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -2026,7 +2109,7 @@ SM = [
            "the offset bound one element late: the error names sizes, not the offset",
            catch="test_buffer_and_signal_pad_views_end_exactly_at_their_bounds"),
     Mutant("empty_checks_size_after_strides", "SM-3", "refimpl/symmetric_memory.py",
-           "    size, _ = _check_shape(size, ())  # before the strides are derived from it\n",
+           "    size, _ = _check_shape(size, None)  # before the strides are derived from it\n",
            "",
            "the size check left to empty_strided_p2p, after the strides failed on it",
            catch="test_allocation_arguments_are_refused_naming_them"),
@@ -2091,7 +2174,7 @@ SM = [
            "request, which autograd refuses to save",
            catch="test_a_persistent_allocation_first_made_in_inference_mode_serves_autograd_later"),
     Mutant("grant_keyed_by_the_callers_lists", "SM-4", "refimpl/symmetric_memory.py",
-           "    size, stride = tuple(size), tuple(stride)\n", "",
+           "    size = tuple(size)\n", "",
            "the sizes kept as the caller gave them: the last grant remembers the caller's "
            "list, which the caller changes in place, and the next request by it is waved "
            "through with the old layout",
@@ -2109,6 +2192,12 @@ SM = [
            "the Python kernels' byte offset from data_ptr(), 0 for a tensor without elements "
            "(the CUDA kernels then refused every empty call; found by the first GPU run)",
            catch="test_the_python_kernels_serve_cpu_with_the_same_results"),
+    Mutant("enable_group_uses_global_rank", "SM-2", "refimpl/symmetric_memory.py",
+           "    set_group_info(group_name, pg.rank(), pg.size(), store)",
+           "    set_group_info(group_name, dist.get_rank(), pg.size(), store)",
+           "takes the process's global rank where the group rank belongs; the two agree on "
+           "WORLD, so only subgroups show it (red team)",
+           catch="test_a_subgroup_is_enabled_with_each_members_rank_in_it[process_group]"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -2364,6 +2453,50 @@ SIM = [
            "stalls[k][1] - stalls[k][0])",
            "a stall counted whole for every collective it meets, not the part during its run",
            catch="test_each_collective_reports_its_hidden_and_exposed_time"),
+    Mutant("blocking_ignores_busy_stream", "SIM-7", SIMULATOR,
+           "elif node in self.stream:  # blocking: the compute stream waits for it\n"
+           "                stream = self.stream[node]\n"
+           "                start = max(compute, stream_free.get(stream, 0.0))",
+           "elif node in self.stream:  # blocking: the compute stream waits for it\n"
+           "                stream = self.stream[node]\n"
+           "                start = compute",
+           "Treats a blocking symmetric-memory kernel as running the moment the compute stream "
+           "reaches it (it is synchronous, after all), forgetting it runs on its group's comm "
+           "stream and must queue behind the group's still-running collective. (red team)",
+           catch="test_a_blocking_kernel_queues_behind_its_groups_running_collective"
+                 "[symm_mem.one_shot_all_reduce-30.0]"),
+    Mutant("blocking_exposed_only_own_run", "SIM-8", SIMULATOR,
+           "exposed += end - compute",
+           "exposed += end - start",
+           "Counts as exposed only the blocking kernel's own run, not the time the compute "
+           "stream stands waiting while it is queued behind the group's previous collective, "
+           "though the compute stream is waiting for communication the whole time. (red team)",
+           catch="test_a_blocking_kernel_queues_behind_its_groups_running_collective"
+                 "[symm_mem.one_shot_all_reduce-30.0]"),
+    Mutant("blocking_stall_from_kernel_start", "SIM-8", SIMULATOR,
+           "stalls.append((compute, end))",
+           "stalls.append((start, end))",
+           "Records the compute stream's stall for a blocking kernel as the kernel's own run "
+           "rather than from when the compute stream reached it, so the collective it queued "
+           "behind is credited as hidden although compute stood waiting during it. (red team)",
+           catch="test_a_blocking_kernel_queues_behind_its_groups_running_collective"
+                 "[symm_mem.one_shot_all_reduce-30.0]"),
+    Mutant("pending_last_writer_wins", "SIM-7", SIMULATOR,
+           "pending[done] = max(pending.get(done, 0.0), end)",
+           "pending[done] = end",
+           "Keeps only the end of the last collective issued on a buffer, so a wait that "
+           "completes several in-flight collectives on one buffer (MEM-5's pairing) waits for "
+           "the last-issued one rather than for the latest-ending one. (red team)",
+           catch="test_one_wait_completes_two_in_place_collectives_on_one_buffer"
+                 "[longer_first-refimpl]"),
+    Mutant("point_to_point_blocking", "SIM-6", COMM_OPS,
+           "_P2P = dict(family=\"point_to_point\", completes=\"wait\", in_flight=\"inputs\",",
+           "_P2P = dict(family=\"point_to_point\", completes=\"blocking\", in_flight=\"inputs\",",
+           "Point-to-point sends are taken to be synchronous and their completion is marked "
+           "'blocking', so isend, irecv and batch_p2p_ops are no longer collectives completed "
+           "by their wait (appendix Completion column): they do not overlap compute, hold "
+           "nothing in flight, and have no RO-8 kind. (red team)",
+           catch="test_a_point_to_point_op_overlaps_compute_until_its_wait[isend]"),
 ]
 
 
@@ -2519,6 +2652,50 @@ E2E = [
            "every graph Dynamo hands over is graph0: a graph break's second graph writes "
            "over the first one's debug files",
            catch="test_graphs_of_one_backend_are_numbered_in_the_order_dynamo_hands_them_over"),
+    Mutant("rs_bucketed_before_ag", "E2E-2", "refimpl/compile.py",
+           "    bucket_all_gather(gm, cap, recompile=False)\n    "
+           "bucket_reduce_scatter(gm, cap, recompile=False)\n",
+           "    bucket_reduce_scatter(gm, cap, recompile=False)\n    "
+           "bucket_all_gather(gm, cap, recompile=False)\n",
+           "The two bucketing passes are treated as independent (they touch different "
+           "ops), so their order is swapped, but BK-4's dependency test runs on the "
+           "graph the first pass already rewrote, so the first pass's merge decides "
+           "what the second may merge. (red team)",
+           catch="test_every_stage_runs_on_the_program_of_the_stage_before"),
+    Mutant("e2e_rs_after_lowering", "E2E-2", "refimpl/compile.py",
+           "    bucket_reduce_scatter(gm, cap, recompile=False)\n    gm.recompile()\n   "
+           " return gm\n\n\ndef _lower_stage(gm: torch.fx.GraphModule, config: "
+           "CommLoweringConfig) -> torch.fx.GraphModule:\n    return lower(gm, config)\n",
+           "    gm.recompile()\n    return gm\n\n\ndef _lower_stage(gm: "
+           "torch.fx.GraphModule, config: CommLoweringConfig) -> torch.fx.GraphModule:\n"
+           "    gm = lower(gm, config)\n    bucket_reduce_scatter(gm, lambda i: 25.0)\n "
+           "   return gm\n",
+           "the reduce_scatter pass moved after lowering: its candidates are then "
+           "waited by wait_tensor_ (CL-20), no candidates (BK-1), so nothing merges",
+           catch="test_every_stage_runs_on_the_program_of_the_stage_before"),
+    Mutant("e2e_reorder_before_lowering_labels_kept", "E2E-2", "refimpl/compile.py",
+           "    return lower(gm, config)\n\n\ndef _reorder_stage(gm: "
+           "torch.fx.GraphModule, config: ReorderConfig) -> torch.fx.GraphModule:\n    "
+           "return reorder(gm, config)\n",
+           "    return lower(reorder(gm, ReorderConfig()), config)\n\n\ndef "
+           "_reorder_stage(gm: torch.fx.GraphModule, config: ReorderConfig) -> "
+           "torch.fx.GraphModule:\n    return gm\n",
+           "reorder run inside the lowering stage before lower, the stage names kept: "
+           "the reorder's memory bound (RO-9) reads the unlowered program's peak",
+           catch="test_every_stage_runs_on_the_program_of_the_stage_before"),
+    Mutant("e2e_bucketing_after_lowering", "E2E-2", "refimpl/compile.py",
+           "    stages = []\n    if config.bucket_cap_mb is not None:\n        "
+           "stages.append((\"bucketed\", lambda gm: _bucket_stage(gm, "
+           "config.bucket_cap_mb)))\n    if config.lowering is not None:\n        "
+           "stages.append((\"lowered\", lambda gm: _lower_stage(gm, config.lowering)))\n",
+           "    stages = []\n    if config.lowering is not None:\n        "
+           "stages.append((\"lowered\", lambda gm: _lower_stage(gm, config.lowering)))\n"
+           "    if config.bucket_cap_mb is not None:\n        "
+           "stages.append((\"bucketed\", lambda gm: _bucket_stage(gm, "
+           "config.bucket_cap_mb)))\n",
+           "the bucketing stage run after lowering: lowered waits are wait_tensor_, so "
+           "no collective is a candidate (BK-1)",
+           catch="test_every_stage_runs_on_the_program_of_the_stage_before"),
 ]
 
 

@@ -50,7 +50,8 @@ SELECTIONS = {
     "FC": "(test_eager_values and 2-name-f32 and all_reduce and not coalesced) or "
           "(test_gradient and 2-all_reduce_sum) or "
           "(test_mismatched_calls_raise_on_every_rank and all_gather) or "
-          "(test_bad_input_is_refused and out_dtype)",
+          "(test_bad_input_is_refused and out_dtype) or "
+          "test_the_ranks_follow_the_callers_refimpl_variables_set_and_removed",
     "SM": "test_rendezvous_gives_one_handle_over_every_peers_buffer or "
           "test_one_shot_and_two_shot_sum_are_bitwise_the_rank_order_reference",
 }

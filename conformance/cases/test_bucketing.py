@@ -15,6 +15,7 @@ import re
 
 import pytest
 import torch
+import torch.distributed as dist
 from expecttest import assert_expected_inline
 
 from conformance import harness, oracle
@@ -371,6 +372,38 @@ def test_adjacent_candidates_of_different_keys_share_no_bucket(backend, name):
     result = run_case(backend, 2, "keyed", pass_name,
                       program_args={"kind": kind, "members": members})
     assert result["collectives"] == (len(members), after)
+
+
+# name: (pass, members of `keyed` on 2 ranks, bytes of a member of the first key). The
+# first key's members a1, a2, a3 stand around one member b1 of another key (a dtype, a
+# reduce op, a group): `keyed` gathers [4, 2] into 64 bytes of float32 (32 of bfloat16);
+# a reduce_scatter's [4, 2] input and an all_reduce's are 32 bytes of float32.
+CAP_INDEX_KEYS = {
+    "all_gather_dtype": (AG, [(W, F32, "sum"), (W, BF16, "sum"), (W, F32, "sum"),
+                              (W, F32, "sum")], 64),
+    "reduce_scatter_op": (RS, [(W, F32, "sum"), (W, F32, "avg"), (W, F32, "sum"),
+                               (W, F32, "sum")], 32),
+    "all_reduce_group": (AR, [(W, F32, "sum"), (OTHER, F32, "sum"), (W, F32, "sum"),
+                              (W, F32, "sum")], 32),
+}
+
+
+@pytest.mark.spec("BK-3")
+@pytest.mark.parametrize("name", list(CAP_INDEX_KEYS))
+def test_bucket_indices_count_within_their_own_key(backend, name):
+    """a1 b1 a2 a3, caps of S bytes for bucket 0, 2S for bucket 1 and S from bucket 2 on
+    (S: one member): a1 fills bucket 0 of its key, b1 opens bucket 0 of its own, a2
+    opens bucket 1 of a1's key, whose 2S hold a3 too. The cap is asked for 0, 0, 1: b1's
+    bucket is no bucket of a1's key, so a2's is not bucket 2 (whose S would leave a2 and
+    a3 apart). On every rank."""
+    pass_name, members, size = CAP_INDEX_KEYS[name]
+    kind = {AG: "all_gather", RS: "reduce_scatter", AR: "all_reduce"}[pass_name]
+    results = run_case(backend, 2, "keyed", pass_name, cap_mb=byte_caps(size, 2 * size, size),
+                       program_args={"kind": kind, "members": members}, every_rank=True)
+    for rank, result in enumerate(results):
+        assert result["asked"] == [0, 0, 1], \
+            f"rank {rank}: cap asked for bucket indices {result['asked']} [BK-3]"
+        assert result["collectives"] == (4, 3), f"rank {rank}: {result['collectives']}"
 
 
 # Every reduce op of FC-17 with dtypes it takes, float16 and bfloat16 included.
@@ -805,6 +838,69 @@ def test_a_second_wait_of_one_collective_is_removed(backend):
 def test_a_chain_of_waits_collapses_onto_its_first(backend):
     for rank, result in enumerate(_deduplicated(backend, "chain_of_waits")):
         assert result["waits"] == (4, 1), (rank, result)
+
+
+def _compiled_twice_waited_gather(spec: str) -> list[dict]:
+    """On a rank, per dtype: an all_gather waited twice, then one of the same key waited
+    once, compiled with bucketing alone (cap 25 MiB) and called twice: the collectives
+    each call issued on the group (c10d's sequence number), whether the values are
+    eager's bit for bit, and the record of its stages where the backend keeps one."""
+    from conformance.harness import backend_in_rank
+
+    backend = backend_in_rank(spec)
+    fc = backend.require("functional_collectives")
+    concept = backend.require("compile_backend")
+    group = fc.resolve_group_name(dist.group.WORLD)
+    ops = fc.ops
+
+    def step(p1, p2):
+        a = ops.all_gather_into_tensor(p1, 2, group)
+        x, y = ops.wait_tensor(a), ops.wait_tensor(a)
+        z = ops.wait_tensor(ops.all_gather_into_tensor(p2, 2, group))
+        return x + y, z
+
+    outcomes = []
+    for i, dtype in enumerate((torch.float32, torch.bfloat16, torch.int32)):
+        inputs = [oracle.rank_input(dist.get_rank(), shape, dtype, salt=180 + 2 * i + j)
+                  for j, shape in enumerate([(3, 2), (5,)])]
+        want = [t.wait() if hasattr(t, "wait") else t for t in step(*inputs)]
+        compiled = concept.make({"bucket_cap_mb": 25.0, "lowering": None, "reorder": None})
+        torch._dynamo.reset()
+        try:
+            function = torch.compile(step, backend=compiled, fullgraph=True, dynamic=False)
+            issued, same = [], True
+            for _ in range(2):
+                before = dist.group.WORLD._get_sequence_number_for_group()
+                got = function(*inputs)
+                issued.append(dist.group.WORLD._get_sequence_number_for_group() - before)
+                same = same and all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+        finally:
+            torch._dynamo.reset()
+        counts = concept.stage_counts(compiled) if concept.stage_counts else None
+        outcomes.append({"dtype": str(dtype), "issued": issued, "same": same,
+                         "stage_counts": counts})
+    return outcomes
+
+
+@pytest.mark.spec("BK-18", "BK-1")
+def test_a_gather_waited_twice_is_bucketed_by_the_compile_backend(backend):
+    """Compiled, a collective waited twice is merged with the next one of its key: the
+    compiler removes the repeated wait before it buckets (BK-18), so the collective's
+    only user is a wait (BK-1). One all_gather a call on every rank, in float32,
+    bfloat16 and int32, and eager's values."""
+    backend.require("functional_collectives")
+    backend.require("compile_backend")
+    for rank, outcomes in enumerate(harness.run(backend, _compiled_twice_waited_gather, 2)):
+        for outcome in outcomes:
+            where = f"rank {rank} {outcome['dtype']}"
+            assert outcome["same"], f"{where}: compiled values differ from eager's"
+            assert outcome["issued"] == [1, 1], \
+                f"{where}: all_gathers issued per call {outcome['issued']}, expected one " \
+                f"bucket [BK-18]"
+            if outcome["stage_counts"] is not None:
+                (graph,) = outcome["stage_counts"].values()
+                assert graph["bucketed"] == {"all_gather_into_tensor_out": 1}, \
+                    f"{where}: {graph}"
 
 
 @pytest.mark.spec("BK-18", "FC-5")

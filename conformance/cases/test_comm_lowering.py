@@ -680,6 +680,50 @@ def test_alloc_ids_depend_on_the_graph_not_the_process(backend, fake_world):
     assert ranks[0][0] == ids
 
 
+# Two one-shot all_reduces of one shape in one graph, lowered with fuse_pointwise: the
+# buffer of a prologue (`x * 2`, CL-17: a new comm buffer) and that of an input realized
+# in place (`x * x` is no step, CL-11), in every order.
+FUSED_PAIRS = {
+    "prologue_prologue": (lambda x: x * 2, lambda x: x * 3),
+    "prologue_realized": (lambda x: x * 2, lambda x: x * x),
+    "realized_prologue": (lambda x: x * x, lambda x: x * 2),
+}
+
+
+def _fused_alloc_ids_on_rank(spec: str) -> dict:
+    """On one rank: {(pair, dtype): alloc_ids of its lowered graph} (CL-12)."""
+    from conformance.harness import backend_in_rank
+
+    backend = backend_in_rank(spec)
+    ns = backend.require("lowering", "lowered_graph")
+    fc = backend.require("functional_collectives")
+    ids = {}
+    def pair(first, second):
+        return lambda x: fc.all_reduce(first(x), "sum", "0") + fc.all_reduce(second(x),
+                                                                              "sum", "0")
+
+    for name, (first, second) in FUSED_PAIRS.items():
+        for dtype in (torch.float32, torch.bfloat16):
+            x = oracle.rank_input(dist.get_rank(), (4,), dtype, salt=170)
+            ids[name, str(dtype)] = alloc_ids(ns.lowered_graph(pair(first, second), [x],
+                                                               dict(FUSE)))
+    return ids
+
+
+@pytest.mark.spec("CL-12")
+def test_a_fused_prologue_buffer_takes_the_next_alloc_id(backend):
+    """The comm buffer a fused prologue writes takes the graph's next buffer index like
+    any other (CL-17: "with the next alloc_id"): two buffers of one shape, dtype and
+    group in one graph get two ids, the same on every rank."""
+    backend.require("lowering", "lowered_graph")
+    ranks = harness.run(backend, _fused_alloc_ids_on_rank, 2)
+    for rank, ids in enumerate(ranks):
+        for (name, dtype), got in ids.items():
+            assert len(got) == 2 and len(set(got)) == 2, \
+                f"rank {rank}: {name} {dtype}: alloc_ids {got}, two distinct expected [CL-12]"
+    assert ranks[0] == ranks[1], f"alloc_ids differ between ranks [CL-12]: {ranks}"
+
+
 @pytest.mark.spec("CL-13", "CL-11", "CL-15")
 def test_a_comm_buffer_output_escapes_as_a_clone(backend, fake_world):
     ns = backend.require("lowering", "lowered_graph")
@@ -968,6 +1012,50 @@ def test_lower_refuses_what_it_cannot_lower(backend, fake_world, name):
         call()
     for word in (words,) if isinstance(words, str) else words:
         assert word in str(info.value), f"{name}: {info.value} does not say {word!r}"
+
+
+# CL-21: a forced all_reduce of a graph input x (never a comm buffer, CL-11) on which the
+# conditions of CL-10 from the named one on all fail: (group, reduce op, dtype, threshold)
+# and the word the refusal must say. float64 is no dtype of the one-shot kernel (SM-14);
+# a threshold of 0 bytes is under any x. Each row lets one more condition hold.
+FIRST_FAILING_CONDITION = {
+    "symmetric_memory": ("other", "max", torch.float64, 0, "symmetric memory"),
+    "reduce_op": ("0", "max", torch.float64, 0, "reduce_op"),
+    "dtype": ("0", "sum", torch.float64, 0, "dtype"),
+    "threshold": ("0", "sum", torch.float32, 0, "one_shot_all_reduce_threshold_bytes"),
+    "comm_buffer": ("0", "sum", torch.float32, 128 * 1024, "graph input"),
+}
+
+
+@pytest.mark.spec("CL-21")
+@pytest.mark.parametrize("condition", list(FIRST_FAILING_CONDITION))
+def test_forced_one_shot_refusal_names_the_first_condition_that_fails(backend, fake_world,
+                                                                      condition):
+    """`force_one_shot_all_reduce` on an all_reduce that fails `condition` and every
+    condition of CL-10 after it: a CommBufferError (a ValueError) that names `condition`,
+    and none of the later ones, whatever is cheaper to check first."""
+    from conformance.lowering_programs import OTHER_GROUP
+
+    ns = backend.require("lowering", "lowered_graph")
+    fc = backend.require("functional_collectives")
+    prepare("ar_small_other_group")  # a group of every rank without symmetric memory
+    group, reduce_op, dtype, threshold, _ = FIRST_FAILING_CONDITION[condition]
+    group = OTHER_GROUP["name"] if group == "other" else group
+
+    def program(x):
+        return fc.ops.wait_tensor(fc.ops.all_reduce(x, reduce_op, group))
+
+    options = {"force_one_shot_all_reduce": True, "enable_symm_mem_for": ["0"],
+               "one_shot_all_reduce_threshold_bytes": threshold}
+    with pytest.raises(ValueError) as info:
+        ns.lowered_graph(program, [torch.ones(4, dtype=dtype)], options)
+    assert type(info.value).__name__ == "CommBufferError", repr(info.value)
+    message = str(info.value)
+    words = [w for *_, w in FIRST_FAILING_CONDITION.values()]
+    said = [w for w in words if w in message]
+    assert said == [FIRST_FAILING_CONDITION[condition][-1]], \
+        f"{condition}: the refusal names {said}, expected the first failing condition " \
+        f"alone [CL-21]: {message}"
 
 
 # ---- CL-16: bad input -------------------------------------------------------------------

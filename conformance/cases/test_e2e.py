@@ -369,6 +369,120 @@ def test_stages_run_in_order_and_all_reduces_are_not_bucketed(backend):
     assert families_in_record(stages["bucketed"]) == {"all_reduce": 2}, stages
 
 
+def _order_sensitive_step(fc):
+    """A step on which every two adjacent steps of E2E-2's order (BK-18's wait
+    deduplication, the all_gather pass, the reduce_scatter pass, lowering, reorder), run
+    the other way round, give another program:
+    - dedup / all_gather: `a` is waited twice, so it is a candidate (BK-1) and merges with
+      `b` only once the repeated wait is gone;
+    - all_gather / reduce_scatter: ag2 reads rs1 and rs2 reads ag1. Gathers first, ag1
+      and ag2 merge, rs2 then depends on rs1 through the merged gather and stays alone;
+      scatters first, rs1 and rs2 merge and ag2 stays alone (BK-4);
+    - reduce_scatter / lowering: lowering makes every wait `wait_tensor_` (CL-20), and a
+      collective waited so is no candidate (BK-1): r1 and r2 merge only before lowering;
+    - lowering / reorder: the lowered waits copy nothing (CL-20), so the program's peak
+      (MEM-1) is lower and RO-9's budget keeps the merged reduce_scatter after the merged
+      bf16 gather's wait; before lowering it is raised above that wait."""
+    ops, group = fc.ops, "0"
+
+    def step(p1, g1, p2, p3, g2, g3):
+        w1 = ops.wait_tensor(ops.all_gather_into_tensor(p1, 2, group))
+        w2 = ops.wait_tensor(ops.reduce_scatter_tensor(g1, "sum", 2, group))
+        w3 = ops.wait_tensor(ops.all_gather_into_tensor(w2, 2, group))   # ag2 <- rs1
+        w4 = ops.wait_tensor(ops.reduce_scatter_tensor(w1, "sum", 2, group))  # rs2 <- ag1
+        a = ops.all_gather_into_tensor(p2, 2, group)
+        twice = ops.wait_tensor(a) + ops.wait_tensor(a)
+        b = ops.wait_tensor(ops.all_gather_into_tensor(p3, 2, group))
+        r1 = ops.wait_tensor(ops.reduce_scatter_tensor(g2, "avg", 2, group))
+        r2 = ops.wait_tensor(ops.reduce_scatter_tensor(g3, "avg", 2, group))
+        return w3, w4, twice, b, r1, r2
+
+    f32, bf16 = torch.float32, torch.bfloat16
+    inputs = [torch.ones(4), torch.ones(8), torch.ones(4, dtype=bf16),
+              torch.ones(4, dtype=bf16), torch.ones(8, dtype=f32), torch.ones(8)]
+    return step, inputs
+
+
+@pytest.mark.spec("E2E-2", "E2E-5")
+def test_every_stage_runs_on_the_program_of_the_stage_before(backend, tmp_path):
+    """One graph compiled with every stage on: the text after each stage (debug_dir) is
+    that of the backend's own passes run in E2E-2's order on the traced graph, each once:
+    deduplicate_waits, bucket_all_gather, bucket_reduce_scatter (bucketed), lower
+    (lowered), reorder (reordered). The graph is one on which every adjacent pair of
+    those steps, swapped, gives another program (checked here too)."""
+    import copy
+
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    from conformance import memory_programs as mp
+    from conformance.canonical import canonical_graph
+
+    concept = backend.require("compile_backend", "stage_counts")
+    bucketing = backend.require("bucketing", "deduplicate_waits", "bucket_all_gather",
+                                "bucket_reduce_scatter")
+    lowering = backend.require("lowering", "lower", "Config")
+    reordering = backend.require("reorder", "reorder", "ReorderConfig")
+    fc = backend.require("functional_collectives")
+    step, inputs = _order_sensitive_step(fc)
+    cap = 25.0
+    passes = {
+        "dedup": lambda gm: (bucketing.deduplicate_waits(gm), gm)[1],
+        "all_gather": lambda gm: (bucketing.bucket_all_gather(gm, lambda i: cap), gm)[1],
+        "reduce_scatter": lambda gm: (bucketing.bucket_reduce_scatter(gm, lambda i: cap),
+                                      gm)[1],
+        "lower": lambda gm: lowering.lower(gm, lowering.Config()),
+        "reorder": lambda gm: reordering.reorder(gm, reordering.ReorderConfig()),
+    }
+    order = list(passes)
+    stage_ends = {"bucketed": 3, "lowered": 4, "reordered": 5}  # steps each stage has run
+
+    traced = []
+
+    def keep(gm, example_inputs):
+        traced.append(gm)
+        return make_boxed_func(gm)
+
+    torch._dynamo.reset()
+    try:
+        with mp.fake_world(2):  # traced and compiled here, never run on peers
+            torch.compile(step, backend=aot_autograd(fw_compiler=keep, inference_compiler=keep),
+                          fullgraph=True)(*inputs)
+            torch._dynamo.reset()
+            compiled = concept.make({"bucket_cap_mb": cap, "lowering": {}, "reorder": {},
+                                     "debug_dir": str(tmp_path)})
+            torch.compile(step, backend=compiled, fullgraph=True)(*inputs)
+
+            def run(steps) -> str:
+                gm = copy.deepcopy(traced[0])
+                for name in steps:
+                    gm = passes[name](gm)
+                return canonical_graph(gm)
+
+            want = {stage: run(order[:end]) for stage, end in stage_ends.items()}
+            swapped = {}
+            for i in range(len(order) - 1):
+                other = [*order[:i], order[i + 1], order[i], *order[i + 2:]]
+                swapped[f"{order[i]} after {order[i + 1]}"] = run(other)
+    finally:
+        torch._dynamo.reset()
+    same = [pair for pair, text in swapped.items() if text == want["reordered"]]
+    assert not same, f"the case's graph no longer tells these steps' order apart: {same}"
+    counts = concept.stage_counts(compiled)
+    assert list(counts) == ["graph0_inference"], counts
+    # ag1 + ag2 and a + b merge (two all_gather buckets); rs1 and rs2 stay apart, r1 + r2
+    # merge (three reduce_scatters), in every stage after bucketing.
+    bucketed = {"all_gather_into_tensor_out": 2, "reduce_scatter_tensor": 3}
+    for stage in stage_ends:
+        assert counts["graph0_inference"][stage] == bucketed, \
+            f"{stage}: {counts['graph0_inference'][stage]}"
+    folder = tmp_path / "rank0" / "graph0_inference"
+    for index, (stage, text) in enumerate(want.items(), start=1):
+        got = (folder / f"{index}_{stage}.txt").read_text().rstrip("\n")
+        assert got == text, f"{stage}: the backend's program is not its passes' in " \
+                            f"E2E-2's order:\n{got}\n--- expected ---\n{text}"
+
+
 @pytest.mark.spec("E2E-5")
 def test_debug_dir_without_a_process_group_is_rank0(backend, tmp_path):
     """Compiled in this process, where no process group exists: `rank0`, as for rank 0."""

@@ -1021,6 +1021,47 @@ def test_gradient(backend, op, world_size):
         assert torch.equal(grad, want), f"{op} rank {rank}: {grad} != {want}"
 
 
+def _broadcast_gradient_in_a_subgroup(spec, members, src):
+    """broadcast's gradient in the process group of the ranks `members` (not the default
+    group), `src` a group rank; None on a rank outside the group."""
+    fc = funcol_api(spec)
+    me = dist.get_rank()
+    group = dist.new_group(members)  # every rank of the world takes part, as upstream's
+    if me not in members:
+        return None
+    x = oracle.rank_input(me, (4, 2), torch.float64, salt=67).requires_grad_()
+    w = oracle.rank_input(me, (4, 2), torch.float64, salt=68)
+    (fc.broadcast(x, src, group) * w).sum().backward()
+    return x.grad
+
+
+# A world of 4; group ranks are the members' global ranks in ascending order (FC-14), so
+# in each group the src's global rank differs from `src` itself: [1, 3] with src 0 is
+# global rank 1 and with src 1 global rank 3; [3, 0, 2] (out of order, not contiguous)
+# with src 1 is global rank 2 and with src 2 global rank 3. (A ProcessGroup made by
+# `new_group`, not a rank list: naming a new group by its ranks is FC-15's extension.)
+@pytest.mark.spec("FC-23", "FC-46")
+@pytest.mark.parametrize("members, src", [([1, 3], 0), ([1, 3], 1), ([3, 0, 2], 1),
+                                          ([3, 0, 2], 2)],
+                         ids=["1_3-src0", "1_3-src1", "3_0_2-src1", "3_0_2-src2"])
+def test_broadcast_gradient_goes_to_the_src_group_rank_of_a_subgroup(backend, members, src):
+    """broadcast → the sum of the members' output gradients on the member that is group
+    rank `src` (a group rank, FC-46, not the global rank `src`), zeros on the others."""
+    backend.require("functional_collectives")
+    group = sorted(members)
+    ws = [oracle.rank_input(r, (4, 2), torch.float64, salt=68) for r in group]
+    total = torch.stack(ws).sum(0)
+    for rank, grad in enumerate(run(backend, _broadcast_gradient_in_a_subgroup, 4, members,
+                                    src)):
+        if rank not in group:
+            assert grad is None, f"rank {rank} is no member of {members}"
+            continue
+        want = total if rank == group[src] else torch.zeros_like(total)
+        where = f"rank {rank} of group {members}, src {src} (global rank {group[src]})"
+        assert grad is not None, f"{where}: no gradient reached the input"
+        assert torch.equal(grad, want), f"{where}: {grad.tolist()} != {want.tolist()}"
+
+
 # ---- FC-33: no graph pass deletes a collective or a wait -------------------------------
 def _dead_code(spec, waited):
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -1377,6 +1418,39 @@ def test_set_collective_checks_false_switches_the_check_off_whatever_the_environ
                                                  restart_after=True)):
         assert outcome[0] == "no error", f"rank {rank}: {outcome[0]} {outcome[1]}"
         assert result == [[2.0, 2.0]], f"rank {rank}: {result}"
+
+
+_CALLERS_VARIABLE = "REFIMPL_CONFORMANCE_FORWARDED"  # no switch of refimpl's: read here only
+
+
+def _forwarded_variables(spec):
+    """What this rank sees of the caller's REFIMPL_* variables, and whether the check is
+    on where the backend says (refimpl's `collective_checks_enabled`; None elsewhere)."""
+    fc = funcol_api(spec)
+    enabled = getattr(fc, "collective_checks_enabled", None)
+    return (os.environ.get("REFIMPL_CHECK_COLLECTIVES"), os.environ.get(_CALLERS_VARIABLE),
+            enabled() if enabled else None)
+
+
+@pytest.mark.spec("FC-28")
+def test_the_ranks_follow_the_callers_refimpl_variables_set_and_removed(backend,
+                                                                        monkeypatch):
+    """The harness gives every rank the caller's REFIMPL_* variables at each call, exactly:
+    set in the caller, the ranks have them (the check is on); removed from the caller, the
+    same ranks, reused, have them no more (the check is off). Under torchrun too (CF-13)."""
+    backend.require("functional_collectives")
+    monkeypatch.setenv("REFIMPL_CHECK_COLLECTIVES", "1")
+    monkeypatch.setenv(_CALLERS_VARIABLE, "the caller's")
+    for rank, (check, mine, enabled) in enumerate(run(backend, _forwarded_variables, 2)):
+        assert (check, mine) == ("1", "the caller's"), \
+            f"rank {rank}: the caller's variables did not reach it: {check!r}, {mine!r}"
+        assert enabled in (None, True), f"rank {rank}: the check is off"
+    monkeypatch.delenv("REFIMPL_CHECK_COLLECTIVES")
+    monkeypatch.delenv(_CALLERS_VARIABLE)
+    for rank, (check, mine, enabled) in enumerate(run(backend, _forwarded_variables, 2)):
+        assert (check, mine) == (None, None), \
+            f"rank {rank}: variables the caller removed are still set: {check!r}, {mine!r}"
+        assert enabled in (None, False), f"rank {rank}: the check is still on"
 
 
 # ---- FC-29: a peer that dies or never comes during the collective ----------------------
@@ -1781,6 +1855,97 @@ def test_premul_sum_multiplies_each_rank_by_its_factor_then_sums(backend, factor
         assert torch.equal(scattered, total[2 * rank:2 * rank + 2]), f"{where} reduce_scatter"
         assert grad is not None, f"{where}: no gradient reached the input"
         assert torch.equal(grad, factors[rank] * sum(ws)), f"{where}: {grad.tolist()} [FC-23]"
+
+
+_PREMUL_DTYPES = {"f64": torch.float64, "f32": torch.float32, "bf16": torch.bfloat16,
+                  "i64": torch.int64, "i32": torch.int32, "bool": torch.bool}
+_PREMUL_FACTORS = (0.5, 2.0)  # rank r's factor: exact in every floating dtype
+
+
+def _premul_input(rank, dtype_name, i):
+    return oracle.rank_input(rank, (4, 2), _PREMUL_DTYPES[dtype_name], salt=71 + i)
+
+
+def _premul_sum_of_dtypes(spec, api, dtypes, kind):
+    """`api` with a premul_sum (this rank's factor a number or a one-element float64
+    tensor) on inputs of `dtypes`, one per member of a coalesced list: (outcome, collectives
+    a refused call left started, an all_reduce after it)."""
+    fc = funcol_api(spec)
+    me, world = dist.get_rank(), dist.group.WORLD
+    factor = _PREMUL_FACTORS[me]
+    op = dist._make_nccl_premul_sum(factor if kind == "number" else
+                                    torch.tensor([factor], dtype=torch.float64))
+    xs = [_premul_input(me, d, i) for i, d in enumerate(dtypes)]
+    call = {
+        "all_reduce": lambda: [fc.all_reduce(xs[0], op, world)],
+        "reduce_scatter": lambda: [fc.reduce_scatter_tensor(xs[0], op, 0, world)],
+        "all_reduce_coalesced": lambda: fc.all_reduce_coalesced(xs, op, world),
+        "reduce_scatter_coalesced": lambda: fc.reduce_scatter_tensor_coalesced(
+            xs, op, [0] * len(xs), world),
+    }[api]
+    registry = fc.work_registry_size
+    before = registry() if registry else 0
+    try:
+        outcome = ("ok", [waited(t) for t in call()])
+    except Exception as exc:
+        outcome = (type(exc).__name__, str(exc), isinstance(exc, ValueError))
+    started = registry() - before if registry else 0
+    after = fc.all_reduce(torch.ones(1), "sum", world).wait().tolist()
+    return outcome, started, after
+
+
+# (api, the inputs' dtypes, the factor's kind): refused when any input is not floating,
+# the first member of a coalesced list or a later one.
+_PREMUL_CALLS = [
+    ("all_reduce", ("f64",), "number"), ("all_reduce", ("f32",), "tensor"),
+    ("all_reduce", ("bf16",), "number"), ("all_reduce", ("i64",), "number"),
+    ("reduce_scatter", ("bf16",), "tensor"), ("reduce_scatter", ("i32",), "number"),
+    ("all_reduce_coalesced", ("f64", "f32", "bf16"), "number"),
+    ("all_reduce_coalesced", ("f32", "i64"), "number"),
+    ("all_reduce_coalesced", ("i64", "f32"), "number"),
+    ("all_reduce_coalesced", ("bf16", "f64", "bool"), "tensor"),
+    ("reduce_scatter_coalesced", ("f32", "bf16", "f64"), "tensor"),
+    ("reduce_scatter_coalesced", ("bf16", "f64", "i32"), "tensor"),
+]
+
+
+def _premul_refused(dtypes):
+    return any(not _PREMUL_DTYPES[d].is_floating_point for d in dtypes)
+
+
+@pytest.mark.parametrize("api, dtypes, kind", [
+    pytest.param(*p, id=f"{p[0]}-{'_'.join(p[1])}-{p[2]}",
+                 marks=pytest.mark.spec(*(["FC-17", "FC-27"] if _premul_refused(p[1])
+                                          else ["FC-17"])))
+    for p in _PREMUL_CALLS])
+def test_premul_sum_takes_floating_inputs_only_every_member_checked(backend, api, dtypes,
+                                                                    kind):
+    """A premul_sum on float64, float32 and bfloat16 inputs, single and coalesced (dtypes
+    mixed in one list): each member is the sum of every rank's input times its factor, in
+    its dtype. An integer or bool input, first in a coalesced list or not, is refused on
+    every rank with a ValueError naming reduce_op, before any member starts (FC-27)."""
+    backend.require("functional_collectives")
+    n = 2
+    refused = _premul_refused(dtypes)
+    for rank, (outcome, started, after) in enumerate(run(backend, _premul_sum_of_dtypes, n,
+                                                         api, dtypes, kind)):
+        where = f"rank {rank} {api} of {list(dtypes)} ({kind} factor)"
+        if refused:
+            assert outcome[0] != "ok", \
+                f"{where}: accepted, giving {[t.tolist() for t in outcome[1]]} [FC-17]"
+            exc_type, message, is_value_error = outcome
+            assert is_value_error and "reduce_op" in message, \
+                f"{where}: {exc_type} {message} [FC-17]"
+            assert started == 0, f"{where}: the refused call left {started} started [FC-27]"
+        else:
+            assert outcome[0] == "ok", f"{where}: {outcome[0]} {outcome[1]}"
+            for i, (d, got) in enumerate(zip(dtypes, outcome[1], strict=True)):
+                total = sum(_premul_input(r, d, i).double() * _PREMUL_FACTORS[r]
+                            for r in range(n)).to(_PREMUL_DTYPES[d])
+                want = total if api.startswith("all_reduce") else total[2 * rank:2 * rank + 2]
+                assert got.dtype == want.dtype and torch.equal(got, want), \
+                    f"{where}: member {i} ({d}): {got.tolist()} != {want.tolist()} [FC-17]"
+        assert after == [2.0], f"{where}: the group is out of step after the call"
 
 
 # ---- FC-6: work is keyed by the result's storage -------------------------------------------

@@ -1256,6 +1256,70 @@ def test_a_raise_that_reaches_the_bound_where_it_is_placed(backend, world4, budg
     assert plan_memory(new).peak_bytes == (520 if raised else 488)
 
 
+# A budget of 0 is a bound that allows no growth, not "no budget": only None and inf lift
+# it (RO-1). Raising either of memory_bound's gathers above the 240 B intermediate costs
+# 32 B over the original 500 B (RO-9), so under 0, an int or a float, neither is raised,
+# as under 0.05; with no bound both are.
+@pytest.mark.spec("RO-1", "RO-9", "RO-10")
+@pytest.mark.parametrize("zero", [0, 0.0], ids=["int", "float"])
+def test_a_budget_of_0_raises_nothing_that_costs_memory(backend, world4, zero):
+    from refimpl.memory import plan_memory
+
+    gm, new = reordered(backend, rp.Case("memory_bound", zero))
+    assert order_violations(gm, new, zero, {}) == []
+    assert plan_memory(new).peak_bytes == plan_memory(gm).peak_bytes == 500
+    assert canonical_graph(new) == golden(backend, rp.Case("memory_bound", 0.05))
+    assert canonical_graph(new) != golden(backend, rp.Case("memory_bound", None))
+
+
+def _late_gather():
+    """An all_reduce issued first; compute (`m = x * 2`, a chain of five scalar ops); the
+    gather's input `x * 3` (an output), `late = m + 1` (an output), the all_reduce's wait,
+    then the gather of `x * 3 * 1` and its wait; upstream's ops on the fake world of 4.
+    The original order plans 388 B."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    up, ctx = torch.ops._c10d_functional, rp.context()
+
+    def late_gather(x, y):
+        r = up.all_reduce(y, "sum", ctx.world)
+        m = x * 2
+        t = (((y.sum() + 1) * 2) + 1) * 3
+        m1 = x * 3
+        late = m + 1
+        w = up.wait_tensor(r)
+        g = up.all_gather_into_tensor(m1 * 1, ctx.n, ctx.world)
+        return y, m1, w, t, up.wait_tensor(g), late
+
+    return make_fx(late_gather, tracing_mode="fake")(torch.zeros(8), torch.zeros(16))
+
+
+# The fill runs the gather's input first (RO-12's need: `x * 3`, then `* 1`, ahead of the
+# compute before them), over the positions from the first unplaced one to its own. Raising
+# the gather then, with `late` (32 B) still to come, plans 420 B against 388 B: made under
+# a budget of 0.083 (floor(1.083 * 388) = 420), refused under 0.082 (419 B) and 0, where the
+# gather stays after `late` and the plan at 388 B (RO-9; RO-10's test is exact, however the
+# keys it reads were last changed). Found by fuzzing a slip in the exact test's range
+# maxima (refimpl's MaxTree), which read those keys 32 B low and raised the gather.
+@pytest.mark.spec("RO-9", "RO-10", "RO-12")
+@pytest.mark.parametrize("budget, raised", [(0, False), (0.082, False), (0.083, True)],
+                         ids=["bound_388", "bound_419", "bound_420"])
+def test_a_raise_after_a_fill_ahead_is_tested_exactly(backend, world4, budget, raised):
+    from refimpl.memory import plan_memory
+
+    ns = concept(backend)
+    gm = _late_gather()
+    new = ns.reorder(gm, ns.ReorderConfig(cost_model=ns.CostModel(pinned=rp.pinned_costs(gm)),
+                                          memory_budget=budget))
+    assert order_violations(gm, new, budget, {}) == []
+    names = [n.name for n in new.graph.nodes]
+    gather = names.index("all_gather_into_tensor")
+    assert (gather < names.index("mul")) == raised, names
+    assert (gather > names.index("add_2")) == (not raised), names
+    assert (plan_memory(gm).peak_bytes, plan_memory(new).peak_bytes) == \
+        (388, 420 if raised else 388)
+
+
 @pytest.mark.spec("RO-8")
 def test_a_limit_that_cannot_be_met_is_refused(backend, world4):
     """The first gather's wait is gone: it stays in flight, the second may never start."""
@@ -1350,6 +1414,36 @@ def test_check_order_holds_an_order_to_the_memory_bound(backend, world4):
         assert ns.check_order(gm, order, ns.ReorderConfig(memory_budget=budget)) is None
     with pytest.raises(ValueError, match=r"RO-9.*564 B.*563 B") as error:
         ns.check_order(gm, order, ns.ReorderConfig(memory_budget=0.127))
+    assert error.value.rule == "RO-9" and len(error.value.nodes) == 1
+
+
+@pytest.mark.spec("RO-15", "RO-1", "RO-9")
+@pytest.mark.parametrize("zero", [0, 0.0], ids=["int", "float"])
+def test_check_order_holds_an_order_to_a_budget_of_0(backend, world4, zero):
+    """A budget of 0 bounds the planned peak by the original order's (RO-1: only None and
+    inf lift the bound): the unbounded order of memory_bound (564 B) breaks it at 500 B,
+    the original order keeps it."""
+    ns = _check(backend)
+    gm, new = reordered(backend, rp.Case("memory_bound", math.inf))
+    assert ns.check_order(gm, _body(gm), ns.ReorderConfig(memory_budget=zero)) is None
+    with pytest.raises(ValueError, match=r"RO-9.*564 B.*500 B") as error:
+        ns.check_order(gm, [n.name for n in new.graph.nodes],
+                       ns.ReorderConfig(memory_budget=zero))
+    assert error.value.rule == "RO-9" and len(error.value.nodes) == 1
+
+
+@pytest.mark.spec("RO-15", "RO-2", "RO-9")
+def test_check_order_measures_a_reordered_graph_against_its_original_order(backend, world4):
+    """Handed the unbounded pass's result of memory_bound, whose meta names the original
+    order (RO-2: 500 B planned), check_order holds the result's own order (564 B) to
+    floor(1.127 * 500) = 563 B, not to 1.127 times the 564 B of the order handed in: a
+    second pass must not spend the budget again. 0.128 (564 B) allows it."""
+    ns = _check(backend)
+    _, new = reordered(backend, rp.Case("memory_bound", math.inf))
+    order = [n.name for n in new.graph.nodes]
+    assert ns.check_order(new, order, ns.ReorderConfig(memory_budget=0.128)) is None
+    with pytest.raises(ValueError, match=r"RO-9.*564 B.*563 B.*500 B") as error:
+        ns.check_order(new, order, ns.ReorderConfig(memory_budget=0.127))
     assert error.value.rule == "RO-9" and len(error.value.nodes) == 1
 
 

@@ -755,3 +755,286 @@ def test_a_collective_queued_behind_another_is_exposed_by_a_stall_begun_before_i
            for c in tl.collectives}
     assert got == {g1.name: (0.0, 10.0, 10.0, True), g2.name: (10.0, 20.0, 10.0, True)}, got
     assert tl.fully_exposed_count == 2
+
+
+# --------------------------------------------------------------------------------------
+# Blocking kernels and waits, every time hand-computed (SIM-6..SIM-8). Every node is
+# pinned (0 us unless the case says otherwise), so each number below is exact.
+# --------------------------------------------------------------------------------------
+def _pinned(gm, **by_name):
+    """Every call_function node 0 us, then the given nodes' durations (by node name)."""
+    pins = {n.name: 0.0 for n in gm.graph.nodes if n.op == "call_function"}
+    pins.update(by_name)
+    return pins
+
+
+def _times(tl):
+    """Each event's (stream, start, end) and each collective's (start, end, exposed,
+    hidden, fully exposed), by node name; then the step's totals."""
+    events = {e.node.name: (e.stream, e.start_us, e.end_us) for e in tl.events}
+    collectives = {c.node.name: (c.start_us, c.end_us, c.exposed_us, c.hidden_us,
+                                 c.fully_exposed) for c in tl.collectives}
+    totals = (tl.step_time_us, tl.comm_time_us, tl.exposed_comm_us, tl.fully_exposed_count)
+    return events, collectives, totals
+
+
+def _blocking_kernel(name):
+    """A blocking kernel `f(t, group)`: upstream's or refimpl's one-shot all-reduce, or
+    refimpl's two-shot all-reduce (in place on its argument)."""
+    import refimpl.symmetric_memory  # noqa: F401  (defines refimpl_symm_mem)
+
+    namespace, op = name.split(".")
+    kernel = getattr(getattr(torch.ops, namespace), op)
+    if op == "two_shot_all_reduce_":
+        return lambda t, group: kernel(t * 1, "sum", group)
+    return lambda t, group: kernel(t, "sum", group)
+
+
+BLOCKING_KERNELS = ["symm_mem.one_shot_all_reduce", "refimpl_symm_mem.one_shot_all_reduce",
+                    "refimpl_symm_mem.two_shot_all_reduce_"]
+
+
+@pytest.mark.spec("SIM-6", "SIM-7", "SIM-8")
+@pytest.mark.parametrize("lead", [0.0, 30.0])
+@pytest.mark.parametrize("kernel", BLOCKING_KERNELS)
+def test_a_blocking_kernel_queues_behind_its_groups_running_collective(backend, world4,
+                                                                       kernel, lead):
+    """A gather on group "0" (100 us) is issued at 0; a matmul (`lead` us) runs; then a
+    blocking kernel (10 us) on the same group "0"; then the gather's wait (0 us).
+
+    By hand, lead 30: the gather runs 0..100 on comm:0; the matmul 0..30; the compute
+    stream reaches the kernel at 30, but comm:0 is busy until 100, so the kernel runs
+    100..110 and the compute stream stands waiting 30..110 (80 us exposed, its queueing
+    included); the wait, at 110, finds the gather done: 110..110. Step 110, comm 110,
+    exposed 80. Per collective: the gather 0..100 is exposed for 30..100 = 70 us, hidden
+    30; the kernel 100..110 exposed 10, fully exposed. One fully exposed.
+    Lead 0: the compute stream waits 0..110: exposed 110; the gather fully exposed
+    (100 exposed, 0 hidden), the kernel too: two fully exposed.
+    (Run at once at 30, the kernel would end at 40 and the wait stand 40..100; exposing
+    only the kernel's own run would give 10 us; a stall counted from the kernel's start,
+    100..110, would leave the gather all hidden.)"""
+    ns = sim(backend)
+    ops = backend.require("functional_collectives").ops
+    blocking = _blocking_kernel(kernel)
+
+    def program(x, y, a, b):
+        gathered = ops.all_gather_into_tensor(x, 4, "0")
+        m = a @ b
+        reduced = blocking(y, "0")
+        return ops.wait_tensor(gathered), reduced, m
+
+    gm = make_fx(program, tracing_mode="fake")(torch.ones(4), torch.ones(8),
+                                                 torch.ones(4, 4), torch.ones(4, 4))
+    (ag,), (mm,) = nodes_of(gm, "all_gather"), nodes_of(gm, "aten.mm")
+    (kern,), (wait,) = nodes_of(gm, "shot_all_reduce"), nodes_of(gm, "wait_tensor")
+    tl = ns.simulate(gm, ns.CostModel(pinned=_pinned(gm, **{ag.name: 100.0, mm.name: lead,
+                                                            kern.name: 10.0})))
+    events, collectives, totals = _times(tl)
+    assert (events[ag.name], events[mm.name], events[kern.name], events[wait.name]) == (
+        ("comm:0", 0.0, 100.0), ("compute", 0.0, lead), ("comm:0", 100.0, 110.0),
+        ("compute", 110.0, 110.0)), events
+    assert [e.kind for e in tl.events if e.node is kern] == ["blocking"]
+    exposed_ag = 100.0 - lead
+    assert collectives == {ag.name: (0.0, 100.0, exposed_ag, lead, lead == 0.0),
+                           kern.name: (100.0, 110.0, 10.0, 0.0, True)}, collectives
+    assert totals == (110.0, 110.0, 110.0 - lead, 2 if lead == 0.0 else 1), totals
+    assert tl.overlap == pytest.approx(lead / 110.0)
+
+
+@pytest.mark.spec("SIM-6", "SIM-7", "SIM-8")
+@pytest.mark.parametrize("kernel", BLOCKING_KERNELS)
+def test_a_blocking_kernel_on_an_idle_stream_runs_when_reached(backend, world4, kernel):
+    """A gather on group "0" (20 us) issued at 0 and not yet waited; a matmul (30 us);
+    a blocking kernel (10 us) on "0"; then the gather's wait (0 us).
+
+    By hand: the gather runs 0..20, under the matmul 0..30; comm:0 is idle when the
+    compute stream reaches the kernel at 30, so it runs 30..40 at once (not from 20, when
+    the stream fell idle), the compute stream waiting 30..40; the wait, at 40, finds the
+    gather done: 40..40. Step 40, comm 30, exposed 10. The gather all hidden (0 exposed,
+    20 hidden), the kernel fully exposed (10, 0). One fully exposed."""
+    ns = sim(backend)
+    ops = backend.require("functional_collectives").ops
+    blocking = _blocking_kernel(kernel)
+
+    def program(x, y, a, b):
+        gathered = ops.all_gather_into_tensor(x, 4, "0")
+        m = a @ b
+        reduced = blocking(y, "0")
+        return ops.wait_tensor(gathered), reduced, m
+
+    gm = make_fx(program, tracing_mode="fake")(torch.ones(4), torch.ones(8),
+                                                 torch.ones(4, 4), torch.ones(4, 4))
+    (ag,), (mm,) = nodes_of(gm, "all_gather"), nodes_of(gm, "aten.mm")
+    (kern,), (wait,) = nodes_of(gm, "shot_all_reduce"), nodes_of(gm, "wait_tensor")
+    tl = ns.simulate(gm, ns.CostModel(pinned=_pinned(gm, **{ag.name: 20.0, mm.name: 30.0,
+                                                            kern.name: 10.0})))
+    events, collectives, totals = _times(tl)
+    assert (events[ag.name], events[mm.name], events[kern.name], events[wait.name]) == (
+        ("comm:0", 0.0, 20.0), ("compute", 0.0, 30.0), ("comm:0", 30.0, 40.0),
+        ("compute", 40.0, 40.0)), events
+    assert collectives == {ag.name: (0.0, 20.0, 0.0, 20.0, False),
+                           kern.name: (30.0, 40.0, 10.0, 0.0, True)}, collectives
+    assert totals == (40.0, 30.0, 10.0, 1), totals
+    assert tl.overlap == pytest.approx(20.0 / 30.0)
+
+
+@pytest.mark.spec("SIM-6", "SIM-7", "SIM-8")
+@pytest.mark.parametrize("kernel", BLOCKING_KERNELS)
+def test_a_blocking_kernel_does_not_queue_behind_another_groups_collective(backend, world4,
+                                                                          kernel):
+    """A gather on the subgroup [0, 1] (100 us) issued at 0; a blocking kernel (10 us) on
+    the world's group "0"; a matmul (30 us); then the gather's wait (0 us).
+
+    By hand: one comm stream per group (SIM-6), so the kernel does not queue behind the
+    subgroup's gather: the gather runs 0..100 on its stream, the kernel 0..10 on comm:0,
+    the compute stream waiting 0..10; the matmul 10..40; the wait 40..100. Step 100, comm
+    110, exposed 10 + 60 = 70. The gather is exposed by both stalls, 0..10 (the kernel's)
+    and 40..100 (its wait's): 70 exposed, 30 hidden (under the matmul), not fully
+    exposed; the kernel 10 exposed, fully. One fully exposed."""
+    ns = sim(backend)
+    ops = backend.require("functional_collectives").ops
+    blocking = _blocking_kernel(kernel)
+
+    def program(x, y, a, b):
+        gathered = ops.all_gather_into_tensor(x, 2, world4)
+        reduced = blocking(y, "0")
+        m = a @ b
+        return ops.wait_tensor(gathered), reduced, m
+
+    gm = make_fx(program, tracing_mode="fake")(torch.ones(4), torch.ones(8),
+                                                 torch.ones(4, 4), torch.ones(4, 4))
+    (ag,), (mm,) = nodes_of(gm, "all_gather"), nodes_of(gm, "aten.mm")
+    (kern,), (wait,) = nodes_of(gm, "shot_all_reduce"), nodes_of(gm, "wait_tensor")
+    tl = ns.simulate(gm, ns.CostModel(pinned=_pinned(gm, **{ag.name: 100.0, mm.name: 30.0,
+                                                            kern.name: 10.0})))
+    events, collectives, totals = _times(tl)
+    assert (events[ag.name], events[kern.name], events[mm.name], events[wait.name]) == (
+        (f"comm:{world4}", 0.0, 100.0), ("comm:0", 0.0, 10.0), ("compute", 10.0, 40.0),
+        ("compute", 40.0, 100.0)), events
+    assert collectives == {ag.name: (0.0, 100.0, 70.0, 30.0, False),
+                           kern.name: (0.0, 10.0, 10.0, 0.0, True)}, collectives
+    assert totals == (100.0, 110.0, 70.0, 1), totals
+    assert tl.overlap == pytest.approx(40.0 / 110.0)
+
+
+@pytest.mark.spec("SIM-7", "SIM-8")
+@pytest.mark.parametrize("lead", [30.0, 100.0, 150.0])
+def test_a_wait_reached_early_or_late(backend, world4, lead):
+    """A gather (100 us) on group "0" issued at 0; a matmul (`lead` us); then its wait,
+    pinned 5 us.
+
+    By hand: the wait starts when the compute stream reaches it, at `lead`, and ends 5 us
+    after the later of that and the gather's end (100).
+    Early, lead 30: the wait runs 30..105, standing 30..100: 70 exposed; the gather 70
+    exposed, 30 hidden. Step 105, overlap 0.3.
+    Exactly at the end, lead 100: the wait runs 100..105, nothing exposed; the gather all
+    hidden. Step 105, overlap 1.0.
+    Late, lead 150: the wait still takes its own 5 us, 150..155; nothing exposed. Step 155.
+    None fully exposed; comm 100 in all."""
+    ns = sim(backend)
+    ops = backend.require("functional_collectives").ops
+
+    def program(x, a, b):
+        gathered = ops.all_gather_into_tensor(x, 4, "0")
+        m = a @ b
+        return ops.wait_tensor(gathered), m
+
+    gm = make_fx(program, tracing_mode="fake")(torch.ones(4), torch.ones(4, 4),
+                                                 torch.ones(4, 4))
+    (ag,), (mm,), (wait,) = (nodes_of(gm, f) for f in ("all_gather", "aten.mm", "wait_tensor"))
+    tl = ns.simulate(gm, ns.CostModel(pinned=_pinned(gm, **{ag.name: 100.0, mm.name: lead,
+                                                            wait.name: 5.0})))
+    events, collectives, totals = _times(tl)
+    exposed = max(0.0, 100.0 - lead)
+    end = max(lead, 100.0) + 5.0
+    assert (events[ag.name], events[mm.name], events[wait.name]) == (
+        ("comm:0", 0.0, 100.0), ("compute", 0.0, lead), ("compute", lead, end)), events
+    assert collectives == {ag.name: (0.0, 100.0, exposed, 100.0 - exposed, False)}
+    assert totals == (end, 100.0, exposed, 0), totals
+    assert tl.overlap == pytest.approx(1.0 - exposed / 100.0)
+
+
+IN_PLACE_PAIRS = {
+    # (first group, its duration, second group, its duration): by hand, below.
+    "longer_first": ("0", 100.0, "pair", 10.0),
+    "shorter_first": ("0", 10.0, "pair", 100.0),
+    "one_group": ("0", 100.0, "0", 10.0),
+}
+
+
+@pytest.mark.spec("SIM-6", "SIM-7", "SIM-8", "MEM-5")
+@pytest.mark.parametrize("namespace", ["refimpl", "upstream"])
+@pytest.mark.parametrize("pair", list(IN_PLACE_PAIRS))
+def test_one_wait_completes_two_in_place_collectives_on_one_buffer(backend, world4, pair,
+                                                                  namespace):
+    """`t = x * 1` (0 us); `a = all_reduce_(t)` on one group, then `b = all_reduce_(a)`
+    (the same buffer) on another, or the same; then one wait of `b`, which completes both
+    (MEM-5's pairing: both write the buffer it waits for). Both are issued at 0.
+
+    By hand. longer_first (a: 100 us on "0", b: 10 us on the subgroup): a runs 0..100, b
+    0..10 on its own stream; the wait stands 0..100 for the later-ending a, though b was
+    issued last. shorter_first (a 10 us, b 100 us): a 0..10, b 0..100, the wait 0..100.
+    Both: step 100, comm 110, exposed 100; a and b both fully exposed (one wait exposes
+    both streams). one_group (a 100 us, b 10 us, both on "0"): b queues, 100..110; the
+    wait 0..110: step 110, comm 110, exposed 110, both fully exposed."""
+    ns = sim(backend)
+    if namespace == "refimpl":
+        ops = backend.require("functional_collectives").ops
+    else:
+        ops = torch.ops._c10d_functional
+    first, d_first, second, d_second = IN_PLACE_PAIRS[pair]
+    groups = {"0": "0", "pair": world4}
+
+    def program(x):
+        a = ops.all_reduce_(x * 1, "sum", groups[first])
+        b = ops.all_reduce_(a, "sum", groups[second])
+        return ops.wait_tensor(b)
+
+    gm = make_fx(program, tracing_mode="fake")(torch.ones(8))
+    (a, b), (wait,) = nodes_of(gm, "all_reduce_"), nodes_of(gm, "wait_tensor")
+    tl = ns.simulate(gm, ns.CostModel(pinned=_pinned(gm, **{a.name: d_first,
+                                                            b.name: d_second})))
+    events, collectives, totals = _times(tl)
+    b_start = d_first if first == second else 0.0
+    end = max(d_first, b_start + d_second)
+    assert (events[a.name], events[b.name], events[wait.name]) == (
+        (f"comm:{groups[first]}", 0.0, d_first),
+        (f"comm:{groups[second]}", b_start, b_start + d_second),
+        ("compute", 0.0, end)), events
+    assert collectives == {a.name: (0.0, d_first, d_first, 0.0, True),
+                           b.name: (b_start, b_start + d_second, d_second, 0.0, True)}
+    assert totals == (end, 110.0, end, 2), totals
+
+
+@pytest.mark.spec("SIM-6", "SIM-7", "SIM-8")
+@pytest.mark.parametrize("op", ["isend", "irecv"])
+def test_a_point_to_point_op_overlaps_compute_until_its_wait(backend, world4, op):
+    """Upstream's isend and irecv are collectives completed by a wait (the op table's
+    Completion `wait`), not blocking kernels: issued at 0 (40 us) on comm:0, a matmul
+    (30 us) runs alongside, 0..30; the wait stands 30..40.
+
+    By hand: step 40 (not 70, as if the compute stream waited for it), comm 40, exposed
+    10, overlap 0.75; the op 10 exposed, 30 hidden, not fully exposed; its event's kind
+    "collective"."""
+    ns = sim(backend)
+    p2p = torch.ops._c10d_functional
+    if not hasattr(p2p, op):
+        pytest.skip(f"torch {torch.__version__} has no functional {op}")
+
+    def program(x, a, b):
+        sent = getattr(p2p, op)(x, 1, 0, "0")
+        m = a @ b
+        return p2p.wait_tensor(sent), m
+
+    gm = make_fx(program, tracing_mode="fake")(torch.ones(8), torch.ones(4, 4),
+                                                 torch.ones(4, 4))
+    (comm,), (mm,), (wait,) = (nodes_of(gm, f) for f in (op, "aten.mm", "wait_tensor"))
+    tl = ns.simulate(gm, ns.CostModel(pinned=_pinned(gm, **{comm.name: 40.0,
+                                                            mm.name: 30.0})))
+    events, collectives, totals = _times(tl)
+    assert (events[comm.name], events[mm.name], events[wait.name]) == (
+        ("comm:0", 0.0, 40.0), ("compute", 0.0, 30.0), ("compute", 30.0, 40.0)), events
+    assert [e.kind for e in tl.events if e.node is comm] == ["collective"]
+    assert collectives == {comm.name: (0.0, 40.0, 10.0, 30.0, False)}, collectives
+    assert totals == (40.0, 40.0, 10.0, 0), totals
+    assert tl.overlap == pytest.approx(0.75)

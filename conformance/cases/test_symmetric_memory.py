@@ -156,6 +156,51 @@ def test_a_rendezvous_on_a_registered_group_enables_it(backend):
         [(False, True, 2, 11.0), (False, True, 2, 10.0)]
 
 
+def _subgroup_of_ranks_1_and_2(spec: str, how: str):
+    """Global ranks 1 and 2 make a group in which they are ranks 0 and 1 (global rank 0
+    makes it with them and stays out); each member fills its tensor with its global rank.
+    `how` enables the group: by its ProcessGroup, by its name, or through the rendezvous."""
+    sm, _, device = _setup(spec, "empty", "rendezvous", "enable_symm_mem_for_group",
+                           "is_symm_mem_enabled_for_group")
+    pg = dist.new_group([1, 2])
+    me = dist.get_rank()
+    if me not in (1, 2):
+        return None
+    name, enabled = pg.group_name, None
+    if how != "rendezvous":
+        try:
+            sm.enable_symm_mem_for_group(pg if how == "process_group" else name)
+            enabled = sm.is_symm_mem_enabled_for_group(name)
+        except ValueError as exc:
+            enabled = str(exc)
+        both = [None, None]  # a member that failed would leave the other waiting
+        dist.all_gather_object(both, enabled, group=pg)
+        if both != [True, True]:
+            return both
+    t = sm.empty(4, dtype=torch.float32, device=device)
+    t.fill_(me)
+    try:
+        h = sm.rendezvous(t, name)
+    except (ValueError, RuntimeError, TimeoutError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    h.barrier()
+    peers = [h.get_buffer(r, (4,), torch.float32)[0].item() for r in range(2)]
+    h.barrier()
+    return enabled, pg.rank(), h.rank, h.world_size, peers
+
+
+@pytest.mark.spec("SM-2", "SM-5", "SM-7")
+@pytest.mark.parametrize("how", ["process_group", "name", "rendezvous"])
+def test_a_subgroup_is_enabled_with_each_members_rank_in_it(backend, how):
+    """In a group whose ranks are not the global ones, each member's group info and handle
+    hold its rank in the group, on every member: global rank 2 is rank 1 of 2, not 2."""
+    backend.require(CONCEPT, "empty", "rendezvous", "enable_symm_mem_for_group",
+                    "is_symm_mem_enabled_for_group")
+    enabled = None if how == "rendezvous" else True
+    assert run(backend, _subgroup_of_ranks_1_and_2, 3, how, restart_after=True) == \
+        [None, (enabled, 0, 0, 2, [1.0, 2.0]), (enabled, 1, 1, 2, [1.0, 2.0])]
+
+
 def _plain_tensor_is_refused(spec: str):
     sm, group, device = _setup(spec, "empty", "rendezvous")
     try:
@@ -1526,6 +1571,10 @@ def test_allocation_arguments_are_refused_naming_them(backend):
                        "stride"),
                       (lambda: sm.empty_strided_p2p((2, 2), (2, -1), torch.float32, device),
                        "stride"),  # one stride negative of two
+                      # An empty stride is of another length too (only a 0-d size has
+                      # none): not "derive the strides", which is `empty`'s business.
+                      (lambda: sm.empty_strided_p2p((2, 3), (), torch.float32, device),
+                       "stride"),
                       (lambda: sm.empty(2**62, dtype=torch.float32, device=device), "size")):
         with pytest.raises(ValueError, match=rf"^{arg}: .*\[SM-3\]"):
             call()
