@@ -703,7 +703,7 @@ def lower(gm: torch.fx.GraphModule, config: CommLoweringConfig | None = None
           ) -> torch.fx.GraphModule:
     """The lowered, executable copy of `gm`; `gm` itself is left unchanged (CL-1)."""
     require_type(gm, torch.fx.GraphModule, "gm", "a torch.fx.GraphModule", "CL-1")
-    config = config or CommLoweringConfig()
+    config = CommLoweringConfig() if config is None else config
     require_type(config, CommLoweringConfig, "config", "a CommLoweringConfig", "CL-1")
     _check_traced(gm)
     lowered = _copy(gm)

@@ -973,6 +973,22 @@ _define("all_reduce_coalesced_",
         eager=_all_reduce_coalesced_inplace, fake=_all_reduce_coalesced_inplace_fake)
 
 
+def _tensor_list(tensors, argument: str, rule: str = "FC-27") -> list[torch.Tensor]:
+    """The members of a list argument: a list (or tuple) of tensors, not empty (FC-27).
+    Checked before anything starts, on every rank alike."""
+    # A tensor is iterable too: reading its rows as the members would be a silent wrong
+    # answer, so only a list or a tuple is one.
+    if not isinstance(tensors, (list, tuple)):
+        refuse(argument, "a list of tensors", type(tensors).__name__, rule, TypeError)
+    if not tensors:
+        refuse(argument, "a list of at least one tensor", "an empty list", rule)
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            refuse(argument, "a list of tensors", f"{type(t).__name__} at index {i}", rule,
+                   TypeError)
+    return list(tensors)
+
+
 def all_reduce(self: torch.Tensor, reduceOp, group: RankTypes, tag: str = ""):
     """Reduce `self` over `group`; every rank gets the result. The input is unchanged.
     `reduceOp`: a name, or a `torch.distributed.ReduceOp` (FC-17)."""
@@ -986,6 +1002,7 @@ def all_reduce(self: torch.Tensor, reduceOp, group: RankTypes, tag: str = ""):
 def all_reduce_coalesced(self: list[torch.Tensor], reduceOp, group: RankTypes,
                          tag: str = "") -> list[torch.Tensor]:
     """`all_reduce` of each tensor of the list, started together (FC-26)."""
+    self = _tensor_list(self, "self")
     reduceOp, factor = _reduction(reduceOp, self)
     for t in self:
         _check_reduce_op(reduceOp, t.dtype)
@@ -1102,6 +1119,7 @@ def all_gather_tensor_autograd(self: torch.Tensor, gather_dim: int, group: RankT
 def all_gather_into_tensor_coalesced(self: list[torch.Tensor], group: RankTypes,
                                      tag: str = "") -> list[torch.Tensor]:
     """All-gather on dim 0 of each tensor of the list, started together (FC-26)."""
+    self = _tensor_list(self, "self")
     name = resolve_group_name(group, tag)
     results = ops.all_gather_into_tensor_coalesced(
         [t.contiguous() for t in self], group_size(name), name)
@@ -1216,6 +1234,7 @@ def reduce_scatter_tensor_coalesced(inputs: list[torch.Tensor], reduceOp,
                                     scatter_dim: list[int], group: RankTypes,
                                     tag: str = "") -> list[torch.Tensor]:
     """`reduce_scatter_tensor` of each tensor along its own scatter dim, started together."""
+    inputs = _tensor_list(inputs, "inputs")
     if len(scatter_dim) != len(inputs):
         refuse("scatter_dim", f"one dim per input ({len(inputs)})", f"{len(scatter_dim)} dims",
                "FC-20")
@@ -1442,10 +1461,7 @@ def wait_tensor(tensor: torch.Tensor) -> torch.Tensor:
 
 def wait_tensors(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """Wait for each tensor of a list, in order, as `wait_tensor` does (FC-37)."""
-    # A tensor is iterable too: waiting its rows would be a silent wrong answer.
-    if not isinstance(tensors, (list, tuple)) or \
-            not all(isinstance(t, torch.Tensor) for t in tensors):
-        refuse("tensors", "a list of tensors", type(tensors).__name__, "FC-37", TypeError)
+    tensors = _tensor_list(tensors, "tensors", "FC-37")
     return [wait_tensor(t) for t in tensors]
 
 

@@ -287,7 +287,7 @@ class CostModel:
 
     def __init__(self, profile: HardwareProfile | None = None,
                  pinned: dict[str, float] | None = None, estimate=None):
-        self.profile = profile or H100_NVLINK_8
+        self.profile = H100_NVLINK_8 if profile is None else profile
         require_type(self.profile, HardwareProfile, "profile", "a HardwareProfile", "SIM-1")
         self.pinned = dict(pinned or {})
         for name, us in self.pinned.items():

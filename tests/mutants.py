@@ -579,6 +579,43 @@ FC = [
            "has iterates the caller's dict instead, so nothing is ever dropped and a switch the "
            "caller turned off stays on in a reused worker. (red team)",
            catch="test_the_ranks_follow_the_callers_refimpl_variables_set_and_removed"),
+    Mutant("extremum_nan_is_no_holder", "FC-23", F,
+           "    holds = (x == y) | (x.isnan() & y.isnan())",
+           "    holds = x == y",
+           "Holders of the extremum are found by equality alone, and NaN != NaN, so "
+           "when the min/max result is NaN no element holds it and the gradient is "
+           "silently zero. (red team)",
+           catch="test_min_and_max_gradients_of_nan_and_infinities[2-max-f64]"),
+    Mutant("reduce_scatter_avg_grad_divides_by_world", "FC-47", F,
+           "        g = g / ctx.group_size",
+           "        g = g / dist.get_world_size()",
+           "The avg scaling in reduce_scatter's backward uses the world size instead of "
+           "the group's size, which is only right for the default group. (red team)",
+           catch="test_reduce_scatter_avg_gradient_divides_by_the_subgroups_si"
+                 "ze[1_3-f64]"),
+    Mutant("apply_env_keeps_stale_values", "FC-28", "refimpl/_rank_process.py",
+           "    os.environ.update(env)",
+           "    for key, value in env.items(): os.environ.setdefault(key, value)",
+           "The worker only adds the caller's REFIMPL_* variables it lacks and never "
+           "overwrites one it already has, so a kept worker keeps the value from an "
+           "earlier call after the caller changes it. (red team)",
+           catch="test_the_ranks_follow_the_callers_refimpl_variables_set_and_removed"),
+    Mutant("coalesced_list_taken_from_any_iterable", "FC-27", F,
+           "    if not isinstance(tensors, (list, tuple)):\n        refuse(argument, "
+           "\"a list of tensors\", type(tensors).__name__, rule, TypeError)\n",
+           "",
+           "the list argument of a coalesced op taken from anything iterable, so a bare "
+           "tensor's rows become its members (red team, found in refimpl)",
+           catch="test_a_list_argument_in_a_wrong_form_is_refused_by_name[all_"
+                 "reduce_coalesced-tensor]"),
+    Mutant("coalesced_empty_list_left_to_the_op", "FC-27", F,
+           "    if not tensors:\n        refuse(argument, \"a list of at least one "
+           "tensor\", \"an empty list\", rule)\n",
+           "",
+           "an empty list left to the op, whose dispatcher fails naming no argument "
+           "(and wait_tensors([]) waits nothing) (red team, found in refimpl)",
+           catch="test_a_list_argument_in_a_wrong_form_is_refused_by_name[all_"
+                 "reduce_coalesced-empty_list]"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -921,6 +958,38 @@ CL = [
            "to advance the buffer index, so the next comm buffer reuses that index. "
            "(red team)",
            catch="test_a_fused_prologue_buffer_takes_the_next_alloc_id"),
+    Mutant("falsy_config_read_as_default", "CL-1", _CL,
+           "    config = CommLoweringConfig() if config is None else config",
+           "    config = config or CommLoweringConfig()",
+           "None and any falsy config read alike as 'take the default', so a config of "
+           "another type that happens to be falsy ({} or 0) is lowered with the default "
+           "instead of being refused (red team, found in refimpl)",
+           catch="test_lower_refuses_what_it_cannot_lower[empty_config_of_anot"
+                 "her_type]"),
+    Mutant("out_of_place_list_checked_as_tuple", "CL-6", _CL,
+           "if isinstance(first, (list, tuple)) \\",
+           "if isinstance(first, tuple) \\",
+           "FX stores a Tensor[] argument as an immutable_list, not a tuple, so a "
+           "coalesced out-of-place collective's list is passed through whole and its "
+           "non-contiguous members are never cloned. The single form is still handled. "
+           "(red team)",
+           catch="test_a_coalesced_op_reads_a_contiguous_copy_of_its_view_memb"
+                 "er[all_gather]"),
+    Mutant("fingerprint_group_order_not_recorded", "CL-12", _CL,
+           "            name = groups.setdefault(name, f\"group #{len(groups)}\")",
+           "            name = groups.get(name, f\"group #{len(groups)}\")",
+           "Using get instead of setdefault means no group is ever recorded, so every "
+           "group is spelled 'group #0'. Graphs that differ only in which group each op "
+           "names get the same fingerprint, and therefore the same alloc_ids. (red team)",
+           catch="test_alloc_ids_tell_apart_graphs_that_differ_only_in_a_group"),
+    Mutant("prologue_write_check_from_input", "CL-17", _CL,
+           "            if _written_between(current, anchor, source):",
+           "            if _written_between(inp, anchor, source):",
+           "The check for writes to the chain's starting tensor scans from the "
+           "all_reduce's input, not from the chain's first step, so a write between an "
+           "earlier step and the input goes unnoticed and the kernel reads the tensor "
+           "after it was modified. (red team)",
+           catch="test_a_write_between_the_prologues_steps_ends_it_there"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -1175,6 +1244,13 @@ BK = [
            "it, so a collective that is waited twice still has two users when the "
            "bucketing pass checks it, and is not a candidate (BK-1). (red team)",
            catch="test_a_gather_waited_twice_is_bucketed_by_the_compile_backend"),
+    Mutant("schemaless_call_not_a_write", "BK-18", _BK,
+           "    return schema is None or schema.is_mutable",
+           "    return schema is not None and schema.is_mutable",
+           "Treats a call with no schema (a Python function or operator.*) as pure, "
+           "when SPEC counts it as something that may write in place. (red team)",
+           catch="test_a_wait_stays_where_a_call_without_a_schema_may_write[py"
+                 "thon_function]"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -1534,6 +1610,55 @@ RO = [
            "the left ancestor's pending adds, so range maxima over the right subtree are "
            "wrong and the exact test accepts a raise that breaks RO-9's bound (red team)",
            catch="test_a_raise_after_a_fill_ahead_is_tested_exactly[bound_388]"),
+    Mutant("not_modelled_op_raises", "RO-6", COMM_OPS,
+           "    if key[0] not in NAMESPACES or key in NOT_MODELLED:",
+           "    if key[0] not in NAMESPACES:",
+           "find() drops the NOT_MODELLED test, so an op the op table deliberately "
+           "leaves out (refimpl_symm_mem.barrier, upstream's CUDA-only symm_mem ops) "
+           "raises NotModelled in reorder instead of being a barrier (RO-6) (red team)",
+           catch="test_an_op_the_table_leaves_out_is_a_barrier[barrier]"),
+    Mutant("adjacent_barriers_unordered", "RO-6", _RO,
+           "            since = barriers[k - 1] if k else 0",
+           "            since = barriers[k - 1] + 1 if k else 0",
+           "a barrier's 'everything before it' range starts after the previous barrier, "
+           "whose own range stops before this one: two barriers with nothing between "
+           "them get no edge and may swap (RO-6) (red team)",
+           catch="test_adjacent_barriers_keep_their_order[record_-note]"),
+    Mutant("check_order_coalesced_done_at_first_wait", "RO-8", _RO,
+           "if waits_left[c] == 0 and c in issued:",
+           "if c in issued:",
+           "check_order's in-flight count drops a coalesced collective at its first "
+           "member's wait, not its last (RO-7), so a collective issued between the two "
+           "waits passes RO-8's limit (red team)",
+           catch="test_check_order_names_the_rule_and_the_nodes[over_the_limit"
+                 "_until_the_last_wait]"),
+    Mutant("memory_exception_whenever_limits_configured", "RO-9", _RO,
+           "    if math.isinf(limit) or _first_limit_broken(program, "
+           "list(range(len(program.body))),\n                                           "
+           "     config) is not None:",
+           "    if math.isinf(limit) or config.max_in_flight:",
+           "check_order applies RO-9's exception whenever the config sets any in-flight "
+           "limit, not only when the original order breaks one: every config with "
+           "max_in_flight loses its memory bound (red team)",
+           catch="test_check_order_keeps_the_memory_bound_under_limits_the_ori"
+                 "ginal_order_keeps[all_gather=2]"),
+    Mutant("refusal_cache_ignores_key_changes", "RO-10", _RO_MEMORY,
+           "        return seen is not None and seen[0] == self.version and cur <= "
+           "seen[1]",
+           "        return seen is not None and cur <= seen[1]",
+           "the memo of refused moves no longer checks that no move ahead changed the "
+           "keys since: a raise stays refused after a fill ahead freed the memory that "
+           "made it fail (RO-10) (red team)",
+           catch="test_a_refused_raise_is_made_once_moves_ahead_free_memory[f32]"),
+    Mutant("tree_max_drops_adds_above_meeting_node", "RO-10", _RO_MEMORY,
+           "        best = left if left > right else right\n        lo >>= 1\n        "
+           "while lo:\n            best += d[lo]\n            lo >>= 1\n        return "
+           "best",
+           "        best = left if left > right else right\n        return best",
+           "MaxTree.max forgets the pending adds above the node where the query's two "
+           "sides meet: after a wide range add the exact test reads keys low and takes "
+           "a fill past RO-9's bound (RO-10) (red team)",
+           catch="test_a_fill_after_a_wide_raise_is_tested_exactly[bound_162-f32]"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -2198,6 +2323,44 @@ SM = [
            "takes the process's global rank where the group rank belongs; the two agree on "
            "WORLD, so only subgroups show it (red team)",
            catch="test_a_subgroup_is_enabled_with_each_members_rank_in_it[process_group]"),
+    Mutant("rendezvous_cached_handle_group_check_needs_alloc_group", "SM-5",
+           "refimpl/symmetric_memory.py",
+           "        if alloc.handle.group_name != group_name:",
+           "        if alloc.group_name is not None and alloc.handle.group_name != "
+           "group_name:",
+           "The check of a cached handle against the requested group runs only for "
+           "tensors allocated with a group, so a group-less allocation rendezvoused for "
+           "group 'a' is silently returned as its handle when rendezvous is called for "
+           "group 'b'. (red team)",
+           catch="test_a_tensor_allocated_without_a_group_keeps_the_group_of_i"
+                 "ts_rendezvous"),
+    Mutant("barrier_op_ignores_timeout", "SM-11", "refimpl/symmetric_memory.py",
+           "    handle.barrier(channel, timeout_ms)",
+           "    handle.barrier(channel)",
+           "The barrier op drops its timeout_ms argument and always waits the module "
+           "default, while the handle's barrier method honours the timeout; every wait "
+           "must end by its own timeout. (red team)",
+           catch="test_the_barrier_op_ends_by_its_own_timeout"),
+    Mutant("python_kernels_withdrawn_before_build", "SM-18", "refimpl/symmetric_memory.py",
+           "        _native_ops_path = build_torch_op_library(\"symm_mem_ops\")\n       "
+           " _python_cpu_kernels.withdraw()",
+           "        _python_cpu_kernels.withdraw()\n        _native_ops_path = "
+           "build_torch_op_library(\"symm_mem_ops\")",
+           "Checks in the wrong order: the Python CPU kernels are withdrawn before the "
+           "C++ build is attempted, and only a failed load (not a failed build) "
+           "restores them, so where the C++ kernels cannot be built the ops have no CPU "
+           "kernel at all. (red team)",
+           catch="test_the_python_kernels_serve_cpu_where_the_cxx_kernels_cann"
+                 "ot_be_built"),
+    Mutant("backend_imported_without_device", "SM-1", "refimpl/symmetric_memory.py",
+           "    if allocator is None and device_type in BACKEND_MODULES and "
+           "_device_present(device_type):",
+           "    if allocator is None and device_type in BACKEND_MODULES:",
+           "The lazy backend import forgets the check that torch sees such a device, so "
+           "asking for 'cuda' on a machine without a GPU imports the CUDA backend "
+           "(SM-21: nothing of it may be imported there) instead of just refusing. (red "
+           "team)",
+           catch="test_a_device_type_torch_does_not_see_imports_no_backend"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -2497,6 +2660,13 @@ SIM = [
            "by their wait (appendix Completion column): they do not overlap compute, hold "
            "nothing in flight, and have no RO-8 kind. (red team)",
            catch="test_a_point_to_point_op_overlaps_compute_until_its_wait[isend]"),
+    Mutant("falsy_profile_read_as_default", "SIM-1", SIMULATOR,
+           "        self.profile = H100_NVLINK_8 if profile is None else profile",
+           "        self.profile = profile or H100_NVLINK_8",
+           "None and any falsy profile read alike as 'take the default', so "
+           "CostModel(0) or CostModel('') costs with the H100 profile instead of being "
+           "refused (red team, found in refimpl)",
+           catch="test_a_profile_that_is_not_one_is_refused[0]"),
 ]
 
 
@@ -2696,6 +2866,15 @@ E2E = [
            "the bucketing stage run after lowering: lowered waits are wait_tensor_, so "
            "no collective is a candidate (BK-1)",
            catch="test_every_stage_runs_on_the_program_of_the_stage_before"),
+    Mutant("first_bucket_small_like_ddp", "E2E-2", "refimpl/compile.py",
+           "    cap = lambda bucket_index: cap_mb",
+           "    cap = lambda bucket_index: min(cap_mb, 1.0) if bucket_index == 0 else "
+           "cap_mb",
+           "Copies DDP's small first bucket (1 MiB, so the first collective starts "
+           "early) into the cap callable, but E2E-2 says every bucket's cap, whatever "
+           "its index, is bucket_cap_mb, and E2E-4's count ceil(P/k) assumes this. (red "
+           "team)",
+           catch="test_the_first_bucket_has_the_cap_of_every_other[default]"),
 ]
 
 

@@ -11,6 +11,7 @@ over 2**20, exact in binary, so a cap is the exact byte count it names.
 from __future__ import annotations
 
 import functools
+import operator
 import re
 
 import pytest
@@ -909,3 +910,69 @@ def test_a_wait_stays_where_a_write_tells_the_results_apart(backend):
     every rank computes decide (a wait that returns a copy must stay; one that aliases
     its argument sees the write through both)."""
     _deduplicated(backend, "written_between_waits")
+
+
+def _bump(t, k):
+    """A Python function that writes its argument in place: FX knows no schema for it."""
+    return t.add_(k)
+
+
+SCHEMALESS_WRITERS = {"python_function": _bump, "operator_iadd": operator.iadd}
+
+
+def _written_by_a_call_without_schema(spec: str, writer: str, rows) -> list[str]:
+    """On a rank, per collective and dtype: `c = collective(x); w1 = wait(c);
+    y = writer(w1, 3); w2 = wait(c)`, traced (the writer stands in for `w1 * 3`), run
+    before and after the backend's `deduplicate_waits`: where the outputs differ."""
+    from conformance.bucketing_programs import compare, group_of, trace
+    from conformance.harness import backend_in_rank
+
+    backend = backend_in_rank(spec)
+    fc = backend.require("functional_collectives")
+    bucketing = backend.require("bucketing", "deduplicate_waits")
+    pg = group_of(rows)
+    n, name = pg.size(), fc.resolve_group_name(pg)
+    collectives = {
+        "all_gather": lambda a: fc.ops.all_gather_into_tensor(a, n, name),
+        "reduce_scatter": lambda a: fc.ops.reduce_scatter_tensor(a, "sum", n, name),
+        "all_reduce": lambda a: fc.ops.all_reduce(a, "sum", name),
+    }
+    mismatches = []
+    for kind, collective in collectives.items():
+        for i, dtype in enumerate((F32, BF16, torch.int32)):
+            x = oracle.rank_input(dist.get_rank(), (2 * n, 3), dtype, salt=200 + i)
+
+            def step(collective, a):
+                c = collective(a)
+                first = fc.ops.wait_tensor(c)
+                return first * 3, fc.ops.wait_tensor(c) + 0
+
+            graphs = [trace(functools.partial(step, collective), [x]) for _ in range(2)]
+            for gm in graphs:
+                (mul,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.mul.Tensor]
+                mul.target = SCHEMALESS_WRITERS[writer]
+                gm.recompile()
+            bucketing.deduplicate_waits(graphs[1])
+            before, after = (gm(x.clone()) for gm in graphs)
+            if mismatch := compare(before, after):
+                mismatches.append(f"{kind} {dtype}: {mismatch}")
+    return mismatches
+
+
+@pytest.mark.spec("BK-18")
+@pytest.mark.parametrize("writer, world_size, rows", [
+    ("python_function", 2, "world"), ("operator_iadd", 2, "world"),
+    ("python_function", 4, ROWS_3_1)], ids=["python_function", "operator_iadd",
+                                            "python_function_row_group"])
+def test_a_wait_stays_where_a_call_without_a_schema_may_write(backend, writer, world_size,
+                                                               rows):
+    """A call whose target has no schema (a Python function, `operator.iadd`) may write a
+    tensor in place: here it writes the first wait's result before the second wait of
+    the same collective. Every rank computes what it did before the pass (a wait that
+    returns a copy must stay), for an all_gather, a reduce_scatter and an all_reduce in
+    float32, bfloat16 and int32, on the world and on groups of 3 and 1 of 4 ranks."""
+    backend.require("functional_collectives")
+    backend.require("bucketing", "deduplicate_waits")
+    results = harness.run(backend, _written_by_a_call_without_schema, world_size, writer, rows)
+    for rank, mismatches in enumerate(results):
+        assert mismatches == [], f"rank {rank}: {mismatches} [BK-18]"

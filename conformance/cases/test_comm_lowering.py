@@ -23,6 +23,7 @@ from conformance import harness, oracle
 from conformance.canonical import canonical_graph
 from conformance.comm_trace import format_comm_trace
 from conformance.lowering_programs import (
+    OTHER_GROUP,
     PROGRAMS,
     alloc_ids,
     alloc_ids_on_rank,
@@ -631,6 +632,73 @@ wait b2""")
     check_numerics(backend, "reduce_scatter_op_non_contiguous", [(2, 4)])
 
 
+# The coalesced out-of-place ops on a list with one transposed member (first or second):
+# FX keeps the list argument as an immutable_list, not a tuple, and each member is copied
+# or passed as it is on its own (CL-6).
+COALESCED_VIEWS = {
+    "all_gather": lambda ops, xs: ops.all_gather_into_tensor_coalesced(xs, 2, "0"),
+    "reduce_scatter": lambda ops, xs: ops.reduce_scatter_tensor_coalesced(xs, "sum", 2, "0"),
+}
+COALESCED_VIEW_DTYPES = (torch.float32, torch.bfloat16, torch.int32)
+
+
+def _coalesced_with_a_view(fc, kind, view_at):
+    """`kind`'s coalesced op on [a.t(), b] (view_at 0) or [b, a.t()] (view_at 1), waited."""
+    def program(a, b):
+        members = [a.t(), b] if view_at == 0 else [b, a.t()]
+        return [fc.ops.wait_tensor(t) for t in COALESCED_VIEWS[kind](fc.ops, members)]
+
+    return program
+
+
+def _coalesced_view_inputs(rank, dtype):
+    return [oracle.rank_input(rank, shape, dtype, salt=190 + i)
+            for i, shape in enumerate([(2, 4), (4,)])]
+
+
+def _coalesced_views_on_rank(spec: str, kind: str) -> list:
+    """On one rank: (eager, lowered) results of `kind` per dtype and view position."""
+    from conformance.harness import backend_in_rank
+
+    backend = backend_in_rank(spec)
+    ns = backend.require("lowering", "run_lowered")
+    fc = backend.require("functional_collectives")
+    results = []
+    for dtype in COALESCED_VIEW_DTYPES:
+        for view_at in (0, 1):
+            program = _coalesced_with_a_view(fc, kind, view_at)
+            inputs = _coalesced_view_inputs(dist.get_rank(), dtype)
+            want = [t.clone() for t in program(*[t.clone() for t in inputs])]
+            got = [t.clone() for t in ns.run_lowered(program, [t.clone() for t in inputs])]
+            results.append((str(dtype), view_at, want, got))
+    return results
+
+
+@pytest.mark.spec("CL-6", "CL-15")
+@pytest.mark.parametrize("kind", list(COALESCED_VIEWS))
+def test_a_coalesced_op_reads_a_contiguous_copy_of_its_view_member(backend, fake_world, kind):
+    """Each member of a coalesced out-of-place collective's list is one input: the
+    transposed one is read through a contiguous copy, the contiguous one as it is, in
+    float32, bfloat16 and int32, whichever place of the list the view holds; every rank's
+    values are the eager program's."""
+    ns = backend.require("lowering", "lowered_comm_trace")
+    fc = backend.require("functional_collectives")
+    for dtype in COALESCED_VIEW_DTYPES:
+        for view_at in (0, 1):
+            events = ns.lowered_comm_trace(_coalesced_with_a_view(fc, kind, view_at),
+                                           _coalesced_view_inputs(0, dtype), {})
+            (collective,) = [e for e in events if e.op != "wait"]
+            origins = [i.split("=", 1)[1] for i in collective.inputs]
+            assert len(origins) == 2 and origins[1 - view_at] == "input" \
+                and re.fullmatch(r"copy\(b\d+=input\)", origins[view_at]), \
+                f"{kind} {dtype}, view at {view_at}: {format_comm_trace(events)}\n" \
+                f"the transposed member must be read through a contiguous copy [CL-6]"
+    for rank, results in enumerate(harness.run(backend, _coalesced_views_on_rank, 2, kind)):
+        for dtype, view_at, want, got in results:
+            torch.testing.assert_close(got, want, rtol=0, atol=0, msg=lambda m, r=rank, d=dtype,
+                                       v=view_at: f"rank {r} {d} view at {v}: {m}")
+
+
 # ---- CL-12, CL-13: persistent comm buffers ----------------------------------------------
 @pytest.mark.spec("CL-12")
 def test_alloc_ids_are_equal_on_every_rank_and_distinct_where_they_must_be(backend):
@@ -667,6 +735,59 @@ def test_one_graph_lowered_under_two_thresholds_runs_both(backend):
         for threshold, result in zip((16, 32), got, strict=True):
             assert not isinstance(result, str), f"rank {rank}, threshold {threshold}: {result}"
             torch.testing.assert_close(result, want, rtol=0, atol=0)
+
+
+def _alloc_ids_by_gather_group_on_rank(spec: str) -> dict:
+    """On one rank: {(gather's group, dtype): alloc_ids} of `all_reduce(x * 2, WORLD)`
+    (one-shot: comm buffer 0) beside an all_gather of `x` on WORLD itself, on another
+    group of the same ranks, or on this rank's row of [[0], [1]] (a name that differs
+    between the ranks), the gather after the all_reduce or before it (CL-12)."""
+    from conformance.bucketing_programs import group_of
+    from conformance.harness import backend_in_rank
+
+    backend = backend_in_rank(spec)
+    ns = backend.require("lowering", "lowered_graph")
+    fc = backend.require("functional_collectives")
+    prepare("ar_small_other_group")  # OTHER_GROUP: a second group of the world's ranks
+    groups = {"world": "0", "other": OTHER_GROUP["name"],
+              "row": fc.resolve_group_name(group_of([[0], [1]]))}
+
+    def program(group, gather_first, x):
+        if gather_first:
+            gathered = fc.all_gather_tensor(x, 0, group)
+            return fc.all_reduce(x * 2, "sum", "0"), gathered
+        return fc.all_reduce(x * 2, "sum", "0"), fc.all_gather_tensor(x, 0, group)
+
+    ids = {}
+    for name, group in groups.items():
+        for gather_first in (False, True):
+            for dtype in (torch.float32, torch.bfloat16):
+                x = oracle.rank_input(dist.get_rank(), (4,), dtype, salt=210)
+                gm = ns.lowered_graph(functools.partial(program, group, gather_first), [x],
+                                      ONE_SHOT)
+                ids[name, gather_first, str(dtype)] = alloc_ids(gm)
+    return ids
+
+
+@pytest.mark.spec("CL-12")
+def test_alloc_ids_tell_apart_graphs_that_differ_only_in_a_group(backend):
+    """Graphs that differ only in which group an op names (WORLD twice, or WORLD then
+    another group of the same ranks, or then a row group whose name differs between the
+    ranks) are different graphs: comm buffer 0, on WORLD in each, gets an id of its own
+    in each, the same on every rank, in float32 and bfloat16, with the other group's op
+    first or last."""
+    backend.require("lowering", "lowered_graph")
+    ranks = harness.run(backend, _alloc_ids_by_gather_group_on_rank, 2)
+    assert ranks[0] == ranks[1], f"alloc_ids differ between ranks [CL-12]: {ranks}"
+    for rank, ids in enumerate(ranks):
+        assert all(len(got) == 1 for got in ids.values()), f"rank {rank}: {ids}"
+        for gather_first in (False, True):
+            for dtype in ("torch.float32", "torch.bfloat16"):
+                got = {name: ids[name, gather_first, dtype][0]
+                       for name in ("world", "other", "row")}
+                assert len(set(got.values())) == 3, \
+                    f"rank {rank} {dtype}, gather first {gather_first}: graphs that name " \
+                    f"other groups share alloc_ids {got} [CL-12]"
 
 
 @pytest.mark.spec("CL-12")
@@ -978,6 +1099,9 @@ def _refusals(backend):
                                TypeError, "gm"),
         "config_of_another_type": (lambda: ns.lower(graph_input, {"auto_select": True}),
                                    TypeError, "config"),
+        # Only None means the default config: a falsy one of another type is refused too.
+        "empty_config_of_another_type": (lambda: ns.lower(graph_input, {}), TypeError,
+                                         "config"),
         "no_fake_values": (lambda: ns.lower(untyped, ns.Config()), ValueError, "meta['val']"),
         "in_place_on_a_view_without_wait": (lambda: ns.lower(no_wait, ns.Config()),
                                             ValueError, "wait"),
@@ -998,7 +1122,8 @@ def _refusals(backend):
     }
 
 
-REFUSALS = ["not_a_graph_module", "config_of_another_type", "no_fake_values",
+REFUSALS = ["not_a_graph_module", "config_of_another_type", "empty_config_of_another_type",
+            "no_fake_values",
             "in_place_on_a_view_without_wait", "coalesced_in_place_on_a_view",
             "forced_one_shot_of_a_graph_input", "group_name_of_no_group",
             "collective_without_meta_val", "collective_input_without_meta_val"]
@@ -1262,3 +1387,67 @@ return %4""")  # noqa: E501
 def test_fused_values_on_four_ranks(backend):
     backend.require("lowering", "run_lowered", "Config")
     check_numerics(backend, "ar_pointwise_chains", [(4,)], FUSE, world_size=4)
+
+
+# CL-17: a write to the chain's starting tensor between the prologue's steps, not after
+# its last one: `y = x * 2; <write x>; z = y + 1; all_reduce(z)`. The prologue is `add 1.0`
+# from y; `x * 2` stays outside, read before the write.
+WRITES_BETWEEN_STEPS = {
+    "add_": lambda fc, x: x.add_(1),
+    "view_add_": lambda fc, x: x[1:].add_(1),
+    "foreach_add_": lambda fc, x: torch._foreach_add_([x], 1.0),
+    "all_reduce_": lambda fc, x: fc.ops.wait_tensor(fc.ops.all_reduce_(x, "sum", "0")),
+}
+
+
+def _written_between_steps(fc, write, x):
+    y = x * 2
+    WRITES_BETWEEN_STEPS[write](fc, x)
+    z = y + 1
+    return fc.all_reduce(z, "sum", "0"), x + 0
+
+
+def _written_between_steps_on_rank(spec: str) -> list:
+    """On one rank, per write and dtype: the fused kernel's (source, prologue, epilogue)
+    of the lowered graph, eager's results and the lowered graph's."""
+    from conformance.canonical import op_name
+    from conformance.harness import backend_in_rank
+
+    backend = backend_in_rank(spec)
+    ns = backend.require("lowering", "lowered_graph", "Config")
+    fc = backend.require("functional_collectives")
+    results = []
+    for write in WRITES_BETWEEN_STEPS:
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            program = functools.partial(_written_between_steps, fc, write)
+            x = oracle.rank_input(dist.get_rank(), (4,), dtype, salt=220)
+            gm = ns.lowered_graph(program, [x.clone()], FUSE)
+            fused = []
+            for n in gm.graph.nodes:
+                if n.op == "call_function" \
+                        and op_name(n.target) == "symm_mem.one_shot_all_reduce_pointwise":
+                    source = n.args[1]
+                    fused.append((source.op, op_name(source.target)
+                                  if source.op == "call_function" else "", *n.args[4:]))
+            want = [t.clone() for t in program(x.clone())]
+            got = [t.clone() for t in gm(x.clone())]
+            results.append((write, str(dtype), fused, want, got))
+    return results
+
+
+@pytest.mark.spec("CL-17", "CL-15")
+def test_a_write_between_the_prologues_steps_ends_it_there(backend):
+    """The starting tensor x of `x * 2` is written (in place, through a view, by a
+    foreach, by an in-place all_reduce) after `x * 2` but before `+ 1`, the last step:
+    the prologue is `add 1.0` alone, starting from `x * 2`, whose reading of x comes
+    before the write; every rank's values are eager's bit for bit, in float32, bfloat16
+    and float16."""
+    backend.require("lowering", "lowered_graph", "Config")
+    for rank, results in enumerate(harness.run(backend, _written_between_steps_on_rank, 2)):
+        for write, dtype, fused, want, got in results:
+            where = f"rank {rank} {write} {dtype}"
+            assert fused == [("call_function", "aten.mul.Tensor", "add 1.0", "")], \
+                f"{where}: fused kernels (source, prologue, epilogue) {fused}, expected " \
+                f"the prologue 'add 1.0' from x * 2 [CL-17]"
+            torch.testing.assert_close(got, want, rtol=0, atol=0,
+                                       msg=lambda m, w=where: f"{w}: {m}")

@@ -157,6 +157,28 @@ def test_bucket_cap_reaches_forward_and_backward(backend, cap):
     check_issued(results, n + 1, n)
 
 
+# Five [256, 256] float32 weights of 256 KiB each, 1.25 MiB in all: more than a 1 MiB first
+# bucket (DDP's habit) holds, so only a cap that is bucket_cap_mb for bucket 0 too merges
+# them all into one.
+WIDE_MLP = Model("mlp", dim=256, layers=5)
+WIDE_MEMBER_BYTES = 256 * 256 * 4
+WIDE_CAPS = {"default": 25.0, "exactly_all": 5 * WIDE_MEMBER_BYTES / MiB}
+
+
+@pytest.mark.spec("E2E-2", "E2E-4", "E2E-3")
+@pytest.mark.parametrize("cap", sorted(WIDE_CAPS))
+def test_the_first_bucket_has_the_cap_of_every_other(backend, cap):
+    """Bucket 0's cap is bucket_cap_mb like every other bucket's (E2E-2: whatever its
+    index), in the forward's gathers and the backward's scatters alike: 5 members of 256
+    KiB under 25 MiB or under exactly their 1.25 MiB are one bucket each way."""
+    options = {**OFF, "bucket_cap_mb": WIDE_CAPS[cap]}
+    results = run(backend, WIDE_MLP, 2, options)
+    check_values(backend, results)
+    n = buckets(WIDE_MLP.layers, WIDE_MEMBER_BYTES, WIDE_CAPS[cap])
+    assert n == 1
+    check_issued(results, n + 1, n)
+
+
 @pytest.mark.spec("E2E-2", "E2E-4", "E2E-3")
 def test_bucketing_alone_is_what_runs(backend):
     """Bucketing with lowering off: the bucketed program itself must run."""

@@ -1062,6 +1062,58 @@ def test_broadcast_gradient_goes_to_the_src_group_rank_of_a_subgroup(backend, me
         assert torch.equal(grad, want), f"{where}: {grad.tolist()} != {want.tolist()}"
 
 
+def _reduce_scatter_avg_gradient_in_a_subgroup(spec, members, dtype, api, scatter_dim):
+    """reduce_scatter_tensor(avg)'s gradient in the process group of the ranks `members`
+    (not the default group); None on a rank outside the group."""
+    fc = funcol_api(spec)
+    me = dist.get_rank()
+    group = dist.new_group(members)  # every rank of the world takes part, as upstream's
+    if me not in members:
+        return None
+    x = oracle.rank_input(me, (6, 6), dtype, salt=71).requires_grad_()
+    w = oracle.rank_input(me, (6 // len(members), 6) if scatter_dim == 0
+                          else (6, 6 // len(members)), dtype, salt=72)
+    y = getattr(fc, api)(x, "avg" if api == "reduce_scatter_tensor" else "AVG", scatter_dim,
+                         group)
+    (y * w).sum().backward()
+    return x.grad
+
+
+# A world of 4 and a group of 2 ([1, 3]) or 3 ([3, 0, 2]): avg's gradient divides by the
+# group's size, not the world's (a divisor of 4 gives other values for either group).
+@pytest.mark.spec("FC-47")
+@pytest.mark.parametrize("members, dtype, api, scatter_dim", [
+    ([1, 3], torch.float64, "reduce_scatter_tensor", 0),
+    ([1, 3], torch.float32, "reduce_scatter_tensor_autograd", -1),
+    ([1, 3], torch.bfloat16, "reduce_scatter_tensor", 0),
+    ([3, 0, 2], torch.float64, "reduce_scatter_tensor", 0),
+    ([3, 0, 2], torch.float32, "reduce_scatter_tensor", -1),
+    ([3, 0, 2], torch.bfloat16, "reduce_scatter_tensor_autograd", 0),
+], ids=["1_3-f64", "1_3-f32-autograd-dim_1", "1_3-bf16", "3_0_2-f64", "3_0_2-f32-dim_1",
+        "3_0_2-bf16-autograd"])
+def test_reduce_scatter_avg_gradient_divides_by_the_subgroups_size(backend, members, dtype,
+                                                                  api, scatter_dim):
+    """reduce_scatter_tensor(avg) in a group of k members of a world of 4: every member's
+    gradient is the members' output gradients gathered (group rank order, along the
+    scattered dim) divided by k, in the input's dtype; the others take no part."""
+    backend.require("functional_collectives")
+    group = sorted(members)
+    k = len(group)
+    shape = (6 // k, 6) if scatter_dim == 0 else (6, 6 // k)
+    ws = [oracle.rank_input(r, shape, dtype, salt=72) for r in group]
+    want = torch.cat(ws, dim=scatter_dim) / k
+    for rank, grad in enumerate(run(backend, _reduce_scatter_avg_gradient_in_a_subgroup, 4,
+                                    members, dtype, api, scatter_dim)):
+        if rank not in group:
+            assert grad is None, f"rank {rank} is no member of {members}"
+            continue
+        where = f"rank {rank} of group {members} ({api}, {dtype}, scatter_dim {scatter_dim})"
+        assert grad is not None, f"{where}: no gradient reached the input"
+        assert grad.dtype == dtype, f"{where}: gradient of dtype {grad.dtype}"
+        assert torch.equal(grad, want), f"{where}: {grad.tolist()} != {want.tolist()} " \
+            f"(the gathered output gradients / {k})"
+
+
 # ---- FC-33: no graph pass deletes a collective or a wait -------------------------------
 def _dead_code(spec, waited):
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -1436,21 +1488,26 @@ def _forwarded_variables(spec):
 def test_the_ranks_follow_the_callers_refimpl_variables_set_and_removed(backend,
                                                                         monkeypatch):
     """The harness gives every rank the caller's REFIMPL_* variables at each call, exactly:
-    set in the caller, the ranks have them (the check is on); removed from the caller, the
-    same ranks, reused, have them no more (the check is off). Under torchrun too (CF-13)."""
+    set in the caller, the ranks have them (the check is on); changed in the caller, the
+    same ranks, reused, have the new values (the check off, then on again); removed from
+    the caller, they have them no more (the check is off). Under torchrun too (CF-13)."""
     backend.require("functional_collectives")
-    monkeypatch.setenv("REFIMPL_CHECK_COLLECTIVES", "1")
-    monkeypatch.setenv(_CALLERS_VARIABLE, "the caller's")
-    for rank, (check, mine, enabled) in enumerate(run(backend, _forwarded_variables, 2)):
-        assert (check, mine) == ("1", "the caller's"), \
-            f"rank {rank}: the caller's variables did not reach it: {check!r}, {mine!r}"
-        assert enabled in (None, True), f"rank {rank}: the check is off"
-    monkeypatch.delenv("REFIMPL_CHECK_COLLECTIVES")
-    monkeypatch.delenv(_CALLERS_VARIABLE)
-    for rank, (check, mine, enabled) in enumerate(run(backend, _forwarded_variables, 2)):
-        assert (check, mine) == (None, None), \
-            f"rank {rank}: variables the caller removed are still set: {check!r}, {mine!r}"
-        assert enabled in (None, False), f"rank {rank}: the check is still on"
+    steps = [("1", "the caller's", "set"), ("0", "the caller's, changed", "changed"),
+             ("1", "the caller's, changed again", "changed"), (None, None, "removed")]
+    for check_in_caller, mine_in_caller, what in steps:
+        for name, value in [("REFIMPL_CHECK_COLLECTIVES", check_in_caller),
+                            (_CALLERS_VARIABLE, mine_in_caller)]:
+            if value is None:
+                monkeypatch.delenv(name)
+            else:
+                monkeypatch.setenv(name, value)
+        on = check_in_caller == "1"
+        for rank, (check, mine, enabled) in enumerate(run(backend, _forwarded_variables, 2)):
+            assert (check, mine) == (check_in_caller, mine_in_caller), \
+                f"rank {rank}: the caller's variables {what}: {check_in_caller!r}, " \
+                f"{mine_in_caller!r}; the rank has {check!r}, {mine!r}"
+            assert enabled in (None, on), \
+                f"rank {rank}: the check is {'off' if on else 'still on'} ({what})"
 
 
 # ---- FC-29: a peer that dies or never comes during the collective ----------------------
@@ -1786,6 +1843,73 @@ def test_min_and_max_gradients_go_to_the_extremum_shared_among_ties(backend, op,
             want.append(float(total[i]) / holders if x[i] == extremum else 0.0)
         assert grad is not None, f"{op} rank {rank}: no gradient reached the input"
         assert grad.tolist() == want, f"{op} rank {rank}: {grad.tolist()} != {want}"
+
+
+# NaN, infinities and signed zeros (FC-23): an element holds the extremum when it equals the
+# result or both are NaN, so a NaN result goes to the NaN elements, shared among them like
+# any tie (as torch.max's own gradient does). Rank r's input (world 2 or 3): element 0 is
+# NaN on every rank; element 1 is +inf on ranks 0 and n-1, 1 elsewhere; element 2 is -inf on
+# rank 1 only, 0.5 elsewhere; element 3 is 0.0 on even ranks, -0.0 on odd ones (equal: a
+# tie of all); elements 4 and 5 are NaN on rank 1, rank 0 only, finite elsewhere: whether
+# the backend's min / max returns that NaN is not FC-23's, so their gradient is judged
+# against the result each rank got.
+_NAN, _INF = float("nan"), float("inf")
+
+
+def _special_row(rank: int, n: int) -> list[float]:
+    return [_NAN, _INF if rank in (0, n - 1) else 1.0, -_INF if rank == 1 else 0.5,
+            0.0 if rank % 2 == 0 else -0.0, _NAN if rank == 1 else 2.0 + rank,
+            _NAN if rank == 0 else 2.0 - rank]
+
+
+def _special_weights(rank: int) -> list[float]:
+    return [float(i + 1) * (rank + 1) for i in range(6)]
+
+
+def _extremum_gradient_of_special_values(spec, op, dtype):
+    fc = funcol_api(spec)
+    me, n = dist.get_rank(), dist.get_world_size()
+    x = torch.tensor(_special_row(me, n), dtype=dtype, requires_grad=True)
+    w = torch.tensor(_special_weights(me), dtype=dtype)
+    y = fc.all_reduce(x, op, dist.group.WORLD)
+    (y * w).sum().backward()
+    return waited(y).detach().to(torch.float64), x.grad
+
+
+def _holds(x: float, y: float) -> bool:
+    return x == y or (x != x and y != y)
+
+
+@pytest.mark.spec("FC-23")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16],
+                         ids=["f64", "f32", "bf16"])
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_min_and_max_gradients_of_nan_and_infinities(backend, op, dtype, world_size):
+    """A NaN extremum is held by the NaN elements (the gradient does not vanish), an
+    infinite one by the infinite elements, 0.0 and -0.0 tie; on every rank, in float64,
+    float32 and bfloat16 (every expected value is exact in bfloat16)."""
+    backend.require("functional_collectives")
+    n = world_size
+    rows = [_special_row(r, n) for r in range(n)]
+    total = [sum(_special_weights(r)[i] for r in range(n)) for i in range(6)]
+    pick = max if op == "max" else min
+    outs = run(backend, _extremum_gradient_of_special_values, n, op, dtype)
+    results = [y.tolist() for y, _ in outs]
+    # Elements 0..3 have one extremum whatever the backend does with a NaN.
+    want = [_NAN, pick(row[1] for row in rows), pick(row[2] for row in rows), 0.0]
+    for rank, y in enumerate(results):
+        assert all(_holds(a, b) for a, b in zip(y[:4], want, strict=True)), \
+            f"{op} {dtype} rank {rank}: result {y[:4]} != {want}"
+    holders = [sum(_holds(rows[r][i], results[r][i]) for r in range(n)) for i in range(6)]
+    for rank, (_, grad) in enumerate(outs):
+        assert grad is not None, f"{op} {dtype} rank {rank}: no gradient reached the input"
+        assert grad.dtype == dtype, f"{op} rank {rank}: gradient of dtype {grad.dtype}"
+        want = [total[i] / holders[i] if _holds(rows[rank][i], results[rank][i]) else 0.0
+                for i in range(6)]
+        got = grad.to(torch.float64).tolist()
+        assert got == want, f"{op} {dtype} rank {rank} of {n} (inputs {rows[rank]}, " \
+            f"result {results[rank]}): gradient {got} != {want}"
 
 
 # ---- FC-17, FC-23: reductions given as torch.distributed.ReduceOp (upstream 2.15) ---------

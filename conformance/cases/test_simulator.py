@@ -714,6 +714,16 @@ def test_an_estimate_that_is_not_callable_is_refused(backend):
         ns.CostModel(estimate={"mm": 7.0})
 
 
+@pytest.mark.spec("SIM-1")
+@pytest.mark.parametrize("profile", [0, "", {}, "H100_NVLINK_8"], ids=repr)
+def test_a_profile_that_is_not_one_is_refused(backend, profile):
+    """Only None means the default profile: a falsy value of another type is refused too,
+    not read as "no profile"."""
+    ns = sim(backend)
+    with pytest.raises(TypeError, match=r"profile.*\[SIM-1\]"):
+        ns.CostModel(profile)
+
+
 @pytest.mark.spec("SIM-2")
 @pytest.mark.parametrize("group_size", [1, 2, 8])
 def test_a_group_size_that_is_not_the_groups_is_refused(backend, world4, group_size):

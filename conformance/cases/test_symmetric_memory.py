@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import struct
+import sys
+import tempfile
 import time
+import warnings
 
 import pytest
 import torch
@@ -292,6 +296,34 @@ def _group_of_the_allocation(spec: str):
 def test_rendezvous_takes_the_group_the_tensor_was_allocated_for(backend):
     backend.require(CONCEPT, "empty_strided_p2p", "rendezvous")
     assert run(backend, _group_of_the_allocation, 2) == [("group", 2)] * 2
+
+
+def _group_of_the_first_rendezvous(spec: str):
+    sm, group, device = _setup(spec, "empty", "rendezvous")
+    rank = dist.get_rank()
+    other = dist.new_group([0, 1]).group_name  # the same ranks, another group
+    sm.enable_symm_mem_for_group(other)
+    t = sm.empty(4, dtype=torch.float32, device=device)  # allocated without a group
+    t.fill_(rank + 1)
+    h = sm.rendezvous(t, other)
+    # Asked for the other group, through the tensor and through a view of it.
+    refused = [_refusal(sm.rendezvous, t, group), _refusal(sm.rendezvous, t[2:], group)]
+    again = sm.rendezvous(t[1:], other)
+    h.barrier()
+    peer = h.get_buffer(1 - rank, (4,), torch.float32)[0].item()
+    h.barrier()
+    return refused, again is h or again == h, h.world_size, peer
+
+
+@pytest.mark.spec("SM-5")
+def test_a_tensor_allocated_without_a_group_keeps_the_group_of_its_rendezvous(backend):
+    """A tensor allocated without a group takes the group of its first rendezvous: a
+    later rendezvous for another group (of the same ranks) is refused naming `group` on
+    every rank, before any communication, instead of handing out the first group's
+    handle; the first group's rendezvous still returns that handle."""
+    backend.require(CONCEPT, "empty", "rendezvous")
+    assert run(backend, _group_of_the_first_rendezvous, 2) == \
+        [(["group", "group"], True, 2, 2.0), (["group", "group"], True, 2, 1.0)]
 
 
 def _persistent(spec: str, alloc_id: int):
@@ -946,6 +978,53 @@ def test_the_python_kernels_serve_cpu_with_the_same_results(backend, monkeypatch
     check_mismatches(mismatches)
 
 
+# dtype: numel of the all-reduces where the C++ kernels cannot be built
+UNBUILT_NUMELS = {"float32": 4099, "bfloat16": 33}
+
+
+def _ops_where_the_cxx_kernels_cannot_be_built(spec: str):
+    """On fresh ranks: the first rendezvous builds the C++ op kernels (SM-18) into an empty
+    user cache with a compiler that always fails (`false`), so the build fails, whatever
+    libraries the real cache holds; the rank then runs every all-reduce."""
+    saved = {k: os.environ.get(k) for k in ("CXX", "XDG_CACHE_HOME")}
+    cache = tempfile.mkdtemp(prefix="refimpl-no-cxx-")
+    os.environ.update(CXX="false", XDG_CACHE_HOME=cache)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # refimpl says that the build failed
+            results = {d: _all_reduces(spec, d, n) for d, n in UNBUILT_NUMELS.items()}
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        shutil.rmtree(cache, ignore_errors=True)
+    return results, _ops_in_use(spec)
+
+
+@pytest.mark.spec("SM-18", "SM-15", "SM-16")
+def test_the_python_kernels_serve_cpu_where_the_cxx_kernels_cannot_be_built(backend,
+                                                                          monkeypatch):
+    """Where the C++ kernels cannot be built, the ops' Python kernels keep serving CPU
+    (they are withdrawn only once the C++ ones are ready to register): one-shot, out= and
+    two-shot sums of float32 and bfloat16 are the rank-order reference on every
+    rank. Fresh ranks before and after: the build is tried once per process. (Other
+    backends ignore `CXX` and the cache: the case checks their ops once more.)"""
+    backend.require(CONCEPT, "empty", "ops")
+    monkeypatch.delenv("REFIMPL_SYMM_MEM_NATIVE_OPS", raising=False)  # the build is tried
+    world = 2
+    fresh_ranks(world)
+    try:
+        results = run(backend, _ops_where_the_cxx_kernels_cannot_be_built, world)
+    finally:
+        fresh_ranks(world)  # the next case's ranks load the C++ kernels again
+    assert {in_use for _, in_use in results} <= {"python", None}, results
+    for dtype_name, numel in UNBUILT_NUMELS.items():
+        check_all_reduces([values[dtype_name] for values, _ in results],
+                          getattr(torch, dtype_name), numel)
+
+
 def _bounds(spec: str):
     sm, group, device = _setup(spec, "empty", "rendezvous")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -1211,6 +1290,48 @@ def test_an_op_waits_as_long_as_the_default_timeout_set_last(backend, op):
     assert one is None
 
 
+# The barrier op's own timeout against the default: a wait that ends by the other of the
+# two ends after 5 s, where the right one ends after 300 ms; 2.5 s tells them apart on a
+# loaded machine.
+BARRIER_OP_DEADLINE_S = 2.5
+
+
+def _barrier_op_timeouts(spec: str):
+    sm, group, device = _setup(spec, "empty", "rendezvous", "SymmMemTimeout", "ops",
+                               "set_default_timeout")
+    rank = dist.get_rank()
+    t = sm.empty(4, dtype=torch.float32, device=device)
+    u = sm.empty(4, dtype=torch.float32, device=device)  # t is fail-stop after its timeout
+    sm.rendezvous(t, group).barrier()
+    sm.rendezvous(u, group).barrier()
+    outcomes = []
+    if rank == 0:  # rank 1 never enters these barriers
+        # (tensor, the op's timeout_ms, the default): its own 300 ms, then 0, the default
+        for tensor, timeout_ms, default_ms in ((t, 300, 5_000), (u, 0, 300)):
+            sm.set_default_timeout(default_ms)
+            start = time.monotonic()
+            try:
+                sm.ops.barrier(tensor, group, 1, timeout_ms)
+                outcomes.append("returned")
+            except sm.SymmMemTimeout as exc:
+                outcomes.append((exc.peer, time.monotonic() - start < BARRIER_OP_DEADLINE_S))
+    dist.barrier()
+    return outcomes
+
+
+@pytest.mark.spec("SM-11")
+def test_the_barrier_op_ends_by_its_own_timeout(backend):
+    """The barrier op's `timeout_ms` bounds its wait as the handle's barrier's does: 300 ms
+    with a default of 5 s raises `SymmMemTimeout` naming the rank that never came well
+    before the default; `timeout_ms=0` waits the default (300 ms) instead."""
+    backend.require(CONCEPT, "empty", "rendezvous", "SymmMemTimeout", "ops",
+                    "set_default_timeout")
+    zero, one = run(backend, _barrier_op_timeouts, 2, timeout=20)
+    assert zero == [(1, True)] * 2, \
+        f"rank 0: {zero} (want timeouts naming rank 1 within {BARRIER_OP_DEADLINE_S} s)"
+    assert one == []
+
+
 def _wait_timeouts_leave_the_handle_usable(spec: str):
     sm, group, device = _setup(spec, "empty", "rendezvous", "SymmMemTimeout", "ops")
     rank = dist.get_rank()
@@ -1453,6 +1574,34 @@ def test_a_device_type_without_an_allocator_is_refused_naming_device(backend):
     for call in (lambda: sm.get_allocator("meta"), lambda: sm.empty(4, device="meta")):
         with pytest.raises(ValueError, match=r"^device: .*'meta'"):
             call()
+
+
+def _cuda_asked_for_where_torch_sees_none(spec: str):
+    sm = backend_in_rank(spec).require(CONCEPT, "get_allocator", "empty")
+    # What torch answers on a machine without a GPU; this rank process ends after the case.
+    torch.cuda.is_available = lambda: False
+    package = sm.get_allocator.__module__.split(".")[0]
+    before = set(sys.modules)
+    refused = [_refusal(sm.get_allocator, "cuda"), _refusal(sm.empty, 4, device="cuda")]
+    imported = sorted(m for m in set(sys.modules) - before if m.split(".")[0] == package)
+    return refused, imported
+
+
+@pytest.mark.spec("SM-1", "SM-21")
+def test_a_device_type_torch_does_not_see_imports_no_backend(backend):
+    """Where torch sees no CUDA device, asking for a `cuda` allocator (directly or by
+    allocating) is refused naming `device` and imports nothing of the backend's package
+    (its CUDA backend is imported only where torch sees such a device). Run on a fresh
+    single rank, before and after, whose torch is told it sees no GPU: so the case means
+    the same on a machine with one, where earlier cases may have loaded that backend."""
+    backend.require(CONCEPT, "get_allocator", "empty")
+    fresh_ranks(1)
+    try:
+        [(refused, imported)] = run(backend, _cuda_asked_for_where_torch_sees_none, 1)
+    finally:
+        fresh_ranks(1)
+    assert refused == ["device", "device"], refused
+    assert imported == [], f"asking for 'cuda' without a CUDA device imported {imported}"
 
 
 @pytest.mark.spec("SM-11")
