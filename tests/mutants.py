@@ -616,6 +616,13 @@ FC = [
            "(and wait_tensors([]) waits nothing) (red team, found in refimpl)",
            catch="test_a_list_argument_in_a_wrong_form_is_refused_by_name[all_"
                  "reduce_coalesced-empty_list]"),
+    Mutant("premul_factor_dtype_unchecked", "FC-17", F,
+           "        if factor.numel() != 1 or not factor.dtype.is_floating_point:",
+           "        if factor.numel() != 1:",
+           "Only the one-element part of the tensor-factor check is kept (the factor "
+           "'is cast to the input's dtype anyway'), so a premul_sum made with an "
+           "integer tensor factor is accepted instead of refused. (red team)",
+           catch="test_bad_input_is_refused[premul_sum_integer_tensor_factor]"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -990,6 +997,21 @@ CL = [
            "earlier step and the input goes unnoticed and the kernel reads the tensor "
            "after it was modified. (red team)",
            catch="test_a_write_between_the_prologues_steps_ends_it_there"),
+    Mutant("sub_operands_swapped", "CL-17", _CL,
+           "_COMMUTATIVE = (\"add\", \"mul\")",
+           "_COMMUTATIVE = (\"add\", \"sub\", \"mul\")",
+           "Lets the number come first for every step op ('a tensor and a number, in "
+           "either order'), forgetting that sub does not commute: sub(2.0, x) is taken "
+           "for the step 'sub 2.0', which computes x - 2. (red team)",
+           catch="test_a_number_first_sub_is_no_step"),
+    Mutant("producer_val_keeps_old_strides", "CL-1", _CL,
+           "    node.meta[\"val\"] = buffer.meta[\"val\"]\n    "
+           "node.meta[COMM_BUFFER_META] = buffer.meta[COMM_BUFFER_META]",
+           "    node.meta[COMM_BUFFER_META] = buffer.meta[COMM_BUFFER_META]",
+           "Rewrites the producer to its out= overload but keeps its traced fake value, "
+           "forgetting that writing into the contiguous comm buffer changes the layout "
+           "of its result whenever the traced result was not contiguous. (red team)",
+           catch="test_a_realized_non_contiguous_producer_has_a_contiguous_meta_val"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -1251,6 +1273,72 @@ BK = [
            "when SPEC counts it as something that may write in place. (red team)",
            catch="test_a_wait_stays_where_a_call_without_a_schema_may_write[py"
                  "thon_function]"),
+    Mutant("out_variant_is_candidate", "BK-1", _BK,
+           "    return comm_ops.targets(family=family, completes=\"wait\", "
+           "in_place=False, coalesced=False,\n                            out=False)",
+           "    return comm_ops.targets(family=family, completes=\"wait\", "
+           "in_place=False, coalesced=False)",
+           "Treats all_gather_into_tensor_out (and reduce_scatter_tensor_out) as the "
+           "out-of-place op with a caller-provided buffer, so it becomes a candidate. "
+           "BK-1 names only the out-of-place forms, and a merged _out node's out buffer "
+           "is never written. (red team)",
+           catch="test_a_second_call_finds_no_candidate_in_merged_out_variants[f32]"),
+    Mutant("all_gather_out_row_not_out", "BK-1", COMM_OPS,
+           "    \"all_gather_into_tensor_out\": dict(_ALL_GATHER, out=True),",
+           "    \"all_gather_into_tensor_out\": _ALL_GATHER,",
+           "The out flag is dropped from the all_gather out row (while "
+           "reduce_scatter_tensor_out keeps it), so by its fields "
+           "all_gather_into_tensor_out reads as a plain out-of-place all_gather: a "
+           "bucketing candidate (targets(family='all_gather', coalesced=False, "
+           "out=False)) and lowered as 'out of place' instead of 'into out' (CL-6, "
+           "CL-7). (red team)",
+           catch="test_out_variants_read_only_by_their_wait_are_no_candidates["
+                 "all_gather]"),
+    Mutant("dependency_checked_after_cap", "BK-4", _BK,
+           "        if bucket is not None and upstream & (bucket.bit | bucket.reaches):",
+           "        if bucket is not None and bucket.size_bytes + size <= "
+           "bucket.cap_bytes \\\n                and upstream & (bucket.bit | "
+           "bucket.reaches):",
+           "Asks whether a candidate depends on the open bucket only when it would fit, "
+           "reasoning that an overflowing candidate opens the next bucket anyway. A "
+           "dependent candidate that overflows then closes the bucket, when it should "
+           "be left alone and the bucket kept open. (red team)",
+           catch="test_a_dependent_candidate_too_large_for_the_bucket_leaves_i"
+                 "t_open[all_gather]"),
+    Mutant("one_byte_dtypes_not_viewed_back", "BK-12", _BK,
+           "    if dtype == torch.uint8:\n        return node",
+           "    if dtype.itemsize == 1:\n        return node",
+           "Assumes a one-byte dtype needs no view back from the byte buffer, "
+           "forgetting that int8, bool and float8 are not uint8. Their pieces come out "
+           "as uint8 although meta['val'] says otherwise. (red team)",
+           catch="test_mixed_dtypes_view_one_byte_dtypes_back[world]"),
+    Mutant("block_numbered_by_plan_order", "BK-17", _BK,
+           "        builder = _LayoutBuilder(graph, _val(unit.members[0]), (kind.name, "
+           "block_index))\n        block_index += 1",
+           "        builder = _LayoutBuilder(graph, _val(unit.members[0]),\n            "
+           "                     (kind.name, block_index + buckets.index(unit)))",
+           "Numbers each merged bucket's block by the order in which the planner opened "
+           "the buckets (first member), not by the program order of the merged "
+           "collectives (last member). (red team)",
+           catch="test_blocks_are_numbered_by_where_the_merged_collective_stan"
+                 "ds[all_gather_dtype]"),
+    Mutant("may_write_by_written_return", "BK-18", _BK,
+           "    return schema is None or schema.is_mutable",
+           "    return schema is None or any(r.alias_info is not None and "
+           "r.alias_info.is_write\n                                 for r in "
+           "schema.returns)",
+           "Decides that an op writes in place when it returns a written alias (as add_ "
+           "and copy_ do) and misses in-place ops that return nothing, such as the "
+           "_foreach_*_ family. (red team)",
+           catch="test_a_wait_stays_where_an_op_returning_nothing_writes[foreach_add_]"),
+    Mutant("convert_element_type_not_absorbed", "BK-9", _BK,
+           "_CASTS = frozenset({aten._to_copy.default, "
+           "torch.ops.prims.convert_element_type.default})",
+           "_CASTS = frozenset({aten._to_copy.default})",
+           "Knows casts as make_fx writes Tensor.to (_to_copy) and forgets the "
+           "prims.convert_element_type form that decompositions produce. Those casts "
+           "are never folded into the bucket's copy. (red team)",
+           catch="test_casts_written_as_convert_element_type_are_absorbed[bf16]"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -1659,6 +1747,46 @@ RO = [
            "sides meet: after a wide range add the exact test reads keys low and takes "
            "a fill past RO-9's bound (RO-10) (red team)",
            catch="test_a_fill_after_a_wide_raise_is_tested_exactly[bound_162-f32]"),
+    Mutant("max_in_flight_accepts_wait_family", "RO-1", _RO,
+           "            require(kind in KINDS, \"max_in_flight\", f\"a kind of "
+           "{list(KINDS)}\", repr(kind),",
+           "            require(kind in comm_ops.FAMILIES, \"max_in_flight\", f\"a kind "
+           "of {list(KINDS)}\", repr(kind),",
+           "Validates max_in_flight's kinds against comm_ops' FAMILIES (the op table's "
+           "Family column, which has 'wait' too) instead of the six collective kinds of "
+           "RO-8, so a limit on 'wait', which no collective has, is accepted and then "
+           "silently never applies. (red team)",
+           catch="test_config_refuses_bad_fields[wait kind]"),
+    Mutant("prologue_views_by_schema_only", "RO-7", _RO,
+           "    return target._schema.name.split(\"::\", 1)[1] in PROLOGUE_OPS or "
+           "_is_view(target)",
+           "    schema = target._schema  # a view: every result a non-writing alias "
+           "(RO-7)\n    return schema.name.split(\"::\", 1)[1] in PROLOGUE_OPS or "
+           "(bool(schema.returns) and all(\n        r.alias_info is not None and not "
+           "r.alias_info.is_write for r in schema.returns))",
+           "Re-derives 'view' from the schema's alias annotations alone and forgets "
+           "aten._unsafe_view, which RO-7 (like SIM-4, MEM-2) counts as a view though "
+           "its schema does not say so, so a collective's prologue stops at an "
+           "_unsafe_view (which make_fx emits for reshapes). (red team)",
+           catch="test_an_unsafe_view_is_part_of_a_gathers_prologue[_unsafe_view]"),
+    Mutant("moved_release_frees_before_remaining_release_key", "RO-9", _RO_MEMORY,
+           "                lo = max(start, after + 1) if after is not None else start",
+           "                lo = max(start, after) if after is not None else start",
+           "When a move takes a buffer's last release ahead, the slip frees it from the "
+           "remaining last release's own key on, as if the free came before that node's "
+           "allocations, though MEM-9 allocates first and frees after, so that key "
+           "still holds the buffer: the exact test underestimates there and accepts "
+           "moves that break RO-9's bound. (red team)",
+           catch="test_a_buffer_freed_by_a_move_is_live_at_its_remaining_reade"
+                 "rs_key[f32]"),
+    Mutant("batch_p2p_counted_as_all_to_all", "RO-8", COMM_OPS,
+           "    \"batch_p2p_ops\": dict(_P2P, coalesced=True),",
+           "    \"batch_p2p_ops\": dict(_ALL_TO_ALL, coalesced=True),",
+           "batch_p2p_ops, a batch of sends and receives among peers, is taken for an "
+           "all-to-all exchange, so it gets family all_to_all (RO-8's kind) and the "
+           "ring algorithm, where the op table says point_to_point and direct. (red "
+           "team)",
+           catch="test_a_batch_of_point_to_point_ops_is_of_kind_point_to_point[world]"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -2361,6 +2489,45 @@ SM = [
            "(SM-21: nothing of it may be imported there) instead of just refusing. (red "
            "team)",
            catch="test_a_device_type_torch_does_not_see_imports_no_backend"),
+    Mutant("contiguity_checked_on_fast_path_only", "SM-14", "refimpl/symmetric_memory.py",
+           "    if not input.is_contiguous():",
+           "    elif not input.is_contiguous():",
+           "Only one path makes the step: the contiguity check hangs off the fast-path "
+           "branch, so an input whose (reduce_op, dtype) pair went through the "
+           "explaining slow path (say a reduce_op written in upper case) is never "
+           "checked for contiguity. (red team)",
+           catch="test_op_arguments_are_refused_on_every_rank_before_any_wait"),
+    Mutant("empty_chain_needs_floating_dtype", "SM-24", "refimpl/symmetric_memory.py",
+           "    if parsed and dtype not in POINTWISE_DTYPES:",
+           "    if dtype not in POINTWISE_DTYPES:",
+           "The floating-dtype requirement of steps is applied to every chain, the "
+           "empty one included, though only a chain that has steps needs "
+           "float32/bfloat16/float16. (red team)",
+           catch="test_pointwise_arguments_are_refused_on_every_rank_before_any_wait"),
+    Mutant("op_timeout_default_read_at_import", "SM-11", "refimpl/symmetric_memory.py",
+           "def _one_shot_on(handle, offset, numel, codes, out, where):\n    timeout = "
+           "_default_timeout_ms",
+           "def _one_shot_on(handle, offset, numel, codes, out, where, "
+           "timeout=_default_timeout_ms):",
+           "The module default is captured as a parameter default when the module is "
+           "imported, so set_default_timeout no longer reaches the one-shot ops' Python "
+           "kernels (two-shot and barrier still read it at call time). (red team)",
+           catch="test_the_python_kernels_wait_as_long_as_the_default_timeout_"
+                 "set_last[one_shot_all_reduce]"),
+    Mutant("allocation_released_with_first_tensor", "SM-6", "refimpl/symmetric_memory.py",
+           "        weakref.finalize(view, self._release, alloc)  # the last tensor "
+           "over it died\n        self._live[alloc.base] = alloc\n        return "
+           "torch.frombuffer(view, dtype=torch.uint8).view(dtype).as_strided(size, "
+           "stride)",
+           "        self._live[alloc.base] = alloc\n        tensor = "
+           "torch.frombuffer(view, dtype=torch.uint8).view(dtype).as_strided(size, "
+           "stride)\n        weakref.finalize(tensor, self._release, alloc)  # the last "
+           "tensor over it died\n        return tensor",
+           "Wrong object for the lifetime: the release is tied to the tensor handed out "
+           "instead of the buffer its storage holds, so when that tensor dies while a "
+           "view of it lives, the allocation is forgotten (and its fd closed). (red "
+           "team)",
+           catch="test_is_symm_mem_tensor_knows_its_allocations_and_nothing_else"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -2667,6 +2834,32 @@ SIM = [
            "CostModel(0) or CostModel('') costs with the H100 profile instead of being "
            "refused (red team, found in refimpl)",
            catch="test_a_profile_that_is_not_one_is_refused[0]"),
+    Mutant("tensor_bytes_from_storage", "SIM-3", SIMULATOR,
+           "        return size_hint(value.numel()) * value.element_size()  # symbolic: "
+           "its example's",
+           "        return size_hint(value.untyped_storage().nbytes())  # symbolic: its "
+           "example's",
+           "Counts a tensor's bytes as its storage's (the memory plan's measure, MEM-1) "
+           "rather than elements times element size (SIM-3), so a view of part of a "
+           "large tensor is charged for the whole storage, in the roofline and in a "
+           "collective's bytes. (red team)",
+           catch="test_a_view_of_part_of_a_tensor_moves_its_own_bytes[f32]"),
+    Mutant("no_return_op_is_a_view", "SIM-4", SIMULATOR,
+           "        _VIEWS[target] = renames_unannotated(target) or "
+           "(bool(schema.returns) and all(",
+           "        _VIEWS[target] = renames_unannotated(target) or (all(",
+           "Forgets that all() over no returns is True, so an op that returns nothing "
+           "(an in-place foreach op, an assert) counts as 'every result a non-writing "
+           "alias' and costs nothing like a view (SIM-4 frees only ops whose every "
+           "result is such an alias). (red team)",
+           catch="test_an_op_that_returns_nothing_is_no_view[f32]"),
+    Mutant("zero_length_collective_fully_exposed", "SIM-8", SIMULATOR,
+           "        return self.end_us > self.start_us and self.hidden_us <= 0.0",
+           "        return self.hidden_us <= 0.0",
+           "Drops the 'it ran' half of fully_exposed, so a collective of zero duration "
+           "(pinned 0, or of zero bytes on a zero-alpha link), with nothing hidden "
+           "because nothing ran, counts as fully exposed. (red team)",
+           catch="test_a_collective_that_takes_no_time_is_not_fully_exposed[world]"),
 ]
 
 

@@ -45,10 +45,11 @@ def run_case(backend, world_size, program, pass_name, cap_mb=25, dtype=torch.flo
              again_cap_mb=None):
     """Rank 0's result (every rank's with `every_rank`); every rank's values checked, and
     with `groups_alike` (every rank's group of the same size) every rank's merges too.
-    `again_cap_mb`: the pass runs a second time on its own result, with that cap."""
+    `again_cap_mb`: the pass runs a second time on its own result, with that cap.
+    `program`: one of bucketing_programs' or of this file's LOCAL_PROGRAMS."""
     backend.require("functional_collectives")
     backend.require("bucketing", pass_name)
-    results = harness.run(backend, conformance_case, world_size, program, pass_name, cap_mb,
+    results = harness.run(backend, _case_on_rank, world_size, program, pass_name, cap_mb,
                           dtype, options, program_args, again_cap_mb)
     for rank, result in enumerate(results):
         assert result["mismatch"] == "", f"rank {rank}: {result['mismatch']}"
@@ -60,6 +61,15 @@ def run_case(backend, world_size, program, pass_name, cap_mb=25, dtype=torch.flo
         assert len(traces) == 1, f"ranks merged differently [BK-6]: {traces}"
         assert len({r["collectives"] for r in results}) == 1, "ranks merged differently"
     return results if every_rank else results[0]
+
+
+def _case_on_rank(spec: str, program: str, *args) -> dict:
+    """conformance_case, with this file's own programs (LOCAL_PROGRAMS) known too."""
+    from conformance import bucketing_programs
+
+    if program in LOCAL_PROGRAMS:
+        bucketing_programs.PROGRAMS.setdefault(program, LOCAL_PROGRAMS[program])
+    return conformance_case(spec, program, *args)
 
 
 def byte_caps(*caps_bytes):
@@ -976,3 +986,310 @@ def test_a_wait_stays_where_a_call_without_a_schema_may_write(backend, writer, w
     results = harness.run(backend, _written_by_a_call_without_schema, world_size, writer, rows)
     for rank, mismatches in enumerate(results):
         assert mismatches == [], f"rank {rank}: {mismatches} [BK-18]"
+
+
+# ---- Programs of this file's own cases (run_case knows them by name) ----------------------
+def _issue(fc, kind: str, x, pg):
+    """One waited collective of `kind` on dim 0 of `x` (reduce op sum)."""
+    if kind == "all_gather":
+        return fc.all_gather_tensor(x, 0, pg)
+    if kind == "reduce_scatter":
+        return fc.reduce_scatter_tensor(x, "sum", 0, pg)
+    return fc.all_reduce(x, "sum", pg)
+
+
+def dependent_over_the_cap(fc, dtype, kind="all_gather", group="world"):
+    """A, then B computed from A's result, then C, independent: each candidate's size
+    (BK-21) is 4, 6 and 2 units of n elements (n: the group's size)."""
+    from conformance.bucketing_programs import group_of
+
+    pg = group_of(group)
+    n, me = pg.size(), dist.get_rank()
+    per = 1 if kind == "all_gather" else n  # an all_gather's size is its output's
+    xs = [oracle.rank_input(me, (k * per,), dtype, salt=230 + i) for i, k in enumerate((4, 6, 2))]
+
+    def step(a, b, c):
+        ga = _issue(fc, kind, a, pg)
+        gb = _issue(fc, kind, b + ga[:1], pg)
+        return ga, gb, _issue(fc, kind, c, pg)
+
+    return step, xs
+
+
+# float8 is left out: gloo gathers no float8 tensor, so the unmerged graph cannot run.
+ONE_BYTE = (torch.int8, torch.bool, torch.uint8)
+
+
+def one_byte_dtypes(fc, dtype, group="world", dtypes=(*ONE_BYTE, F32)):
+    """all_gathers of one-byte dtypes (and a wider one) on one group (BK-12)."""
+    from conformance.bucketing_programs import group_of
+
+    pg = group_of(group)
+    me = dist.get_rank()
+    shapes = [(3,), (2, 2), (5,), (4,), (1, 3), (2,)]
+    xs = []
+    for i, dt in enumerate(dtypes):
+        wide = oracle.rank_input(me, shapes[i % len(shapes)], F32, salt=240 + i)
+        xs.append(wide > 0 if dt == torch.bool else wide.to(dt))
+
+    def step(*xs):
+        return [fc.all_gather_tensor(x, 0, pg) for x in xs]
+
+    return step, xs
+
+
+def cast_by_prims(fc, dtype, sources=(F32, F16), group="world"):
+    """Shards cast to `dtype` by `prims.convert_element_type` (as decompositions write a
+    cast), each then gathered and used (BK-9)."""
+    from conformance.bucketing_programs import group_of
+
+    pg = group_of(group)
+    me = dist.get_rank()
+    shards = [oracle.rank_input(me, (r, 3), src, salt=250 + i)
+              for i, (r, src) in enumerate(zip((3, 1, 2), sources, strict=True))]
+
+    def step(*shards):
+        return [fc.all_gather_tensor(torch.ops.prims.convert_element_type(s, dtype), 0, pg)
+                * 2 + 1 for s in shards]
+
+    return step, shards
+
+
+def out_variants_waited(fc, dtype, kind="all_gather", group="world"):
+    """Three `*_out` collectives (`all_gather_into_tensor_out`, `reduce_scatter_tensor_out`:
+    the backend's own where it has the op, else upstream's), each read only by its wait."""
+    from conformance.bucketing_programs import group_of
+
+    pg = group_of(group)
+    n, me = pg.size(), dist.get_rank()
+    op_name = "all_gather_into_tensor_out" if kind == "all_gather" else \
+        "reduce_scatter_tensor_out"
+    packet, wait = getattr(fc.ops, op_name, None), fc.ops.wait_tensor
+    if packet is None:
+        upstream = torch.ops._c10d_functional
+        packet, wait, name = getattr(upstream, op_name), upstream.wait_tensor, pg.group_name
+    else:
+        name = fc.resolve_group_name(pg)
+    xs = [oracle.rank_input(me, (2 * n, 2), dtype, salt=260 + i) for i in range(3)]
+
+    def step(*xs):
+        outs = []
+        for x in xs:
+            if kind == "all_gather":
+                out = x.new_empty((2 * n * n, 2))
+                issued = packet(x, n, name, out=out)
+            else:
+                out = x.new_empty((2, 2))
+                issued = packet(x, "sum", n, name, out=out)
+            outs.append(wait(issued))
+        return outs
+
+    return step, xs
+
+
+LOCAL_PROGRAMS = {f.__name__: f for f in (dependent_over_the_cap, one_byte_dtypes, cast_by_prims,
+                                          out_variants_waited)}
+
+
+# ---- Red-team round 3 ----------------------------------------------------------------------
+def _sizes_in(comm_trace: str) -> list[int]:
+    """The element count of each collective's input, in trace order."""
+    return [functools.reduce(operator.mul, (int(d) for d in dims.split(",") if d.strip()), 1)
+            for dims in re.findall(r" in=b\d+:\w+\[([\d, ]*)\]", comm_trace)]
+
+
+@pytest.mark.spec("BK-1", "BK-5")
+@pytest.mark.parametrize("dtype, world_size, group", [(F32, 2, "world"), (BF16, 4, ROWS_2x2),
+                                                      (torch.int32, 2, "world")],
+                         ids=["f32", "bf16_subgroup", "int32"])
+def test_a_second_call_finds_no_candidate_in_merged_out_variants(backend, dtype, world_size,
+                                                                  group):
+    """Four all_gathers merged two by two (cap: two members), by default into
+    `all_gather_into_tensor_out`; a second call with room for all finds no candidate
+    (BK-1: an `_out` collective is none) and merges nothing: two collectives stay."""
+    member = 2 * 3 * dtype.itemsize  # a [1, 3] shard gathered on a group of 2
+    results = run_case(backend, world_size, "fsdp_all_gather", AG, dtype=dtype,
+                       cap_mb=byte_caps(2 * member), again_cap_mb=25, every_rank=True,
+                       program_args={"rows": (1, 1, 1, 1), "group": group})
+    for rank, result in enumerate(results):
+        assert result["collectives"] == (4, 2), \
+            f"rank {rank}: {result['collectives']} [BK-1]\n{result['comm_trace']}"
+
+
+@pytest.mark.spec("BK-1", "BK-5")
+@pytest.mark.parametrize("kind, pass_name, world_size, group", [
+    ("all_gather", AG, 2, "world"), ("all_gather", AG, 4, ROWS_3_1),
+    ("reduce_scatter", RS, 2, "world"), ("reduce_scatter", RS, 4, ROWS_3_1)],
+    ids=["all_gather", "all_gather_row_group", "reduce_scatter", "reduce_scatter_row_group"])
+def test_out_variants_read_only_by_their_wait_are_no_candidates(backend, kind, pass_name,
+                                                                world_size, group):
+    """Three `all_gather_into_tensor_out` (or `reduce_scatter_tensor_out`), each read only
+    by its wait: no candidate (BK-1), so the pass leaves the graph unchanged (BK-5)."""
+    results = run_case(backend, world_size, "out_variants_waited", pass_name,
+                       program_args={"kind": kind, "group": group}, groups_alike=False,
+                       every_rank=True)
+    for rank, result in enumerate(results):
+        assert result["collectives"] == (3, 3), f"rank {rank}: {result['collectives']} [BK-1]"
+        assert result["unchanged"], f"rank {rank}: the graph changed [BK-5]"
+
+
+@pytest.mark.spec("BK-4", "BK-21")
+@pytest.mark.parametrize("pass_name, dtype, world_size, group", [
+    (AG, F32, 2, "world"), (AG, BF16, 4, ROWS_2x2), (RS, F32, 2, "world"),
+    (RS, torch.int32, 4, ROWS_2x2), (AR, BF16, 2, "world"), (AR, torch.int64, 2, "world")],
+    ids=["all_gather", "all_gather_bf16_subgroup", "reduce_scatter",
+         "reduce_scatter_int32_subgroup", "all_reduce_bf16", "all_reduce_int64"])
+def test_a_dependent_candidate_too_large_for_the_bucket_leaves_it_open(backend, pass_name,
+                                                                       dtype, world_size,
+                                                                       group):
+    """A (4 units), B from A's result (6), C (2), cap 8 units: B depends on A's open bucket
+    and is left alone, however large (BK-4); the bucket stays open and C joins A (6
+    units). Closing it at B would merge B and C (8 units: exactly the cap) and leave A
+    alone. Each collective of the result reads 6 units, on every rank."""
+    kind = {AG: "all_gather", RS: "reduce_scatter", AR: "all_reduce"}[pass_name]
+    n = 2  # the group's size
+    results = run_case(backend, world_size, "dependent_over_the_cap", pass_name, dtype=dtype,
+                       cap_mb=byte_caps(8 * n * dtype.itemsize), every_rank=True,
+                       program_args={"kind": kind, "group": group})
+    unit = 1 if pass_name == AG else n  # an all_gather's input is 1/n of its size
+    for rank, result in enumerate(results):
+        assert result["collectives"] == (3, 2), f"rank {rank}: {result['collectives']}"
+        sizes = _sizes_in(result["comm_trace"])
+        assert sorted(sizes) == [6 * unit, 6 * unit], \
+            f"rank {rank}: inputs of {sizes} elements; [A, C] merged and B alone read " \
+            f"{6 * unit} each [BK-4]\n{result['comm_trace']}"
+
+
+@pytest.mark.spec("BK-12")
+@pytest.mark.parametrize("world_size, group", [(2, "world"), (4, ROWS_2x2)],
+                         ids=["world", "subgroup"])
+def test_mixed_dtypes_view_one_byte_dtypes_back(backend, world_size, group):
+    """int8, bool, uint8 and float32 gathered in one byte bucket: each piece comes back
+    as its own dtype (int8 -1, not uint8 255; bool, not uint8 0/1), values bit for bit,
+    on every rank."""
+    results = run_case(backend, world_size, "one_byte_dtypes", AG, dtype=None,
+                       options={"mixed_dtypes": True}, program_args={"group": group},
+                       every_rank=True)
+    for rank, result in enumerate(results):
+        assert result["collectives"] == (4, 1), f"rank {rank}: {result['collectives']}"
+
+
+def _block_order(blocks: list[str], kind: str) -> list[int]:
+    """The indices of `kind`'s tagged runs in graph order, each index once."""
+    found = [int(m.group(1)) for line in blocks if (m := re.match(rf"{kind} (\d+):", line))]
+    return list(dict.fromkeys(found))
+
+
+# a1 b1 b2 a2 of two keys: b's bucket stands at b2, before a's at a2, though a's opened first.
+BLOCK_ORDER_KEYS = {
+    "all_gather_dtype": (AG, [(W, F32, "sum"), (W, BF16, "sum"), (W, BF16, "sum"),
+                              (W, F32, "sum")]),
+    "reduce_scatter_op": (RS, [(W, F32, "sum"), (W, F32, "max"), (W, F32, "max"),
+                               (W, F32, "sum")]),
+    "all_reduce_group": (AR, [(W, F32, "sum"), (OTHER, F32, "sum"), (OTHER, F32, "sum"),
+                              (W, F32, "sum")]),
+}
+
+
+@pytest.mark.spec("BK-17")
+@pytest.mark.parametrize("name", list(BLOCK_ORDER_KEYS))
+def test_blocks_are_numbered_by_where_the_merged_collective_stands(backend, name):
+    """a1 b1 b2 a2: b's bucket opens second but its collective stands first (at b2), so
+    it is block 0 and a's block 1, for the collective's kind and for the `_wait` kind,
+    on every rank."""
+    pass_name, members = BLOCK_ORDER_KEYS[name]
+    kind = {AG: "all_gather", RS: "reduce_scatter", AR: "all_reduce"}[pass_name]
+    results = run_case(backend, 2, "keyed", pass_name, every_rank=True,
+                       program_args={"kind": kind, "members": members})
+    for rank, result in enumerate(results):
+        assert result["collectives"] == (4, 2), f"rank {rank}: {result['collectives']}"
+        for tag in (kind, f"{kind}_wait"):
+            assert _block_order(result["blocks"], tag) == [0, 1], \
+                f"rank {rank}: {tag} blocks in graph order " \
+                f"{_block_order(result['blocks'], tag)} [BK-17]\n" + "\n".join(result["blocks"])
+
+
+@pytest.mark.spec("BK-9")
+@pytest.mark.parametrize("dtype, sources, out_variant", [
+    (BF16, (F32, F16, torch.float64), True), (BF16, (F32, F32, F32), False),
+    (F16, (F32, BF16, F32), True)], ids=["bf16", "bf16_out_of_place", "f16"])
+def test_casts_written_as_convert_element_type_are_absorbed(backend, dtype, sources,
+                                                            out_variant):
+    """Casts as decompositions write them, `prims.convert_element_type`, each read only
+    by its all_gather: absorbed like `_to_copy` (none is left in the graph), the values
+    bit for bit on every rank."""
+    results = run_case(backend, 2, "cast_by_prims", AG, dtype=dtype, every_rank=True,
+                       options=None if out_variant else {"use_out_variant": False},
+                       program_args={"sources": sources})
+    for rank, result in enumerate(results):
+        assert result["collectives"] == (3, 1), f"rank {rank}: {result['collectives']}"
+        assert "convert_element_type" not in result["canonical"], \
+            f"rank {rank}: a cast was left [BK-9]\n{result['canonical']}"
+
+
+# Ops that write their (list) argument in place and return nothing.
+RETURNING_NOTHING = {
+    "foreach_add_": lambda w: ((torch.ops.aten._foreach_add_.Scalar, ([w], 1))),
+    "foreach_zero_": lambda w: ((torch.ops.aten._foreach_zero_.default, ([w],))),
+}
+
+
+def _written_by_an_op_returning_nothing(spec: str, writer: str, rows) -> list[str]:
+    """On a rank, per collective and dtype: `c = collective(x); w1 = wait(c);
+    writer([w1]); y = w1 * 3; w2 = wait(c)`, run before and after the backend's
+    `deduplicate_waits`: where the outputs differ."""
+    from conformance.bucketing_programs import compare, group_of, trace
+    from conformance.harness import backend_in_rank
+
+    backend = backend_in_rank(spec)
+    fc = backend.require("functional_collectives")
+    bucketing = backend.require("bucketing", "deduplicate_waits")
+    pg = group_of(rows)
+    n, name = pg.size(), fc.resolve_group_name(pg)
+    collectives = {
+        "all_gather": lambda a: fc.ops.all_gather_into_tensor(a, n, name),
+        "reduce_scatter": lambda a: fc.ops.reduce_scatter_tensor(a, "sum", n, name),
+        "all_reduce": lambda a: fc.ops.all_reduce(a, "sum", name),
+    }
+    problems = []
+    for kind, collective in collectives.items():
+        for i, dtype in enumerate((F32, BF16, torch.int32)):
+            x = oracle.rank_input(dist.get_rank(), (2 * n, 3), dtype, salt=270 + i)
+
+            def step(collective, a):
+                c = collective(a)
+                first = fc.ops.wait_tensor(c)
+                return first * 3, fc.ops.wait_tensor(c) + 0
+
+            graphs = [trace(functools.partial(step, collective), [x]) for _ in range(2)]
+            for gm in graphs:
+                (mul,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.mul.Tensor]
+                target, args = RETURNING_NOTHING[writer](mul.args[0])
+                with gm.graph.inserting_before(mul):
+                    gm.graph.call_function(target, args)
+                gm.recompile()
+            bucketing.deduplicate_waits(graphs[1])
+            before, after = (gm(x.clone()) for gm in graphs)
+            if mismatch := compare(before, after):
+                problems.append(f"{kind} {dtype}: {mismatch}")
+    return problems
+
+
+@pytest.mark.spec("BK-18")
+@pytest.mark.parametrize("writer, world_size, rows", [
+    ("foreach_add_", 2, "world"), ("foreach_zero_", 2, "world"),
+    ("foreach_add_", 4, ROWS_3_1)], ids=["foreach_add_", "foreach_zero_",
+                                         "foreach_add_row_group"])
+def test_a_wait_stays_where_an_op_returning_nothing_writes(backend, writer, world_size, rows):
+    """An in-place op whose schema marks its argument written but returns nothing
+    (`_foreach_add_`, `_foreach_zero_`) writes the first wait's result before the second
+    wait of the same collective. Every rank computes what it did before the pass (a wait
+    that returns a copy must stay: BK-18 counts the schema's write, not a written
+    return), for an all_gather, a reduce_scatter and an all_reduce in
+    float32, bfloat16 and int32, on the world and on groups of 3 and 1 of 4 ranks."""
+    backend.require("functional_collectives")
+    backend.require("bucketing", "deduplicate_waits")
+    results = harness.run(backend, _written_by_an_op_returning_nothing, world_size, writer,
+                          rows)
+    for rank, problems in enumerate(results):
+        assert problems == [], f"rank {rank}: {problems} [BK-18]"

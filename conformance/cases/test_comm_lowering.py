@@ -1451,3 +1451,97 @@ def test_a_write_between_the_prologues_steps_ends_it_there(backend):
                 f"the prologue 'add 1.0' from x * 2 [CL-17]"
             torch.testing.assert_close(got, want, rtol=0, atol=0,
                                        msg=lambda m, w=where: f"{w}: {m}")
+
+
+# CL-17: sub does not commute. `2.0 - y` (aten.sub.Tensor(2.0, y), the number first) is no
+# step: before the all_reduce it is the input, realized as a comm buffer (no chain: CL-10);
+# after it, it ends the epilogue before it. add and mul may take the number first.
+NUMBER_FIRST = {
+    "sub_before": (lambda fc, x: fc.all_reduce(torch.ops.aten.sub.Tensor(2.0, x * 3), "sum",
+                                               "0"), []),  # CL-10 unchanged
+    "sub_after": (lambda fc, x: torch.ops.aten.sub.Tensor(
+        2.0, fc.all_reduce(x * 3, "sum", "0")), [("mul 3.0", "")]),
+    "add_before": (lambda fc, x: fc.all_reduce(torch.ops.aten.add.Tensor(2.0, x * 3), "sum",
+                                               "0"), [("mul 3.0; add 2.0", "")]),
+    "mul_after": (lambda fc, x: torch.ops.aten.mul.Tensor(
+        2.0, fc.all_reduce(x * 3, "sum", "0")), [("mul 3.0", "mul 2.0")]),
+}
+
+
+def _number_first_on_rank(spec: str) -> list:
+    """On one rank, per program and dtype: the fused kernels' (prologue, epilogue), eager's
+    result and the lowered graph's."""
+    from conformance.canonical import op_name
+    from conformance.harness import backend_in_rank
+
+    backend = backend_in_rank(spec)
+    ns = backend.require("lowering", "lowered_graph", "Config")
+    fc = backend.require("functional_collectives")
+    results = []
+    for name, (program, _) in NUMBER_FIRST.items():
+        for dtype in (torch.float32, torch.bfloat16):
+            x = oracle.rank_input(dist.get_rank(), (4,), dtype, salt=221)
+            fn = functools.partial(program, fc)
+            gm = ns.lowered_graph(fn, [x.clone()], FUSE)
+            fused = [tuple(n.args[4:]) for n in gm.graph.nodes if n.op == "call_function"
+                     and op_name(n.target) == "symm_mem.one_shot_all_reduce_pointwise"]
+            want = fn(x.clone()).clone()
+            results.append((name, str(dtype), fused, want, gm(x.clone()).clone()))
+    return results
+
+
+@pytest.mark.spec("CL-17", "CL-15")
+def test_a_number_first_sub_is_no_step(backend):
+    """`2.0 - y` before the all_reduce is no prologue step (the kernel would compute
+    y - 2.0), nor after it an epilogue step; `2.0 + y` and `2.0 * y` are. Every rank's
+    values are eager's bit for bit, in float32 and bfloat16."""
+    backend.require("lowering", "lowered_graph", "Config")
+    for rank, results in enumerate(harness.run(backend, _number_first_on_rank, 2)):
+        for name, dtype, fused, want, got in results:
+            where = f"rank {rank} {name} {dtype}"
+            assert fused == NUMBER_FIRST[name][1], \
+                f"{where}: fused kernels (prologue, epilogue) {fused} [CL-17]"
+            torch.testing.assert_close(got, want, rtol=0, atol=0,
+                                       msg=lambda m, w=where: f"{w}: {m} [CL-17, CL-15]")
+
+
+# CL-1, CL-11: a producer rewritten to write into a (contiguous) comm buffer computes a
+# contiguous result, whatever layout it had traced (`x.t() * 2` follows x.t()'s strides);
+# its meta val says so, for the passes after lowering that read it.
+def _realized_non_contiguous(fc, x):
+    y = x.t() * 2
+    return fc.all_reduce(y, "sum", "0") + 1, y.sum(0)
+
+
+def _realized_non_contiguous_on_rank(spec: str) -> list:
+    from conformance.harness import backend_in_rank
+    from conformance.true_meta import MetaChecker
+
+    backend = backend_in_rank(spec)
+    ns = backend.require("lowering", "lowered_graph", "Config")
+    fc = backend.require("functional_collectives")
+    results = []
+    for options in (ONE_SHOT, FUSE):
+        for dtype in (torch.float32, torch.bfloat16):
+            x = oracle.rank_input(dist.get_rank(), (2, 3), dtype, salt=222)
+            fn = functools.partial(_realized_non_contiguous, fc)
+            want = [t.clone() for t in fn(x.clone())]
+            checker = MetaChecker(ns.lowered_graph(fn, [x.clone()], dict(options)))
+            got = [t.clone() for t in checker.call(x.clone())]
+            results.append((str(options.get("fuse_pointwise", False)), str(dtype), want, got,
+                            checker.report()))
+    return results
+
+
+@pytest.mark.spec("CL-1", "CL-11", "CL-15")
+def test_a_realized_non_contiguous_producer_has_a_contiguous_meta_val(backend):
+    """all_reduce of `x.t() * 2` (traced strides (1, 3)) lowered one-shot, with and
+    without fuse_pointwise: every node's meta val is the layout it computes (the producer
+    now writes a contiguous comm buffer), and every rank's values are eager's."""
+    backend.require("lowering", "lowered_graph", "Config")
+    for rank, results in enumerate(harness.run(backend, _realized_non_contiguous_on_rank, 2)):
+        for fused, dtype, want, got, untrue in results:
+            where = f"rank {rank} fuse_pointwise={fused} {dtype}"
+            assert untrue == "", f"{where}: {untrue} [CL-1]"
+            torch.testing.assert_close(got, want, rtol=0, atol=0,
+                                       msg=lambda m, w=where: f"{w}: {m} [CL-15]")

@@ -682,6 +682,10 @@ BAD_INPUTS = {
     "reduce_op_int": ("FC-17", V, ["reduce_op"]),
     "premul_sum_without_factor": ("FC-17", V, ["reduce_op"]),
     "premul_sum_of_integers": ("FC-18", VTR, ["premul"]),
+    "premul_sum_integer_tensor_factor": ("FC-17", V, ["reduce_op"]),
+    "premul_sum_bool_tensor_factor": ("FC-17", V, ["reduce_op"]),
+    "reduce_scatter_premul_sum_int32_factor": ("FC-17", V, ["reduce_op"]),
+    "coalesced_premul_sum_integer_tensor_factor": ("FC-17", V, ["reduce_op"]),
     "avg_enum_of_integers": ("FC-18", VTR, ["avg"]),
     "band_enum_of_float": ("FC-18", VTR, ["band"]),
     "reduce_scatter_unknown_reduce_op": ("FC-17", V, ["reduce_op"]),
@@ -769,6 +773,17 @@ def _bad_call(fc, name):
         "premul_sum_without_factor": lambda: fc.all_reduce(x, dist.ReduceOp.PREMUL_SUM, world),
         "premul_sum_of_integers": lambda: fc.all_reduce(xi, dist._make_nccl_premul_sum(2.0),
                                                         world),
+        # A tensor factor is of one floating element; an integer or bool one is refused
+        # even on floating inputs (FC-17), single and coalesced.
+        "premul_sum_integer_tensor_factor": lambda: fc.all_reduce(
+            x, dist._make_nccl_premul_sum(torch.tensor([2])), world),
+        "premul_sum_bool_tensor_factor": lambda: fc.all_reduce(
+            x.double(), dist._make_nccl_premul_sum(torch.tensor([True])), world),
+        "reduce_scatter_premul_sum_int32_factor": lambda: fc.reduce_scatter_tensor(
+            x.bfloat16(), dist._make_nccl_premul_sum(torch.tensor(2, dtype=torch.int32)), 0,
+            world),
+        "coalesced_premul_sum_integer_tensor_factor": lambda: fc.all_reduce_coalesced(
+            [x, x.double()], dist._make_nccl_premul_sum(torch.tensor([3])), world),
         "avg_enum_of_integers": lambda: fc.all_reduce(xi, dist.ReduceOp.AVG, world),
         "band_enum_of_float": lambda: fc.all_reduce(x, dist.ReduceOp.BAND, world),
         "reduce_scatter_unknown_reduce_op": lambda: fc.reduce_scatter_tensor(x, "median", 0,

@@ -254,10 +254,11 @@ def test_values_equal_the_original_order(backend, case, world_size):
     ({"max_in_flight": {"all_gather": 0}}, ValueError, "max_in_flight"),
     ({"max_in_flight": {"all_gather": 1.0}}, TypeError, "max_in_flight"),
     ({"max_in_flight": {"allgather": 1}}, ValueError, "max_in_flight"),
+    ({"max_in_flight": {"wait": 1}}, ValueError, "max_in_flight"),
     ({"max_in_flight": [("all_gather", 1)]}, TypeError, "max_in_flight"),
     ({"cost_model": {"mm": 1.0}}, TypeError, "cost_model"),
 ], ids=["negative budget", "nan budget", "bool budget", "str budget", "zero in flight",
-        "float in flight", "unknown kind", "list in flight", "dict cost model"])
+        "float in flight", "unknown kind", "wait kind", "list in flight", "dict cost model"])
 def test_config_refuses_bad_fields(backend, fields, error, named):
     ns = concept(backend)
     with pytest.raises(error, match=rf"{named}.*\[RO-1\]"):
@@ -1682,3 +1683,123 @@ def test_check_order_refuses_what_is_no_order_of_gm(backend, world4, bad):
              "an_unknown_name": names + ["no_such_node"]}[bad]
     with pytest.raises(ValueError, match=r"order.*\[RO-3\]"):
         ns.check_order(gm, order, ns.ReorderConfig())
+
+
+# --------------------------------------------------------------------------------------
+# Boundaries of a block's prologue, a collective's kind and the memory test (RO-7..RO-9)
+# --------------------------------------------------------------------------------------
+def _cast_view_gather(ops, view: str) -> torch.fx.GraphModule:
+    """`t = x.to(bf16)`, `u = view(t, [-1])` (`aten.view` or `aten._unsafe_view`),
+    `m = a @ b`, a gather of `u` on the sub group of 2 and its wait."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    ctx = rp.context()
+
+    def cast_view_gather(x, a, b):
+        u = getattr(torch.ops.aten, view)(x.to(torch.bfloat16), [-1])
+        m = a @ b
+        return ops.wait_tensor(ops.all_gather_into_tensor(u, ctx.sub_n, ctx.sub)), m
+
+    return make_fx(cast_view_gather, tracing_mode="fake")(
+        torch.zeros(2, 2), torch.zeros(4, 4), torch.zeros(4, 4))
+
+
+# `_unsafe_view` (which make_fx emits for reshapes) is a view of RO-7's prologue, as
+# `view` is, though its schema carries no alias annotation: the cast, the view and the
+# gather are one block, and an order with the matmul between the view and the gather
+# splits it.
+@pytest.mark.spec("RO-7", "RO-15")
+@pytest.mark.parametrize("view", ["_unsafe_view", "view"])
+def test_an_unsafe_view_is_part_of_a_gathers_prologue(backend, world4, view):
+    ns = _check(backend)
+    gm = _cast_view_gather(backend.require("functional_collectives").ops, view)
+    cast, viewed, mm, gather, wait = _body(gm)
+    assert gm.graph.find_nodes(op="call_function",
+                               target=getattr(torch.ops.aten, view).default), gm.code
+    config = ns.ReorderConfig()
+    assert ns.check_order(gm, [mm, cast, viewed, gather, wait], config) is None
+    with pytest.raises(ValueError) as error:
+        ns.check_order(gm, [cast, viewed, mm, gather, wait], config)
+    assert error.value.rule == "RO-7" and "[RO-7]" in str(error.value), error.value
+    new = ns.reorder(gm, config)
+    order = [n.name for n in new.graph.nodes if n.op == "call_function"]
+    at = order.index(cast)
+    assert order[at:at + 3] == [cast, viewed, gather], order
+
+
+def _a2a_and_batch_p2p(group: str, n: int) -> torch.fx.GraphModule:
+    """An all_to_all_single, then a batch_p2p_ops of an isend and an irecv, on one group
+    of n ranks, each waited after both are issued; upstream's ops."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    up = torch.ops._c10d_functional
+
+    def a2a_and_batch_p2p(x, y, z):
+        a = up.all_to_all_single(x * 1, [2] * n, [2] * n, group)
+        b = up.batch_p2p_ops(["isend", "irecv"], [1, n - 1], [0, 0], [y * 1, z * 1], group)
+        wa = up.wait_tensor(a)
+        return wa + 1, up.wait_tensor(b[0]), up.wait_tensor(b[1])
+
+    return make_fx(a2a_and_batch_p2p, tracing_mode="fake")(
+        torch.zeros(2 * n), torch.zeros(4), torch.zeros(4))
+
+
+# batch_p2p_ops is of the family point_to_point (the op table), so it is no second
+# all_to_all in flight: the original order, both in flight, keeps {"all_to_all": 1} and
+# {"point_to_point": 1} (RO-8: a collective's kind is its row's family), and reorder's
+# orders under those limits keep them.
+@pytest.mark.spec("RO-8", "RO-15")
+@pytest.mark.parametrize("group", ["world", "sub"])
+def test_a_batch_of_point_to_point_ops_is_of_kind_point_to_point(backend, world4, group):
+    if not hasattr(torch.ops._c10d_functional, "batch_p2p_ops"):
+        pytest.skip(f"torch {torch.__version__} has no functional batch_p2p_ops")
+    ns = _check(backend)
+    ctx = rp.context()
+    name, n = (ctx.world, ctx.n) if group == "world" else (ctx.sub, ctx.sub_n)
+    gm = _a2a_and_batch_p2p(name, n)
+    names = _body(gm)
+    for limits in ({"all_to_all": 1}, {"point_to_point": 1},
+                   {"all_to_all": 1, "point_to_point": 1}):
+        config = ns.ReorderConfig(max_in_flight=limits)
+        assert ns.check_order(gm, names, config) is None, limits
+        new = ns.reorder(gm, config)
+        assert order_violations(gm, new, 0.1, limits) == [], limits
+
+
+def _clone_then_raise(dtype) -> torch.fx.GraphModule:
+    """`T = x.clone()`, `U = T * 2`, `o = U.sum()`, `S = T + 1`, an all_reduce of `S` on
+    the world and its wait; `o` and the wait returned; `x` of 25 elements of `dtype`."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    up, ctx = torch.ops._c10d_functional, rp.context()
+
+    def clone_then_raise(x):
+        t = x.clone()
+        o = (t * 2).sum()
+        s = t + 1
+        return o, up.wait_tensor(up.all_reduce(s, "sum", ctx.world))
+
+    return make_fx(clone_then_raise, tracing_mode="fake")(torch.zeros(25, dtype=dtype))
+
+
+# After T, RO-12's need would take S (the all_reduce's input) ahead of U; but then T, S
+# and U are live together at U (4 tensors of 25 elements: 400 B in float32) against the
+# original peak of 3 (304 B: T, U and the 4 B sum) and the bound floor(1.1 * 304) = 334 B.
+# The memory test is exact: a move that takes a buffer's last reader ahead frees it after
+# the remaining last reader's allocations, not before (MEM-9 allocates first): refused,
+# and the original order stands, its plan at 304 B. Every dtype scales alike.
+@pytest.mark.spec("RO-9", "RO-10", "RO-12")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64],
+                         ids=["f32", "bf16", "f64"])
+def test_a_buffer_freed_by_a_move_is_live_at_its_remaining_readers_key(backend, world4,
+                                                                       dtype):
+    from refimpl.memory import plan_memory
+
+    ns = concept(backend)
+    gm = _clone_then_raise(dtype)
+    new = ns.reorder(gm, ns.ReorderConfig())
+    assert order_violations(gm, new, 0.1, {}) == []
+    names = [n.name for n in new.graph.nodes if n.op == "call_function"]
+    assert names == ["clone", "mul", "sum_1", "add", "all_reduce", "wait_tensor"], names
+    peak = plan_memory(gm).peak_bytes
+    assert plan_memory(new).peak_bytes == peak <= math.floor(1.1 * peak)

@@ -1048,3 +1048,84 @@ def test_a_point_to_point_op_overlaps_compute_until_its_wait(backend, world4, op
     assert collectives == {comm.name: (0.0, 40.0, 10.0, 30.0, False)}, collectives
     assert totals == (40.0, 40.0, 10.0, 0), totals
     assert tl.overlap == pytest.approx(0.75)
+
+
+# --------------------------------------------------------------------------------------
+# Bytes, free ops and zero-length collectives at their boundaries (SIM-3, SIM-4, SIM-8)
+# --------------------------------------------------------------------------------------
+@pytest.mark.spec("SIM-3", "SIM-2")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int32],
+                         ids=["f32", "bf16", "f64", "i32"])
+def test_a_view_of_part_of_a_tensor_moves_its_own_bytes(backend, world4, dtype):
+    """`v = x[0:2]` of an input `x` of 1024 elements; `a = v + 1`; `all_reduce(v)` on the
+    world of 4. Bytes are elements times element size (SIM-3), not the storage's.
+
+    By hand (element size s): the add moves v and a, 2 s + 2 s = 4 s bytes, and costs
+    1 + 4 s / 1000 us (not 1 + (1024 s + 2 s) / 1000, the storage's); the all_reduce costs
+    2 ring(4, 2 s) (not 2 ring(4, 1024 s)); the slice, a view, 0."""
+    ns = sim(backend)
+    ops = backend.require("functional_collectives").ops
+
+    def program(x):
+        v = x[0:2]
+        return v + 1, ops.wait_tensor(ops.all_reduce(v, "sum", "0"))
+
+    gm = make_fx(program, tracing_mode="fake")(torch.ones(1024, dtype=dtype))
+    tl = ns.simulate(gm, ns.CostModel(_profile(ns)))
+    durations = {e.node.name: e.end_us - e.start_us for e in tl.events}
+    s = torch.empty((), dtype=dtype).element_size()
+    (add,), (ar,), (sl,) = (nodes_of(gm, f) for f in ("aten.add", "all_reduce", "aten.slice"))
+    assert durations[add.name] == pytest.approx(1 + 4 * s / BANDWIDTH), durations
+    assert durations[ar.name] == pytest.approx(2 * ring(4, 2 * s)), durations
+    assert durations[sl.name] == 0.0
+
+
+@pytest.mark.spec("SIM-4", "SIM-3")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_an_op_that_returns_nothing_is_no_view(backend, world4, dtype):
+    """`aten._foreach_add_.Scalar([a, b], 1.0)` returns nothing (its schema's returns are
+    empty): not a view (SIM-4: every result a non-writing alias needs a result), so a
+    roofline of what it reads (SIM-3; no FLOP formula).
+
+    By hand: a and b of 64 elements of size s: 1 + 2 * 64 s / 1000 us (f32: 1.512 us,
+    bf16: 1.256 us), not 0."""
+    ns = sim(backend)
+
+    def program(a, b):
+        torch.ops.aten._foreach_add_.Scalar([a, b], 1.0)
+        return a * 1, b * 1
+
+    gm = make_fx(program, tracing_mode="fake")(torch.ones(64, dtype=dtype),
+                                                 torch.ones(64, dtype=dtype))
+    (foreach,) = nodes_of(gm, "_foreach_add_")
+    assert foreach.target._schema.returns == []
+    tl = ns.simulate(gm, ns.CostModel(_profile(ns)))
+    durations = {e.node.name: e.end_us - e.start_us for e in tl.events}
+    s = torch.empty((), dtype=dtype).element_size()
+    assert durations[foreach.name] == pytest.approx(1 + 2 * 64 * s / BANDWIDTH), durations
+
+
+@pytest.mark.spec("SIM-8")
+@pytest.mark.parametrize("group", ["world", "sub"])
+def test_a_collective_that_takes_no_time_is_not_fully_exposed(backend, world4, group):
+    """`ar0 = all_reduce(x)` pinned 0 us, waited at once; `ar1 = all_reduce(y)` pinned
+    5 us, waited at once; every other node 0 us. On the world or on the subgroup [0, 1].
+
+    By hand: ar0 runs 0..0, hidden 0, exposed 0: it did not run, so not fully exposed
+    (SIM-8: it ran, and hidden_us is 0); ar1 runs 0..5, exposed 5, hidden 0: fully
+    exposed. Step 5, comm 5, exposed 5, fully_exposed_count 1."""
+    ns = sim(backend)
+    ops = backend.require("functional_collectives").ops
+    name = "0" if group == "world" else world4
+
+    def program(x, y):
+        w0 = ops.wait_tensor(ops.all_reduce(x, "sum", name))
+        return w0, ops.wait_tensor(ops.all_reduce(y, "sum", name))
+
+    gm = make_fx(program, tracing_mode="fake")(torch.ones(8), torch.ones(8))
+    ar0, ar1 = nodes_of(gm, "all_reduce")
+    tl = ns.simulate(gm, ns.CostModel(pinned=_pinned(gm, **{ar0.name: 0.0, ar1.name: 5.0})))
+    _, collectives, totals = _times(tl)
+    assert collectives == {ar0.name: (0.0, 0.0, 0.0, 0.0, False),
+                           ar1.name: (0.0, 5.0, 5.0, 0.0, True)}, collectives
+    assert totals == (5.0, 5.0, 5.0, 1), totals

@@ -653,6 +653,9 @@ def _op_refusals(spec: str):
         _refusal(sm.ops.two_shot_all_reduce_, i, "avg", group),
         _refusal(sm.ops.one_shot_all_reduce, f, "prod", group),
         _refusal(sm.ops.one_shot_all_reduce, f.view(2, 3).t(), "sum", group),
+        # the same, with reduce_op in another case: the spelling does not skip the check
+        _refusal(sm.ops.one_shot_all_reduce, f.view(2, 3).t(), "Sum", group),
+        _refusal(sm.ops.two_shot_all_reduce_, i.view(2, 3).t(), "MAX", group),
         _refusal(sm.ops.one_shot_all_reduce_out, f, "sum", group,
                 out=torch.empty(5, device=device)),
         _refusal(sm.ops.one_shot_all_reduce_out, f, "sum", group,
@@ -682,8 +685,8 @@ def _op_refusals(spec: str):
 def test_op_arguments_are_refused_on_every_rank_before_any_wait(backend):
     backend.require(CONCEPT, "empty", "ops")
     for answers, upper in run(backend, _op_refusals, 2):
-        assert answers == ["reduce_op", "reduce_op", "reduce_op", "input", "out", "out", "out",
-                           "out", "input"] + ["group_name"] * 4
+        assert answers == ["reduce_op", "reduce_op", "reduce_op", "input", "input", "input",
+                           "out", "out", "out", "out", "input"] + ["group_name"] * 4
         assert upper == [2.0] * 6
 
 
@@ -770,7 +773,8 @@ def _pointwise_refusals(spec: str):
     f = sm.empty(8, device=device)
     f.fill_(1.0)
     i = sm.empty(4, dtype=torch.int32, device=device)
-    for allocation in (f, i):  # no call is a first use: each meets a kernel's fast path
+    wide = sm.empty(4, dtype=torch.int64, device=device)
+    for allocation in (f, i, wide):  # no call is a first use: each meets a kernel's fast path
         sm.rendezvous(allocation, group)
     x = torch.ones(4, device=device)
     call = sm.ops.one_shot_all_reduce_pointwise
@@ -800,17 +804,21 @@ def _pointwise_refusals(spec: str):
             answers.append(str(exc).split(":")[0])
     steps = sm.pointwise_steps([("mul", 2), ("add", 0.5)])
     result = call(f[:4], x * 3, "sum", group, steps, "sub 1.0").cpu().tolist()
-    return answers, steps, result
+    # Empty chains need no floating dtype: a plain one-shot of integers (rank + 1 each)
+    ints = [call(buf, (x * (dist.get_rank() + 1)).to(buf.dtype), op, group, "", "").cpu()
+            .tolist() for buf, op in ((i, "sum"), (wide, "max"), (i, "Min"))]
+    return answers, steps, result, ints
 
 
 @pytest.mark.spec("SM-24", "SM-14")
 def test_pointwise_arguments_are_refused_on_every_rank_before_any_wait(backend):
     backend.require(CONCEPT, "empty", "ops", "pointwise_steps", "rendezvous")
-    for answers, steps, result in run(backend, _pointwise_refusals, 2):
+    for answers, steps, result, ints in run(backend, _pointwise_refusals, 2):
         assert answers == ["prologue"] * 9 + ["epilogue", "prologue"] + ["local_input"] * 3 \
             + ["reduce_op", "symm_buffer", "symm_buffer", "group_name"] + ["steps"] * 4
         assert steps == "mul 2.0; add 0.5"
         assert result == [12.0] * 4  # (3 * 2 + 0.5) on 2 ranks, then - 1
+        assert ints == [[3] * 4, [2] * 4, [1] * 4], f"integers with empty chains: {ints}"
 
 
 @pytest.mark.spec("SM-24", "SM-13")
@@ -836,6 +844,12 @@ def test_pointwise_schema_and_fake_kernel(backend):
     gm = make_fx(program(), tracing_mode="fake")(torch.ones(3, 5), torch.ones(3, 5))
     out = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
     assert tuple(out.meta["val"].shape) == (3, 5)
+    for dtype in (torch.int32, torch.int64):  # empty chains: no floating dtype needed
+        gm = make_fx(lambda buf, x: op(buf, x, "sum", "no-such-group", "", ""),
+                     tracing_mode="fake")(torch.ones(3, 5, dtype=dtype),
+                                          torch.ones(3, 5, dtype=dtype))
+        out = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+        assert out.meta["val"].dtype == dtype and tuple(out.meta["val"].shape) == (3, 5)
     for bad, argument in ((program(epilogue="pow 2.0"), "epilogue"),
                           (program(rows=2), "local_input"),
                           (program(cast=lambda t: t.int()), "prologue")):
@@ -1290,6 +1304,34 @@ def test_an_op_waits_as_long_as_the_default_timeout_set_last(backend, op):
     assert one is None
 
 
+def _python_op_under_the_default_timeout(spec: str, op: str):
+    outcome = _op_under_the_default_timeout(spec, op)
+    return outcome, _ops_in_use(spec)
+
+
+@pytest.mark.spec("SM-11")
+@pytest.mark.parametrize("op", ["one_shot_all_reduce", "two_shot_all_reduce_"])
+def test_the_python_kernels_wait_as_long_as_the_default_timeout_set_last(backend, op,
+                                                                         monkeypatch):
+    """As the case above, on the ops' Python kernels (`REFIMPL_SYMM_MEM_NATIVE_OPS=0`,
+    read when a rank defines the ops: fresh ranks before and after). Deadline: the 300 ms
+    set last must end rank 0's wait within 5 s; a kernel that kept the default of the
+    module's import (60 s) waits past the run's 15 s limit and fails. (Other backends
+    ignore the variable: the case checks their ops once more.)"""
+    backend.require(CONCEPT, "empty", "rendezvous", "SymmMemTimeout", "ops",
+                    "set_default_timeout")
+    monkeypatch.setenv("REFIMPL_SYMM_MEM_NATIVE_OPS", "0")
+    fresh_ranks(2)
+    try:
+        zero, one = run(backend, _python_op_under_the_default_timeout, 2, op, timeout=15,
+                        restart_after=True)
+    finally:
+        fresh_ranks(2)  # the next case's ranks define the ops afresh
+    assert {zero[1], one[1]} <= {"python", None}, f"kernels in use: {zero[1]}, {one[1]}"
+    assert zero[0] == (1, True), f"rank 0: {zero[0]} (want a timeout naming rank 1 in 5 s)"
+    assert one[0] is None
+
+
 # The barrier op's own timeout against the default: a wait that ends by the other of the
 # two ends after 5 s, where the right one ends after 300 ms; 2.5 s tells them apart on a
 # loaded machine.
@@ -1563,6 +1605,10 @@ def test_is_symm_mem_tensor_knows_its_allocations_and_nothing_else(backend):
     device = torch.device(getattr(sm, "DEVICE", "cpu"))
     t = sm.empty(8, device=device)
     assert sm.is_symm_mem_tensor(t) and sm.is_symm_mem_tensor(t[3:5])
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        view = sm.empty(8, dtype=dtype, device=device)[2:]  # the tensor handed out is gone
+        assert sm.is_symm_mem_tensor(view), f"a {dtype} view that outlived its tensor"
+        assert sm.is_symm_mem_tensor(view[2:].view(2, 2)), f"a view of that view, {dtype}"
     assert not sm.is_symm_mem_tensor(torch.empty(8, device=device))
     assert not sm.is_symm_mem_tensor(torch.empty(8, device="meta"))  # no allocator: False
 
