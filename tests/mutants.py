@@ -3086,7 +3086,8 @@ MUTANTS: list[Mutant] = [m for section in section_lists().values() for m in sect
 # quick catching case, where the rule has such a mutant), then fixed: a new rule's first
 # mutant joins it (a test checks every rule is here).
 FIRST_TIER: frozenset[str] = frozenset({
-    "fake_empty_splits_read_as_no_rows",
+    "fake_empty_splits_read_as_no_rows", "reduce_scatter_avg_grad_divides_by_world",
+    "one_byte_dtypes_not_viewed_back",
     "cast_to_an_integer_absorbed", "absorbed_casts_concatenated_as_the_first_source",
     "candidate_whose_first_user_is_a_wait", "reduce_scatter_member_strides_ignored",
     "mib_of_1025_kib", "default_threshold_in_kilobytes",
