@@ -930,10 +930,11 @@ def _bump(t, k):
 SCHEMALESS_WRITERS = {"python_function": _bump, "operator_iadd": operator.iadd}
 
 
-def _written_by_a_call_without_schema(spec: str, writer: str, rows) -> list[str]:
-    """On a rank, per collective and dtype: `c = collective(x); w1 = wait(c);
-    y = writer(w1, 3); w2 = wait(c)`, traced (the writer stands in for `w1 * 3`), run
-    before and after the backend's `deduplicate_waits`: where the outputs differ."""
+def _a_write_between_two_waits(spec: str, rows, salt: int, write) -> list[str]:
+    """On a rank, per collective and dtype: `c = collective(x); w1 = wait(c); y = w1 * 3;
+    w2 = wait(c)`, traced twice, `write(gm, mul)` making each trace write `w1` before the
+    second wait; run before and after the backend's `deduplicate_waits`: where the outputs
+    differ."""
     from conformance.bucketing_programs import compare, group_of, trace
     from conformance.harness import backend_in_rank
 
@@ -950,7 +951,7 @@ def _written_by_a_call_without_schema(spec: str, writer: str, rows) -> list[str]
     mismatches = []
     for kind, collective in collectives.items():
         for i, dtype in enumerate((F32, BF16, torch.int32)):
-            x = oracle.rank_input(dist.get_rank(), (2 * n, 3), dtype, salt=200 + i)
+            x = oracle.rank_input(dist.get_rank(), (2 * n, 3), dtype, salt=salt + i)
 
             def step(collective, a):
                 c = collective(a)
@@ -960,13 +961,23 @@ def _written_by_a_call_without_schema(spec: str, writer: str, rows) -> list[str]
             graphs = [trace(functools.partial(step, collective), [x]) for _ in range(2)]
             for gm in graphs:
                 (mul,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.mul.Tensor]
-                mul.target = SCHEMALESS_WRITERS[writer]
+                write(gm, mul)
                 gm.recompile()
             bucketing.deduplicate_waits(graphs[1])
             before, after = (gm(x.clone()) for gm in graphs)
             if mismatch := compare(before, after):
                 mismatches.append(f"{kind} {dtype}: {mismatch}")
     return mismatches
+
+
+def _written_by_a_call_without_schema(spec: str, writer: str, rows) -> list[str]:
+    """On a rank, per collective and dtype: `c = collective(x); w1 = wait(c);
+    y = writer(w1, 3); w2 = wait(c)`, traced (the writer stands in for `w1 * 3`), run
+    before and after the backend's `deduplicate_waits`: where the outputs differ."""
+    def retarget(gm, mul):
+        mul.target = SCHEMALESS_WRITERS[writer]
+
+    return _a_write_between_two_waits(spec, rows, 200, retarget)
 
 
 @pytest.mark.spec("BK-18")
@@ -1238,41 +1249,12 @@ def _written_by_an_op_returning_nothing(spec: str, writer: str, rows) -> list[st
     """On a rank, per collective and dtype: `c = collective(x); w1 = wait(c);
     writer([w1]); y = w1 * 3; w2 = wait(c)`, run before and after the backend's
     `deduplicate_waits`: where the outputs differ."""
-    from conformance.bucketing_programs import compare, group_of, trace
-    from conformance.harness import backend_in_rank
+    def insert_the_writer(gm, mul):
+        target, args = RETURNING_NOTHING[writer](mul.args[0])
+        with gm.graph.inserting_before(mul):
+            gm.graph.call_function(target, args)
 
-    backend = backend_in_rank(spec)
-    fc = backend.require("functional_collectives")
-    bucketing = backend.require("bucketing", "deduplicate_waits")
-    pg = group_of(rows)
-    n, name = pg.size(), fc.resolve_group_name(pg)
-    collectives = {
-        "all_gather": lambda a: fc.ops.all_gather_into_tensor(a, n, name),
-        "reduce_scatter": lambda a: fc.ops.reduce_scatter_tensor(a, "sum", n, name),
-        "all_reduce": lambda a: fc.ops.all_reduce(a, "sum", name),
-    }
-    problems = []
-    for kind, collective in collectives.items():
-        for i, dtype in enumerate((F32, BF16, torch.int32)):
-            x = oracle.rank_input(dist.get_rank(), (2 * n, 3), dtype, salt=270 + i)
-
-            def step(collective, a):
-                c = collective(a)
-                first = fc.ops.wait_tensor(c)
-                return first * 3, fc.ops.wait_tensor(c) + 0
-
-            graphs = [trace(functools.partial(step, collective), [x]) for _ in range(2)]
-            for gm in graphs:
-                (mul,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.mul.Tensor]
-                target, args = RETURNING_NOTHING[writer](mul.args[0])
-                with gm.graph.inserting_before(mul):
-                    gm.graph.call_function(target, args)
-                gm.recompile()
-            bucketing.deduplicate_waits(graphs[1])
-            before, after = (gm(x.clone()) for gm in graphs)
-            if mismatch := compare(before, after):
-                problems.append(f"{kind} {dtype}: {mismatch}")
-    return problems
+    return _a_write_between_two_waits(spec, rows, 270, insert_the_writer)
 
 
 @pytest.mark.spec("BK-18")
