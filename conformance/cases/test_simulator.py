@@ -804,6 +804,25 @@ BLOCKING_KERNELS = ["symm_mem.one_shot_all_reduce", "refimpl_symm_mem.one_shot_a
                     "refimpl_symm_mem.two_shot_all_reduce_"]
 
 
+def _gather_matmul_blocking_wait(backend, kernel):
+    """`all_gather` on group "0", a matmul, the blocking `kernel` on "0", the gather's
+    wait, traced: the graph and its (gather, matmul, kernel, wait) nodes."""
+    ops = backend.require("functional_collectives").ops
+    blocking = _blocking_kernel(kernel)
+
+    def program(x, y, a, b):
+        gathered = ops.all_gather_into_tensor(x, 4, "0")
+        m = a @ b
+        reduced = blocking(y, "0")
+        return ops.wait_tensor(gathered), reduced, m
+
+    gm = make_fx(program, tracing_mode="fake")(torch.ones(4), torch.ones(8),
+                                                 torch.ones(4, 4), torch.ones(4, 4))
+    (ag,), (mm,) = nodes_of(gm, "all_gather"), nodes_of(gm, "aten.mm")
+    (kern,), (wait,) = nodes_of(gm, "shot_all_reduce"), nodes_of(gm, "wait_tensor")
+    return gm, (ag, mm, kern, wait)
+
+
 @pytest.mark.spec("SIM-6", "SIM-7", "SIM-8")
 @pytest.mark.parametrize("lead", [0.0, 30.0])
 @pytest.mark.parametrize("kernel", BLOCKING_KERNELS)
@@ -824,19 +843,7 @@ def test_a_blocking_kernel_queues_behind_its_groups_running_collective(backend, 
     only the kernel's own run would give 10 us; a stall counted from the kernel's start,
     100..110, would leave the gather all hidden.)"""
     ns = sim(backend)
-    ops = backend.require("functional_collectives").ops
-    blocking = _blocking_kernel(kernel)
-
-    def program(x, y, a, b):
-        gathered = ops.all_gather_into_tensor(x, 4, "0")
-        m = a @ b
-        reduced = blocking(y, "0")
-        return ops.wait_tensor(gathered), reduced, m
-
-    gm = make_fx(program, tracing_mode="fake")(torch.ones(4), torch.ones(8),
-                                                 torch.ones(4, 4), torch.ones(4, 4))
-    (ag,), (mm,) = nodes_of(gm, "all_gather"), nodes_of(gm, "aten.mm")
-    (kern,), (wait,) = nodes_of(gm, "shot_all_reduce"), nodes_of(gm, "wait_tensor")
+    gm, (ag, mm, kern, wait) = _gather_matmul_blocking_wait(backend, kernel)
     tl = ns.simulate(gm, ns.CostModel(pinned=_pinned(gm, **{ag.name: 100.0, mm.name: lead,
                                                             kern.name: 10.0})))
     events, collectives, totals = _times(tl)
@@ -863,19 +870,7 @@ def test_a_blocking_kernel_on_an_idle_stream_runs_when_reached(backend, world4, 
     gather done: 40..40. Step 40, comm 30, exposed 10. The gather all hidden (0 exposed,
     20 hidden), the kernel fully exposed (10, 0). One fully exposed."""
     ns = sim(backend)
-    ops = backend.require("functional_collectives").ops
-    blocking = _blocking_kernel(kernel)
-
-    def program(x, y, a, b):
-        gathered = ops.all_gather_into_tensor(x, 4, "0")
-        m = a @ b
-        reduced = blocking(y, "0")
-        return ops.wait_tensor(gathered), reduced, m
-
-    gm = make_fx(program, tracing_mode="fake")(torch.ones(4), torch.ones(8),
-                                                 torch.ones(4, 4), torch.ones(4, 4))
-    (ag,), (mm,) = nodes_of(gm, "all_gather"), nodes_of(gm, "aten.mm")
-    (kern,), (wait,) = nodes_of(gm, "shot_all_reduce"), nodes_of(gm, "wait_tensor")
+    gm, (ag, mm, kern, wait) = _gather_matmul_blocking_wait(backend, kernel)
     tl = ns.simulate(gm, ns.CostModel(pinned=_pinned(gm, **{ag.name: 20.0, mm.name: 30.0,
                                                             kern.name: 10.0})))
     events, collectives, totals = _times(tl)
