@@ -261,21 +261,28 @@ def test_point_to_point_ops_cost_one_transfer(backend, world4):
     assert durations == pytest.approx([want, want]), durations
 
 
+def _gather_matmul_wait(backend):
+    """`all_gather` on group "0", a matmul, the gather's wait, traced: the graph and its
+    (gather, matmul, wait) nodes."""
+    ops = backend.require("functional_collectives").ops
+
+    def program(x, a, b):
+        gathered = ops.all_gather_into_tensor(x, 4, "0")
+        m = a @ b
+        return ops.wait_tensor(gathered), m
+
+    gm = make_fx(program, tracing_mode="fake")(torch.ones(4), torch.ones(4, 4),
+                                                 torch.ones(4, 4))
+    (ag,), (mm,), (wait,) = (nodes_of(gm, f) for f in ("all_gather", "aten.mm", "wait_tensor"))
+    return gm, (ag, mm, wait)
+
+
 @pytest.mark.spec("SIM-7", "SIM-8")
 def test_a_wait_reached_late_still_takes_its_own_time(backend, world4):
     """The gather (10 us) ends under a matmul (30 us): its wait (2 us) then waits for
     nothing, but still runs its own 2 us: 30..32."""
     ns = sim(backend)
-    ops = backend.require("functional_collectives").ops
-
-    def program(x, a, b):
-        full = ops.all_gather_into_tensor(x, 4, "0")
-        m = a @ b
-        return ops.wait_tensor(full), m
-
-    gm = make_fx(program, tracing_mode="fake")(torch.ones(4), torch.ones(4, 4),
-                                                 torch.ones(4, 4))
-    ag, mm, wait = (nodes_of(gm, f)[0] for f in ("all_gather", "aten.mm", "wait_tensor"))
+    gm, (ag, mm, wait) = _gather_matmul_wait(backend)
     tl = ns.simulate(gm, ns.CostModel(pinned={ag.name: 10.0, mm.name: 30.0, wait.name: 2.0}))
     by = {e.node: (e.start_us, e.end_us) for e in tl.events}
     assert by[wait] == pytest.approx((30.0, 32.0)), by[wait]
@@ -937,16 +944,7 @@ def test_a_wait_reached_early_or_late(backend, world4, lead):
     Late, lead 150: the wait still takes its own 5 us, 150..155; nothing exposed. Step 155.
     None fully exposed; comm 100 in all."""
     ns = sim(backend)
-    ops = backend.require("functional_collectives").ops
-
-    def program(x, a, b):
-        gathered = ops.all_gather_into_tensor(x, 4, "0")
-        m = a @ b
-        return ops.wait_tensor(gathered), m
-
-    gm = make_fx(program, tracing_mode="fake")(torch.ones(4), torch.ones(4, 4),
-                                                 torch.ones(4, 4))
-    (ag,), (mm,), (wait,) = (nodes_of(gm, f) for f in ("all_gather", "aten.mm", "wait_tensor"))
+    gm, (ag, mm, wait) = _gather_matmul_wait(backend)
     tl = ns.simulate(gm, ns.CostModel(pinned=_pinned(gm, **{ag.name: 100.0, mm.name: lead,
                                                             wait.name: 5.0})))
     events, collectives, totals = _times(tl)
