@@ -52,12 +52,10 @@ for _name in PRELOADED:
 # (and do not touch, so copy, its pages).
 gc.freeze()
 
-# The modules every rank worker's forkserver loads before it forks a rank: refimpl's own
-# preload (torch, torch.distributed) and what the cases import on the ranks.
-FORKSERVER_PRELOAD = ["torch", "torch.distributed", "torch.fx.experimental.proxy_tensor",
-                      "torch._dynamo", "torch._inductor",
-                      "torch.distributed._functional_collectives",
-                      "torch.distributed._symmetric_memory"]
+# The modules every rank worker's forkserver loads before it forks a rank: torch's of the
+# list above (refimpl's own preload, torch and torch.distributed, among them), which the
+# cases import on the ranks too; not the test tools.
+FORKSERVER_PRELOAD = [name for name in PRELOADED if name.partition(".")[0] == "torch"]
 
 
 def _start_shared_forkserver() -> int:
