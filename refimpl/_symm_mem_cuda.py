@@ -225,7 +225,8 @@ class CudaAllocator:
             alloc = self._new_allocation(nbytes, device, group_name, alloc_id)
             self._persistent[alloc_id] = alloc
             return alloc
-        alive = alloc.holder is not None and alloc.holder() is not None
+        alive = sm.held_past_grace(
+            lambda: int(alloc.holder is not None and alloc.holder() is not None), 0)
         sm.check_persistent(alloc, alive, nbytes, group_name, alloc_id)
         if alloc.segment.device != device:
             refuse("alloc_id", f"a request on {alloc.segment.device}, where alloc_id "

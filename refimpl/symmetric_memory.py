@@ -31,6 +31,7 @@ import math
 import mmap
 import os
 import secrets
+import time
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -53,8 +54,8 @@ __all__ = [
     "SymmetricAllocation", "CpuAllocator", "CpuSymmetricMemory", "OP_CHANNEL",
     "kernel_build_info", "load_kernels", "POINTWISE_STEPS", "POINTWISE_DTYPES", "pointwise_steps",
     # the backend interface (see `register_allocator`)
-    "GroupInfo", "pad_offset", "storage_elements", "check_persistent", "group_info",
-    "gather", "check_sizes",
+    "GroupInfo", "pad_offset", "storage_elements", "check_persistent", "held_past_grace",
+    "group_info", "gather", "check_sizes",
 ]
 
 LIBRARY = "refimpl_symm_mem"
@@ -64,6 +65,7 @@ DEVICE = os.environ.get("REFIMPL_SYMM_MEM_DEVICE", "cpu")
 SIGNAL_PAD_SIZE = 4096  # bytes per rank: uint32 slots, one per (channel, peer)
 SEGMENT_PREFIX = "refimpl-symm-"
 MAX_ALLOC_ID = 2**64 - 1  # alloc_id is a uint64 upstream
+RELEASE_GRACE_S = 1.0  # how long SM-4 waits for a finished collective's worker to let go
 SHM_DIR = os.environ.get("REFIMPL_SHM_DIR", "/dev/shm")
 _default_timeout_ms = int(os.environ.get("REFIMPL_SYMM_MEM_TIMEOUT_MS", "60000"))
 
@@ -222,7 +224,9 @@ def register_allocator(device_type: str, allocator) -> None:
       - `storage_elements(size, stride)`: the elements a layout spans (its bytes, times
         the element size).
       - `check_persistent(alloc, alive, nbytes, group_name, alloc_id)`: SM-4's checks
-        of a repeated persistent request, with SM-4's errors.
+        of a repeated persistent request, with SM-4's errors; `held_past_grace(users,
+        owners)` judges `alive` (a worker thread's last moment with a finished
+        collective's tensors is not a live holder).
       - `group_info(group_name) -> GroupInfo`: the group's rank, world size, store and a
         counter of its rendezvous (keys of their own: `rdzv<count>/...`).
       - `gather(info, prefix, timeout_s, what)`: every rank's value of key
@@ -662,6 +666,24 @@ def storage_elements(size: tuple[int, ...], stride: tuple[int, ...]) -> int:
     return 1 + sum((s - 1) * st for s, st in zip(size, stride, strict=True))
 
 
+def held_past_grace(users, owners: int) -> bool:
+    """SM-4: does `users()` stay above `owners` for RELEASE_GRACE_S? A process group's
+    worker thread lets go of a finished collective's tensors just after that collective's
+    wait returns (gloo's marks the work complete, then drops it), so a count above the
+    owners right after a wait is usually that thread: read it again until the grace is
+    spent before calling the allocation alive. The common case (no extra user) reads once."""
+    if users() <= owners:
+        return False
+    deadline = time.monotonic() + RELEASE_GRACE_S
+    pause_s = 1e-5
+    while time.monotonic() < deadline:
+        time.sleep(pause_s)
+        pause_s = min(2 * pause_s, 0.01)
+        if users() <= owners:
+            return False
+    return True
+
+
 def check_persistent(alloc: SymmetricAllocation, alive: bool, nbytes: int, group_name,
                      alloc_id: int) -> None:
     """SM-4, for every allocator: may persistent `alloc` be handed out again for a request
@@ -720,7 +742,7 @@ class CpuAllocator:
             alloc.storage = torch.frombuffer(view, dtype=torch.uint8).untyped_storage()
             self._persistent[alloc_id] = self._live[alloc.base] = alloc
         else:
-            alive = _storage_users(alloc.storage) > 1  # the owner is one user
+            alive = held_past_grace(lambda: _storage_users(alloc.storage), 1)  # the owner
             same = layout == alloc.layout  # then the byte size is the same too
             nbytes = alloc.nbytes if same else storage_elements(size, stride) * dtype.itemsize
             check_persistent(alloc, alive, nbytes, group_name, alloc_id)
@@ -745,7 +767,7 @@ class CpuAllocator:
                 tensor = self._persistent_tensor(*layout, alloc.group_name, alloc_id)
                 layout = alloc.layout  # ours again
                 return tensor
-            if use_count() > 2:  # more users than the storage object and the owner
+            if held_past_grace(use_count, 2):  # more users than the storage object and the owner
                 check_persistent(alloc, True, alloc.nbytes, alloc.group_name, alloc_id)
             return alloc.owner.detach()
         return grant_again

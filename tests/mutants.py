@@ -2267,19 +2267,29 @@ SM = [
            catch="test_group_info_bounds"),
     Mutant("a_live_view_of_a_persistent_allocation_not_counted", "SM-4",
            "refimpl/symmetric_memory.py",
-           "alive = _storage_users(alloc.storage) > 1", "alive = _storage_users(alloc.storage) > 2",
+           "held_past_grace(lambda: _storage_users(alloc.storage), 1)",
+           "held_past_grace(lambda: _storage_users(alloc.storage), 2)",
            "the allocator's own tensor counted twice: one live holder goes unnoticed",
            catch="test_persistent_allocation_boundaries_and_its_three_refusals"),
     Mutant("reissued_live_view_not_counted", "SM-4", "refimpl/symmetric_memory.py",
-           "if use_count() > 2:", "if use_count() > 3:",
+           "if held_past_grace(use_count, 2):", "if held_past_grace(use_count, 3):",
            "a repeated request counts the allocator's tensor twice: one live holder passes",
            catch="test_persistent_allocation_returns_the_same_memory_once_free"),
     Mutant("reissue_skips_the_alive_check", "SM-4", "refimpl/symmetric_memory.py",
-           "            if use_count() > 2:  # more users than the storage object and the owner\n"
+           "            if held_past_grace(use_count, 2):  # more users than the storage "
+           "object and the owner\n"
            "                check_persistent(alloc, True, alloc.nbytes, alloc.group_name, "
            "alloc_id)\n", "",
            "the repeated request is a bare lookup: a live allocation is handed out twice",
            catch="test_persistent_allocation_returns_the_same_memory_once_free"),
+    Mutant("a_finished_collectives_worker_counted_as_a_live_holder", "SM-4",
+           "refimpl/symmetric_memory.py",
+           "RELEASE_GRACE_S = 1.0", "RELEASE_GRACE_S = 0.0",
+           "the users read once: the reference gloo's worker thread drops just after a wait "
+           "returns is taken for a live holder, and the next call's request is refused "
+           "(found by CI's second-tier fuzz run, CL seed 1035)",
+           catch="test_a_persistent_buffer_is_free_again_once_the_collective_that_read_it_is_"
+                 "waited"),
     Mutant("default_timeout_of_zero_accepted", "SM-11", "refimpl/symmetric_memory.py",
            "isinstance(timeout_ms, bool) or timeout_ms <= 0:",
            "isinstance(timeout_ms, bool) or timeout_ms < 0:",

@@ -347,6 +347,43 @@ def test_persistent_allocation_returns_the_same_memory_once_free(backend):
     assert run(backend, _persistent, 2, 0x5EED) == [(True, True)] * 2
 
 
+def _persistent_through_a_collective(spec: str, alloc_id: int, rounds: int):
+    """Each round: the persistent buffer asked for, filled, all-gathered by the backend's
+    functional collective and waited, then dropped. A refused request still gathers (a
+    plain tensor) so that the ranks stay in step; the refusals and wrong rounds come back."""
+    sm, group, device = _setup(spec, "empty_strided_p2p")
+    ops = backend_in_rank(spec).require("functional_collectives").ops
+    rank, world = dist.get_rank(), dist.get_world_size()
+    refusals, wrong = [], []
+    for i in range(rounds):
+        try:
+            buffer = sm.empty_strided_p2p((3, 4), (4, 1), torch.float32, device, group,
+                                          alloc_id=alloc_id)
+        except (RuntimeError, ValueError) as exc:
+            refusals.append(f"round {i}: {exc}")
+            buffer = torch.empty(3, 4, device=device)
+        buffer.fill_(10 * i + rank)
+        gathered = ops.wait_tensor(ops.all_gather_into_tensor(buffer, world, group))
+        want = torch.cat([torch.full((3, 4), 10.0 * i + r) for r in range(world)])
+        if not torch.equal(gathered.cpu(), want):
+            wrong.append(i)
+        del buffer, gathered
+    return refusals[:2], wrong
+
+
+@pytest.mark.spec("SM-4")
+def test_a_persistent_buffer_is_free_again_once_the_collective_that_read_it_is_waited(
+        backend):
+    """A process group's worker thread lets go of a finished collective's input just
+    after the wait returns (gloo's drops it after marking the work complete): the buffer's
+    next request, right after the wait, is not a live holder's and MUST be granted."""
+    backend.require(CONCEPT, "empty_strided_p2p")
+    backend.require("functional_collectives")
+    results = run(backend, _persistent_through_a_collective, 2, 0x7A11, 200)
+    for rank, (refusals, wrong) in enumerate(results):
+        assert not refusals and not wrong, f"rank {rank}: refused {refusals}, wrong {wrong}"
+
+
 def _persistent_made_under_inference_mode(spec: str, alloc_id: int):
     sm, group, device = _setup(spec, "empty_strided_p2p")
     with torch.inference_mode():  # a compiled program run for inference asks first
