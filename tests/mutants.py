@@ -623,6 +623,14 @@ FC = [
            "'is cast to the input's dtype anyway'), so a premul_sum made with an "
            "integer tensor factor is accepted instead of refused. (red team)",
            catch="test_bad_input_is_refused[premul_sum_integer_tensor_factor]"),
+    Mutant("avg_dtype_check_reads_the_name_as_spelled", "FC-18",
+           "refimpl/functional_collectives.py",
+           '    if op == "avg" and not floating:',
+           '    if reduce_op == "avg" and not floating:',
+           "The dtype check tests the raw argument instead of the lower-cased name, so a "
+           "reduction spelled in another case ('AVG', FC-42) skips FC-18's check. (red "
+           "team)",
+           catch="test_bad_input_is_refused[AVG_of_integers]"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -1339,6 +1347,15 @@ BK = [
            "prims.convert_element_type form that decompositions produce. Those casts "
            "are never folded into the bucket's copy. (red team)",
            catch="test_casts_written_as_convert_element_type_are_absorbed[bf16]"),
+    Mutant("a_method_call_counted_as_no_writer", "BK-18", "refimpl/bucketing.py",
+           '    if node.op != "call_function":\n'
+           "        return True",
+           '    if node.op != "call_function":\n'
+           "        return False",
+           "Nodes that are not call_function (call_method, call_module) are treated like "
+           "placeholders as never writing, instead of as calls whose schema is unknown and"
+           " may write in place. (red team)",
+           catch="test_a_wait_stays_where_a_call_without_a_schema_may_write[method_call]"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -1787,6 +1804,21 @@ RO = [
            "ring algorithm, where the op table says point_to_point and direct. (red "
            "team)",
            catch="test_a_batch_of_point_to_point_ops_is_of_kind_point_to_point[world]"),
+    Mutant("prologue_ops_of_aten_only", "RO-7", "refimpl/reorder.py",
+           'target.namespace not in ("aten", "prims"):',
+           'target.namespace != "aten":',
+           "The prologue test accepts only ATen ops, forgetting the prims path that SPEC "
+           "names (prims.convert_element_type, the cast FSDP puts before an all_gather, "
+           "and prims views), so such a cast is a block of its own. (red team)",
+           catch="test_a_prims_cast_is_part_of_a_gathers_prologue"),
+    Mutant("check_order_names_the_first_check_not_the_first_position", "RO-15",
+           "refimpl/reorder.py",
+           "        at, rule, nodes, what = min(found, key=lambda v: v[0])",
+           "        at, rule, nodes, what = found[0]",
+           "check_order reports the first check that failed (edges before blocks before "
+           "limits before memory) instead of the violation that comes first by position in"
+           " `order`. (red team)",
+           catch="test_check_order_names_the_first_violation_by_position"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -2538,6 +2570,14 @@ SM = [
            "view of it lives, the allocation is forgotten (and its fd closed). (red "
            "team)",
            catch="test_is_symm_mem_tensor_knows_its_allocations_and_nothing_else"),
+    Mutant("fail_stop_only_after_a_barrier", "SM-19", "refimpl/symmetric_memory.py",
+           '        if what not in ("put_signal", "wait_signal"):',
+           '        if what == "barrier":',
+           "Fail-stop is wired to the barrier only; the all-reduce ops, whose kernels also"
+           " run barriers and can time out after signalling some peers, are forgotten. "
+           "(red team)",
+           catch="test_an_all_reduce_that_timed_out_makes_the_handle_fail_stop["
+                 "one_shot_all_reduce]"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -3078,6 +3118,13 @@ E2E = [
            "its index, is bucket_cap_mb, and E2E-4's count ceil(P/k) assumes this. (red "
            "team)",
            catch="test_the_first_bucket_has_the_cap_of_every_other[default]"),
+    Mutant("graph_index_counts_compiled_graphs", "E2E-5", "refimpl/compile.py",
+           "        index = self._dynamo_graphs\n",
+           "        index = len(self.graphs)\n",
+           "The implementer numbers a Dynamo graph by how many graphs the backend has "
+           "recorded so far, confusing AOTAutograd's compiled graphs (forward, backward, "
+           "inference) with the graphs Dynamo handed over. (red team)",
+           catch="test_graphs_are_numbered_by_the_graphs_dynamo_handed_over"),
 ]
 
 

@@ -975,23 +975,27 @@ def _written_by_a_call_without_schema(spec: str, writer: str, rows) -> list[str]
     y = writer(w1, 3); w2 = wait(c)`, traced (the writer stands in for `w1 * 3`), run
     before and after the backend's `deduplicate_waits`: where the outputs differ."""
     def retarget(gm, mul):
-        mul.target = SCHEMALESS_WRITERS[writer]
+        if writer == "method_call":  # `w1.add_(3)`: a call_method node, no target to read
+            mul.op, mul.target = "call_method", "add_"
+        else:
+            mul.target = SCHEMALESS_WRITERS[writer]
 
     return _a_write_between_two_waits(spec, rows, 200, retarget)
 
 
 @pytest.mark.spec("BK-18")
 @pytest.mark.parametrize("writer, world_size, rows", [
-    ("python_function", 2, "world"), ("operator_iadd", 2, "world"),
-    ("python_function", 4, ROWS_3_1)], ids=["python_function", "operator_iadd",
+    ("python_function", 2, "world"), ("operator_iadd", 2, "world"), ("method_call", 2, "world"),
+    ("python_function", 4, ROWS_3_1)], ids=["python_function", "operator_iadd", "method_call",
                                             "python_function_row_group"])
 def test_a_wait_stays_where_a_call_without_a_schema_may_write(backend, writer, world_size,
                                                                rows):
-    """A call whose target has no schema (a Python function, `operator.iadd`) may write a
-    tensor in place: here it writes the first wait's result before the second wait of
-    the same collective. Every rank computes what it did before the pass (a wait that
-    returns a copy must stay), for an all_gather, a reduce_scatter and an all_reduce in
-    float32, bfloat16 and int32, on the world and on groups of 3 and 1 of 4 ranks."""
+    """A call whose target has no schema (a Python function, `operator.iadd`, a method
+    call `w1.add_(3)`) may write a tensor in place: here it writes the first wait's result
+    before the second wait of the same collective. Every rank computes what it did before
+    the pass (a wait that returns a copy must stay), for an all_gather, a reduce_scatter
+    and an all_reduce in float32, bfloat16 and int32, on the world and on groups of 3 and
+    1 of 4 ranks."""
     backend.require("functional_collectives")
     backend.require("bucketing", "deduplicate_waits")
     results = harness.run(backend, _written_by_a_call_without_schema, world_size, writer, rows)

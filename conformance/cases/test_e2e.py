@@ -364,6 +364,32 @@ def test_a_stage_switched_off_leaves_the_others_their_numbers(backend, tmp_path)
     assert texts == ["0_traced.txt", "2_lowered.txt", "3_reordered.txt"], texts
 
 
+@pytest.mark.spec("E2E-5")
+def test_graphs_are_numbered_by_the_graphs_dynamo_handed_over(backend, tmp_path):
+    """A training step compiled, run forward and backward (graph 0: its forward and its
+    backward), then called on another shape, which Dynamo compiles as a second graph: its
+    folders are graph1_forward and graph1_backward (`i` counts Dynamo's graphs, not the
+    forward and backward graphs compiled so far)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        pytest.skip("a process group is left in this process by another case")
+    concept = backend.require("compile_backend")
+    compiled = concept.make({"bucket_cap_mb": None, "debug_dir": str(tmp_path)})
+    step = torch.compile(lambda x, w: (x * w).sum(), backend=compiled, dynamic=False)
+    torch._dynamo.reset()
+    try:
+        for n in (4, 5):  # a new shape: a second Dynamo graph
+            w = torch.ones(n, requires_grad=True)
+            step(torch.arange(float(n)), w).backward()
+            assert w.grad.tolist() == [float(i) for i in range(n)]
+    finally:
+        torch._dynamo.reset()
+    folders = sorted(p.name for p in (tmp_path / "rank0").iterdir())
+    assert folders == ["graph0_backward", "graph0_forward", "graph1_backward",
+                       "graph1_forward"], folders
+
+
 @pytest.mark.spec("E2E-2", "E2E-5")
 def test_stages_run_in_order_and_all_reduces_are_not_bucketed(backend):
     """Two all_reduces under a cap that would hold both: bucketing leaves them as they

@@ -690,6 +690,9 @@ BAD_INPUTS = {
     "band_enum_of_float": ("FC-18", VTR, ["band"]),
     "reduce_scatter_unknown_reduce_op": ("FC-17", V, ["reduce_op"]),
     "avg_of_integers": ("FC-18", VTR, ["avg"]),
+    # The name is case-insensitive (FC-42) for the dtype check too.
+    "AVG_of_integers": ("FC-18", VTR, ["avg"]),
+    "Band_of_float": ("FC-18", VTR, ["band"]),
     "avg_of_bool": ("FC-18", VTR, ["avg"]),
     "reduce_scatter_avg_of_integers": ("FC-18", VTR, ["avg"]),
     "band_of_float": ("FC-18", VTR, ["band"]),
@@ -789,6 +792,8 @@ def _bad_call(fc, name):
         "reduce_scatter_unknown_reduce_op": lambda: fc.reduce_scatter_tensor(x, "median", 0,
                                                                              world),
         "avg_of_integers": lambda: fc.all_reduce(xi, "avg", world),
+        "AVG_of_integers": lambda: fc.all_reduce(xi, "AVG", world),
+        "Band_of_float": lambda: fc.all_reduce(x, "Band", world),
         "avg_of_bool": lambda: fc.all_reduce(x > 0, "avg", world),
         "reduce_scatter_avg_of_integers": lambda: fc.reduce_scatter_tensor(xi, "avg", 0, world),
         "band_of_float": lambda: fc.all_reduce(x, "band", world),

@@ -1727,6 +1727,70 @@ def test_an_unsafe_view_is_part_of_a_gathers_prologue(backend, world4, view):
     assert order[at:at + 3] == [cast, viewed, gather], order
 
 
+def _prims_cast_gather(ops) -> torch.fx.GraphModule:
+    """`c = prims.convert_element_type(x, bf16)` (the cast FSDP puts before its gather),
+    `m = a @ b`, a gather of `c` on the sub group of 2 and its wait."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    ctx = rp.context()
+
+    def prims_cast_gather(x, a, b):
+        c = torch.ops.prims.convert_element_type.default(x, torch.bfloat16)
+        m = a @ b
+        return ops.wait_tensor(ops.all_gather_into_tensor(c, ctx.sub_n, ctx.sub)), m
+
+    return make_fx(prims_cast_gather, tracing_mode="fake")(
+        torch.zeros(2, 2), torch.zeros(4, 4), torch.zeros(4, 4))
+
+
+# RO-7's prologue ops are ATen's or prims' (`convert_element_type` is prims' cast): the
+# cast and the gather are one block, which the matmul may not split.
+@pytest.mark.spec("RO-7", "RO-15")
+def test_a_prims_cast_is_part_of_a_gathers_prologue(backend, world4):
+    ns = _check(backend)
+    gm = _prims_cast_gather(backend.require("functional_collectives").ops)
+    cast, mm, gather, wait = _body(gm)
+    assert gm.graph.find_nodes(op="call_function",
+                               target=torch.ops.prims.convert_element_type.default), gm.code
+    config = ns.ReorderConfig()
+    assert ns.check_order(gm, [mm, cast, gather, wait], config) is None
+    with pytest.raises(ValueError) as error:
+        ns.check_order(gm, [cast, mm, gather, wait], config)
+    assert error.value.rule == "RO-7" and "[RO-7]" in str(error.value), error.value
+
+
+def _gather_then_chain(ops) -> torch.fx.GraphModule:
+    """A cast and its gather on the sub group, the wait, then `relu(y) + 1` and `* 2`."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    ctx = rp.context()
+
+    def gather_then_chain(x, y):
+        w = ops.wait_tensor(ops.all_gather_into_tensor(x.to(torch.float64), ctx.sub_n,
+                                                       ctx.sub))
+        return w, (torch.relu(y) + 1) * 2
+
+    return make_fx(gather_then_chain, tracing_mode="fake")(torch.zeros(2, 2),
+                                                            torch.zeros(4))
+
+
+# Two violations in one order: the relu inside the gather's block (RO-7, at position 1)
+# and the mul before the add it reads (RO-3, at position 4). RO-15 names the first by
+# position, whichever rule is checked first.
+@pytest.mark.spec("RO-15", "RO-3", "RO-7")
+def test_check_order_names_the_first_violation_by_position(backend, world4):
+    ns = _check(backend)
+    gm = _gather_then_chain(backend.require("functional_collectives").ops)
+    cast, gather, wait, relu, add, mul = _body(gm)
+    config = ns.ReorderConfig()
+    with pytest.raises(ValueError) as error:
+        ns.check_order(gm, [cast, relu, gather, wait, mul, add], config)
+    assert error.value.rule == "RO-7", error.value
+    with pytest.raises(ValueError) as error:  # the block kept: the RO-3 alone
+        ns.check_order(gm, [cast, gather, wait, relu, mul, add], config)
+    assert error.value.rule == "RO-3", error.value
+
+
 def _a2a_and_batch_p2p(group: str, n: int) -> torch.fx.GraphModule:
     """An all_to_all_single, then a batch_p2p_ops of an isend and an irecv, on one group
     of n ranks, each waited after both are issued; upstream's ops."""

@@ -1282,6 +1282,14 @@ def _fail_stop(spec: str):
     # away (rank 1 is held back below): a second is enough to tell the two apart.
     if hasattr(sm, "set_default_timeout"):
         sm.set_default_timeout(1_000)
+    later = _later_synchronisations(sm, h, t, group, first)
+    dist.barrier()  # releases rank 1
+    return first[0] if first else None, "[SM-11]" in (first or ("", ""))[1], later
+
+
+def _later_synchronisations(sm, h, t, group, first) -> list:
+    """Each later synchronisation of a handle that should be fail-stop: (the peer its
+    SymmMemTimeout names, whether it names the first timeout's message), None if it ran."""
     later = []
     for call in (lambda: h.barrier(channel=2, timeout_ms=1_000),
                  lambda: h.put_signal(1, channel=3),
@@ -1294,8 +1302,7 @@ def _fail_stop(spec: str):
             later.append(None)
         except sm.SymmMemTimeout as exc:
             later.append((exc.peer, first is not None and first[1] in str(exc)))
-    dist.barrier()  # releases rank 1
-    return first[0] if first else None, "[SM-11]" in (first or ("", ""))[1], later
+    return later
 
 
 @pytest.mark.spec("SM-11", "SM-19")
@@ -1306,6 +1313,45 @@ def test_a_barrier_that_timed_out_makes_the_handle_fail_stop(backend):
     assert (peer, rule) == (1, True), "the barrier names the rank it waited for"
     assert later == [(1, True)] * 6, "every later synchronisation names the earlier timeout"
     assert one == 0, "rank 1's next barrier with the fail-stopped rank 0 times out naming it"
+
+
+def _fail_stop_after_an_all_reduce(spec: str, op: str):
+    sm, group, device = _setup(spec, "empty", "rendezvous", "SymmMemTimeout", "ops",
+                               "set_default_timeout")
+    rank = dist.get_rank()
+    t = sm.empty(4, dtype=torch.float32, device=device)
+    t.fill_(1)
+    h = sm.rendezvous(t, group)
+    h.barrier()
+    if rank == 1:  # never calls the all-reduce; held back until rank 0 is done
+        dist.barrier()
+        return None
+    sm.set_default_timeout(300)
+    try:
+        getattr(sm.ops, op)(t, "sum", group)
+        first = None
+    except sm.SymmMemTimeout as exc:
+        first = (exc.peer, str(exc))
+    sm.set_default_timeout(1_000)
+    later = _later_synchronisations(sm, h, t, group, first)
+    dist.barrier()  # releases rank 1
+    return first[0] if first else None, later
+
+
+@pytest.mark.spec("SM-19")
+@pytest.mark.parametrize("op", ["one_shot_all_reduce", "two_shot_all_reduce_"])
+def test_an_all_reduce_that_timed_out_makes_the_handle_fail_stop(backend, op):
+    """SM-19 names the all-reduce ops beside the barrier: one that timed out may have
+    signalled its peers, so every later synchronisation of the handle raises at once,
+    naming that timeout and its peer, without touching a signal pad."""
+    backend.require(CONCEPT, "empty", "rendezvous", "SymmMemTimeout", "ops",
+                    "set_default_timeout")
+    zero, one = run(backend, _fail_stop_after_an_all_reduce, 2, op)
+    peer, later = zero
+    assert peer == 1, f"the {op} that timed out names the rank it waited for: {zero}"
+    assert later == [(1, True)] * 6, \
+        f"every later synchronisation names the earlier timeout: {later}"
+    assert one is None
 
 
 def _op_under_the_default_timeout(spec: str, op: str):
