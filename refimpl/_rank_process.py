@@ -17,6 +17,7 @@ import multiprocessing
 import os
 import pickle
 import sys
+import threading
 import traceback
 
 # Environment variables that follow every task into the workers.
@@ -213,6 +214,20 @@ def _run_task(task: bytes, device) -> bytes:
         return pickle.dumps(("ok", to_cpu(result)))
     except BaseException as exc:  # report everything, the caller decides
         return pickle.dumps(("err", type(exc).__name__, str(exc), traceback.format_exc()))
+
+
+def hand_over(conn, task: bytes) -> None:
+    """Send `task` to a worker without holding up the caller. A task larger than the
+    socket's buffer waits until the worker reads it, and a worker reads only once its
+    process group has formed: one whose peer cannot start it waits out the group's
+    rendezvous (PG_TIMEOUT_S). The call's own deadline, not the send, must bound that wait
+    (CF-13); the caller then counts a worker that never took its task as not answering. A
+    send to a worker stopped meanwhile is dropped: its missing reply says so."""
+    def send():
+        with contextlib.suppress(OSError, ValueError):
+            conn.send_bytes(task)
+
+    threading.Thread(target=send, name="refimpl-hand-over", daemon=True).start()
 
 
 def receive_reply(conn, rank: int, proc) -> tuple:

@@ -48,6 +48,7 @@ from refimpl._rank_process import (
     chosen_process_group,
     context,
     forwarded_env,
+    hand_over,
     local_device,
     main_without_fake_file,
     receive_reply,
@@ -259,11 +260,9 @@ class LaunchedWorld:
                 worker.stop()
             self.generations[n] = self.generations.get(n, 0) + 1
             worker = self.workers[n] = _LocalWorker(self, n, self.generations[n])
-        try:
-            worker.conn.send_bytes(pickle.dumps((forwarded_env(), fn, args,
-                                                 kwargs)))
-        except OSError:
-            return worker.reply(0) or ("err", "ProcessDied", f"rank {self.rank} is gone", "")
+        # A worker that died takes no task: its reply is then the end of its connection
+        # (receive_reply: "ProcessDied").
+        hand_over(worker.conn, pickle.dumps((forwarded_env(), fn, args, kwargs)))
         deadline = time.monotonic() + timeout_s
         failed = f"{tag}/failed"
         while True:

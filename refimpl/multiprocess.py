@@ -43,6 +43,7 @@ from refimpl._rank_process import (
     chosen_process_group,
     context,
     forwarded_env,
+    hand_over,
     main_is_a_file,
     main_without_fake_file,
     receive_reply,
@@ -106,7 +107,7 @@ class _WorkerGroup:
     def run(self, fn, args, kwargs, timeout_s: float) -> list:
         task = pickle.dumps((forwarded_env(), fn, args, kwargs))
         for conn in self.conns:
-            conn.send_bytes(task)
+            hand_over(conn, task)
         replies = self._collect(timeout_s)
         errors = [(r, rep) for r, rep in replies.items() if rep[0] == "err"]
         if errors:

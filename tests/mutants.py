@@ -3274,3 +3274,228 @@ EQUIVALENTS: list[Mutant] = [
            "users are `getitem`s, never its wait, so BK-1's one-user-its-wait test still "
            "refuses it; costs and in-flight members are read from its list arguments"),
 ]
+
+
+# --------------------------------------------------------------------------------------
+# Harness mutants: slips in the machinery of CF-13 (refimpl/launched.py, _rank_process.py,
+# multiprocess.py), which no conformance section runs: each is caught by a test of
+# tests/ (its `catch`, a pytest node id), which tests/test_mutants.py runs against the
+# mutant in the second tier. Not in MUTANTS. The red team's CF-13 survivors (issue 46).
+# --------------------------------------------------------------------------------------
+HARNESS_MUTANTS: list[Mutant] = [
+    Mutant('gather_stops_at_first_late_rank', "CF-13", 'refimpl/launched.py',
+           '            except Exception:  # a store timeout: named by the caller, with every '
+           'late rank\n'
+           '                continue\n',
+           '            except Exception:  # a store timeout: named by the caller, with every '
+           'late rank\n'
+           '                break\n',
+           'Reasoning that once one key timed out the deadline is spent, the author leaves the '
+           'gather loop, so every rank after the first late one is counted as late too, even '
+           'though it posted, and the timeout names ranks that kept making the calls. (red team)',
+           catch='tests/test_launched_units.py::test_a_gather_names_exactly_the_ranks_that_did_n'
+                 'ot_post_within_its_timeout'),
+    Mutant('call_mismatch_compares_label_only', "CF-13", 'refimpl/launched.py',
+           '            if (their_label, their_n) != (label, n):',
+           '            if their_label != label:',
+           "The cross-rank call check compares the function's name but forgets the world size, "
+           'so ranks that call the same function on different n are not named as out of step. '
+           '(red team)',
+           catch='tests/test_launched_units.py::test_ranks_that_call_one_function_on_different_s'
+                 'izes_are_named_out_of_step'),
+    Mutant('hung_call_keeps_workers', "CF-13", 'refimpl/launched.py',
+           '        if errors or hung:',
+           '        if errors:',
+           'Only a call in which a rank raised restarts the workers; a call that timed out '
+           'leaves the still-busy worker in place, so the next call of that size is answered '
+           "late or with the previous task's stale reply. (red team)",
+           catch='tests/test_launched_units.py::test_a_call_that_timed_out_restarts_the_workers_'
+                 'of_its_size'),
+    Mutant('cpu_device_assumed_served', "CF-13", 'refimpl/_rank_process.py',
+           '    if kind not in served:',
+           '    if kind != "cpu" and kind not in served:',
+           "Assuming every process group can move CPU tensors, the author checks the backend's "
+           'capability only for accelerator devices, so a process group that cannot serve the '
+           'CPU is accepted with --device cpu. (red team)',
+           catch='tests/test_launched_units.py::test_a_process_group_that_cannot_serve_the_cpu_i'
+                 's_refused_for_it'),
+    Mutant('harness_reuses_group_after_device_change', "CF-13", 'refimpl/multiprocess.py',
+           '    if group is not None and group.setting != _setting():',
+           '    if group is not None and group.setting[0] != _setting()[0]:',
+           'Seeing the process group as what the workers are made for, the author restarts a '
+           'kept worker group only when the process group changes, so a new --device '
+           "(REFIMPL_DEVICE) is neither checked nor used by refimpl's own workers. (red team)",
+           catch='tests/test_launched_units.py::test_the_harness_checks_and_restarts_its_workers'
+                 '_for_a_new_device'),
+    Mutant('harness_timeout_checked_before_errors', "CF-13", 'refimpl/multiprocess.py',
+           '        if errors:\n'
+           '            rank, (_, exc_type, message, tb) = min(errors)',
+           '        if errors and len(replies) == self.world_size:\n'
+           '            rank, (_, exc_type, message, tb) = min(errors)',
+           'The own-workers harness reports the peers left blocked after the grace period as a '
+           'timeout before looking at the rank that failed, so a process group that fails to '
+           'start on one rank shows up as a hung peer instead of its own error. (red team)',
+           catch='tests/test_launched_units.py::test_the_harness_names_a_process_group_that_fail'
+                 'ed_to_start_on_one_rank[RuntimeError]'),
+    Mutant('process_group_missing_attr_escapes', "CF-13", 'refimpl/_rank_process.py',
+           '        except (ImportError, AttributeError) as exc:',
+           '        except ImportError as exc:',
+           "Only a module that can't be imported is turned into the option's error; a module "
+           'that lacks the attribute raises a bare AttributeError naming neither '
+           '--process-group nor CF-13. (red team)',
+           catch='tests/test_launched_units.py::test_a_process_group_module_without_the_attribut'
+                 'e_is_the_options_error'),
+    Mutant('launched_path_capped_at_local_max', "CF-13", 'refimpl/multiprocess.py',
+           '        if not isinstance(world_size, int) or isinstance(world_size, bool) or '
+           'world_size < 1:',
+           '        if not isinstance(world_size, int) or isinstance(world_size, bool) or not 1 '
+           '<= world_size <= MAX_WORKER_PROCESSES:',
+           'The one-machine limit of 8 worker processes is also applied to a launched world, so '
+           'a too-large case gets a ValueError instead of NotOnThisWorld (skipped). (red team)',
+           catch='tests/test_launched_units.py::test_a_launched_world_runs_a_call_of_its_own_siz'
+                 'e_and_skips_a_larger_one'),
+    Mutant('launched_rank_prefers_own_error', "CF-13", 'refimpl/launched.py',
+           '            rank, (_, exc_type, message, tb) = errors[0]',
+           '            rank, (_, exc_type, message, tb) = next(\n'
+           '                (e for e in errors if e[0] == self.rank), errors[0])',
+           "Thinking a rank's own error is the most useful one to show, each launched rank "
+           "re-raises its own worker's error when it has one, so ranks raise different "
+           "RankErrors instead of the lowest failing rank's. (red team)",
+           catch='tests/test_launched_units.py::test_every_launched_rank_raises_the_lowest_faili'
+                 'ng_ranks_error'),
+    Mutant('reply_gather_without_margin', "CF-13", 'refimpl/launched.py',
+           '        posted = self._gather(tag, pickle.dumps((label, n, reply)), timeout_s + '
+           '30.0)',
+           '        posted = self._gather(tag, pickle.dumps((label, n, reply)), timeout_s)',
+           "The reply exchange waits only timeout_s, though a worker rank's own wait starts "
+           'later (after it spawns or hands over to its worker): an idle rank stops waiting '
+           "before that rank posts its 'timeout' reply and calls the world lost. (red team)",
+           catch='tests/test_launched_units.py::test_an_idle_rank_waits_for_a_late_workers_timeo'
+                 'ut_reply'),
+    Mutant('worker_store_prefix_without_generation', "CF-13", 'refimpl/launched.py',
+           'f"{KEY_PREFIX}/world-{n}-{generation}"',
+           'f"{KEY_PREFIX}/world-{n}"',
+           "Assuming a worker group's store keys go away with it, the author keys the workers' "
+           "meeting place only by world size, so fresh workers join under the dead group's "
+           'prefix and read its stale keys. (red team)',
+           catch='tests/test_launched_units.py::test_fresh_workers_after_shutdown_meet_afresh_on'
+                 '_every_rank'),
+    Mutant('to_cpu_top_level_only', "CF-13", 'refimpl/_rank_process.py',
+           '    return tree_map(lambda v: v.cpu() if isinstance(v, torch.Tensor) else v, value)',
+           '    return value.cpu() if isinstance(value, torch.Tensor) else value',
+           'Only a result that is itself a tensor is moved to the CPU; tensors inside a '
+           "returned list, tuple or dict stay on the rank's device. (red team)",
+           catch='tests/test_launched_units.py::test_results_come_back_on_the_cpu_however_nested'),
+    Mutant('finish_waits_on_rank0_only', "CF-13", 'refimpl/launched.py',
+           '        self._gather(f"finish/{self.calls}", b"1", AGREE_TIMEOUT_S)',
+           '        self._gather(f"finish/{self.calls}", b"1", AGREE_TIMEOUT_S if self.rank == '
+           '0 else 0.0)',
+           'Reasoning that only rank 0 must outlive its peers, only rank 0 waits at the end; '
+           'the other ranks post and leave at once, before rank 0 has written its report. (red '
+           'team)',
+           catch='tests/test_launched_units.py::test_no_rank_finishes_before_every_rank_has_reac'
+                 'hed_the_end'),
+    Mutant('launched_world_size_bound_exclusive', "CF-13", 'refimpl/launched.py',
+           '        if n > self.world_size:',
+           '        if n >= self.world_size:',
+           'An off-by-one in the size check refuses a call that needs exactly as many ranks as '
+           'the world has. (red team)',
+           catch='tests/test_launched_units.py::test_a_launched_world_runs_a_call_of_its_own_siz'
+                 'e_and_skips_a_larger_one'),
+    Mutant('peer_failed_flag_keyed_by_size', "CF-13", 'refimpl/launched.py',
+           '        failed = f"{tag}/failed"',
+           '        failed = f"world-{n}/failed"',
+           "The 'a peer failed' flag is keyed by world size rather than by call, so once any "
+           "call of that size failed every later call's ranks cut their wait to PEER_GRACE_S. "
+           '(red team)',
+           catch='tests/test_launched_units.py::test_a_failed_call_does_not_cut_the_wait_of_the_'
+                 'next_call'),
+    Mutant('registered_backend_name_case_sensitive', "CF-13", 'refimpl/_rank_process.py',
+           '    if name.lower() not in dist.Backend.backend_list:',
+           '    if name not in dist.Backend.backend_list:',
+           'Backend.register_backend stores names lower-cased, so comparing the returned name '
+           'as spelled refuses a registered process group whose name has capitals. (red team)',
+           catch='tests/test_launched_units.py::test_a_registered_process_group_named_with_capit'
+                 'als_is_accepted'),
+    Mutant('forget_previous_call_keys', "CF-13", 'refimpl/launched.py',
+           '        self._forget(self.calls - 2)',
+           '        self._forget(self.calls - 1)',
+           'Store keys of the previous call are deleted as soon as this rank starts the next '
+           "one, but a peer that posted its reply may not yet have read this rank's. (red team)",
+           catch='tests/test_launched_units.py::test_a_rank_slow_to_read_its_peers_replies_still'
+                 '_finds_them'),
+    Mutant('shutdown_ignores_launched_world', "CF-13", 'refimpl/multiprocess.py',
+           '        world.restart(world_size)\n'
+           '        return\n',
+           '        return\n',
+           "shutdown(n) treats worker restarts as the launched world's own business and does "
+           'nothing there, so a case that asks for fresh workers keeps the old ones under '
+           'torchrun. (red team)',
+           catch='tests/test_launched_units.py::test_fresh_workers_after_shutdown_meet_afresh_on'
+                 '_every_rank'),
+    Mutant('loopback_ifname_forced_everywhere', "CF-13", 'refimpl/_rank_process.py',
+           '    if host == "127.0.0.1":\n'
+           '        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")',
+           '    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")',
+           "Pinning gloo to the loopback interface is right for the harness's own store on "
+           '127.0.0.1 but is applied to launched workers too, whose peers may sit on other '
+           'machines. (red team)',
+           catch='tests/test_launched_units.py::test_a_launched_worker_is_not_pinned_to_loopback'),
+    Mutant('gather_blocks_on_store_get', "CF-13", 'refimpl/launched.py',
+           '                self.store.wait([key], datetime.timedelta(seconds=max(left, 0.001)))',
+           '                self.store.get(key)',
+           "store.get also blocks until the key exists, but under the store's own timeout "
+           "(AGREE_TIMEOUT_S, 120 s) rather than the call's deadline, so a rank that stopped "
+           'making the calls is waited for 120 s per missing key. (red team)',
+           catch='tests/test_launched_units.py::test_a_gather_names_exactly_the_ranks_that_did_n'
+                 'ot_post_within_its_timeout'),
+    Mutant('peer_grace_extends_deadline', "CF-13", 'refimpl/launched.py',
+           '                deadline = min(deadline, time.monotonic() + PEER_GRACE_S)',
+           '                deadline = time.monotonic() + PEER_GRACE_S',
+           'Without the min, every poll while the failed flag is set pushes the deadline 3 s '
+           'ahead, so a rank whose worker stays blocked after a peer failed never gives up. '
+           '(red team)',
+           catch='tests/test_launched_units.py::test_a_rank_blocked_after_its_peer_failed_gives_'
+                 'up_after_the_grace'),
+    Mutant('pg_start_error_names_local_rank', "CF-13", 'refimpl/_rank_process.py',
+           '            f"{rank} of {world_size}: {exc} [CF-13]"',
+           '            f"{local_rank} of {world_size}: {exc} [CF-13]"',
+           "The process-group start failure names the worker's local rank (its device index) "
+           'instead of its rank in the world, which only coincide on one machine. (red team)',
+           catch='tests/test_launched_units.py::test_a_process_group_that_fails_to_start_names_t'
+                 'he_rank_in_the_world'),
+    # Round 4's survivors (red team) and the hand-over of a large task (a bug the red
+    # team's helper found: the send blocked past the call's timeout).
+    Mutant("launched_only_on_explicit_flag", "CF-13", "refimpl/launched.py",
+           'if flag != "1" and "TORCHELASTIC_RUN_ID" not in os.environ:',
+           'if flag != "1":',
+           "Launched mode keyed on refimpl's own REFIMPL_LAUNCHED=1 only: a plain torchrun "
+           "(TORCHELASTIC_RUN_ID set) spawns a one-machine harness on every rank. (red team)",
+           catch="tests/test_launched_units.py::test_a_launched_world_is_recognised_by_"
+                 "torchruns_variables_or_the_flag[torchrun]"),
+    Mutant("pg_start_error_only_runtimeerror", "CF-13", "refimpl/_rank_process.py",
+           "    except Exception as exc:  # a vendor's group that cannot start: say so, do not "
+           "vanish",
+           "    except RuntimeError as exc:  # a vendor's group that cannot start: say so, do "
+           "not vanish",
+           "A process group that fails to start is expected to raise torch's RuntimeError; a "
+           "creator raising anything else kills the worker, reported as a rank that died. "
+           "(red team)",
+           catch="tests/test_launched_units.py::test_the_harness_names_a_process_group_that_"
+                 "failed_to_start_on_one_rank[ValueError]"),
+    Mutant("harness_hand_over_blocks", "CF-13", "refimpl/multiprocess.py",
+           "            hand_over(conn, task)\n",
+           "            conn.send_bytes(task)\n",
+           "the task sent in the caller's thread: one larger than the socket's buffer blocks "
+           "until the worker's process group has formed, past the call's timeout",
+           catch="tests/test_launched_units.py::test_the_harness_hands_a_large_task_over_"
+                 "within_the_calls_timeout"),
+    Mutant("launched_hand_over_blocks", "CF-13", "refimpl/launched.py",
+           "        hand_over(worker.conn, pickle.dumps((forwarded_env(), fn, args, kwargs)))\n",
+           "        worker.conn.send_bytes(pickle.dumps((forwarded_env(), fn, args, kwargs)))\n",
+           "a launched rank sends the task in its own thread: a large one blocks past the "
+           "call's timeout, and the ranks disagree (one raises the peer's error, the other "
+           "calls the world lost)",
+           catch="tests/test_launched_units.py::test_a_launched_rank_hands_a_large_task_over_"
+                 "within_the_calls_timeout"),
+]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,6 +30,7 @@ import torch
 from mutants import (
     CUDA_MUTANTS,
     FIRST_TIER,
+    HARNESS_MUTANTS,
     KERNEL_BUILDS,
     MUTANTS,
     ROOT,
@@ -145,7 +147,7 @@ def test_every_list_of_mutants_is_gathered():
 
     lists = {name for name, value in vars(mutants).items()
              if isinstance(value, list) and value and all(isinstance(m, Mutant) for m in value)
-             and name not in ("MUTANTS", "EQUIVALENTS", "CUDA_MUTANTS")}
+             and name not in ("MUTANTS", "EQUIVALENTS", "CUDA_MUTANTS", "HARNESS_MUTANTS")}
     assert lists <= set(section_lists()), sorted(lists - set(section_lists()))
 
 
@@ -184,7 +186,19 @@ def test_cuda_mutants_are_named_once_each():
     assert all(m.rule.startswith("SM-") and m.why for m in CUDA_MUTANTS)
 
 
-@pytest.mark.parametrize("mutant", MUTANTS + CUDA_MUTANTS,
+def test_harness_mutants_are_named_once_each_and_name_a_test():
+    """The CF-13 machinery's mutants are caught by a test of tests/, named by node id."""
+    names = [m.name for m in HARNESS_MUTANTS]
+    assert len(set(names)) == len(names)
+    assert not set(names) & {m.name for m in MUTANTS + CUDA_MUTANTS}
+    for m in HARNESS_MUTANTS:
+        path, _, test = m.catch.partition("::")
+        assert m.why and path.startswith("tests/") and test, m.name
+        assert f"def {test.split('[')[0]}(" in (ROOT / path).read_text(), \
+            f"mutant {m.name}: no test {m.catch}"
+
+
+@pytest.mark.parametrize("mutant", MUTANTS + CUDA_MUTANTS + HARNESS_MUTANTS,
                          ids=lambda m: m.name)
 def test_the_mutant_still_applies(mutant):
     """Fast: `old` still occurs exactly once in this checkout (code moves on)."""
@@ -235,6 +249,25 @@ def test_conformance_fails_the_mutant(mutant, tmp_path, built_kernels, zygote,
     assert caught_by == mutant.catch, (
         f"mutant {mutant.name} was caught by {caught_by}, not by its catch "
         f"{mutant.catch}: set catch={caught_by!r} in tests/mutants.py")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutant", HARNESS_MUTANTS, ids=lambda m: m.name)
+def test_the_harness_test_fails_the_mutant(mutant, tmp_path, built_kernels):
+    """Second tier: a CF-13 mutant's catching test, run in a copy of the checkout (its
+    tests included) with the slip applied, fails."""
+    root = copy_checkout(tmp_path / "checkout")
+    for folder in ("tests", "examples"):  # the tests and the process groups they start
+        shutil.copytree(ROOT / folder, root / folder,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    mutant.apply(root)
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.run([sys.executable, "-m", "pytest", mutant.catch, "-q", "-n", "0",
+                           "-m", "slow or not slow"], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 1 and re.search(r"^1 failed\b", proc.stdout, re.M), (
+        f"{mutant.catch} did not fail mutant {mutant.name} ({mutant.why}):\n"
+        f"{proc.stdout[-3000:]}")
 
 
 def test_a_mutant_that_breaks_an_import_is_caught_by_failing_cases(tmp_path, built_kernels):
