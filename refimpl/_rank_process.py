@@ -224,7 +224,9 @@ def hand_over(conn, task: bytes) -> None:
     (CF-13); the caller then counts a worker that never took its task as not answering. A
     send to a worker stopped meanwhile is dropped: its missing reply says so."""
     def send():
-        with contextlib.suppress(OSError, ValueError):
+        # A connection closed under the send raises OSError, or TypeError once its handle
+        # is gone (multiprocessing writes to `None`).
+        with contextlib.suppress(OSError, ValueError, TypeError):
             conn.send_bytes(task)
 
     threading.Thread(target=send, name="refimpl-hand-over", daemon=True).start()

@@ -13,6 +13,7 @@ sees. Worker processes are real, as under torchrun.
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import threading
 import time
@@ -46,32 +47,30 @@ RANK_WAIT_S = 60.0
 # --------------------------------------------------------------------------------------
 # Process groups the tests start workers with
 # --------------------------------------------------------------------------------------
-def _gloo_unless_rank_1(store, rank, size, timeout):
-    if rank == 1:
-        raise RuntimeError("no fabric on rank 1")
-    return dist.ProcessGroupGloo(store, rank, size, timeout)
-
-
-def _gloo_refusing_rank_1(store, rank, size, timeout):
-    if rank == 1:
-        raise ValueError("no fabric on rank 1")  # not torch's own error type
-    return dist.ProcessGroupGloo(store, rank, size, timeout)
-
-
-def register_refusing_rank_1() -> str:
-    """gloo, except that its creator raises a ValueError on rank 1."""
-    name = "refimpl_test_refusing_rank_1"
-    if name not in dist.Backend.backend_list:
-        dist.Backend.register_backend(name, _gloo_refusing_rank_1, devices=["cpu"])
+def _register_once(name: str, creator) -> str:
+    """`name`, registered as a CPU process group that `creator` makes, unless it is."""
+    if name.lower() not in dist.Backend.backend_list:
+        dist.Backend.register_backend(name, creator, devices=["cpu"])
     return name
+
+
+def _gloo_failing_on_rank_1(error: type, store, rank, size, timeout):
+    if rank == 1:
+        raise error("no fabric on rank 1")
+    return dist.ProcessGroupGloo(store, rank, size, timeout)
 
 
 def register_broken_on_rank_1() -> str:
     """gloo, except that it cannot start on rank 1 (its creator raises there)."""
-    name = "refimpl_test_broken_on_rank_1"
-    if name not in dist.Backend.backend_list:
-        dist.Backend.register_backend(name, _gloo_unless_rank_1, devices=["cpu"])
-    return name
+    return _register_once("refimpl_test_broken_on_rank_1",
+                          functools.partial(_gloo_failing_on_rank_1, RuntimeError))
+
+
+def register_refusing_rank_1() -> str:
+    """gloo, except that its creator raises a ValueError (not torch's own error type) on
+    rank 1."""
+    return _register_once("refimpl_test_refusing_rank_1",
+                          functools.partial(_gloo_failing_on_rank_1, ValueError))
 
 
 def gloo_starting_late() -> str:
@@ -96,10 +95,7 @@ def _gloo_apart_rank_1_late(store, rank, size, timeout):
 
 def register_gloo_apart_rank_1_late() -> str:
     """gloo on a loopback address per rank, rank 1 starting late (_gloo_apart_rank_1_late)."""
-    name = "refimpl_test_gloo_apart"
-    if name not in dist.Backend.backend_list:
-        dist.Backend.register_backend(name, _gloo_apart_rank_1_late, devices=["cpu"])
-    return name
+    return _register_once("refimpl_test_gloo_apart", _gloo_apart_rank_1_late)
 
 
 def _never_created(store, rank, size, timeout):
@@ -108,10 +104,7 @@ def _never_created(store, rank, size, timeout):
 
 def register_with_capitals() -> str:
     """A user's process group whose name has capitals (registered lower-cased)."""
-    name = "Refimpl_Test_Capitals"
-    if name.lower() not in dist.Backend.backend_list:
-        dist.Backend.register_backend(name, _never_created, devices=["cpu"])
-    return name
+    return _register_once("Refimpl_Test_Capitals", _never_created)
 
 
 # --------------------------------------------------------------------------------------
