@@ -246,7 +246,9 @@ def test_conformance_fails_the_mutant(mutant, tmp_path, built_kernels, zygote,
         f"the {mutant.section} section passed mutant {mutant.name} ({mutant.rule}: "
         f"{mutant.why}):\n{proc.stdout[-3000:]}")
     caught_by = failed[0]["id"].split("::", 1)[1]
-    assert caught_by == mutant.catch, (
+    # A slip of timing (a barrier left out) shows on one world size or another, as the
+    # ranks happen to run: another parameter set of the catching test counts.
+    assert caught_by.split("[")[0] == mutant.catch.split("[")[0], (
         f"mutant {mutant.name} was caught by {caught_by}, not by its catch "
         f"{mutant.catch}: set catch={caught_by!r} in tests/mutants.py")
 
