@@ -2320,8 +2320,7 @@ SM = [
            "the users read once: the reference gloo's worker thread drops just after a wait "
            "returns is taken for a live holder, and the next call's request is refused "
            "(found by CI's second-tier fuzz run, CL seed 1035)",
-           catch="test_a_persistent_buffer_is_free_again_once_the_collective_that_read_it_is_"
-                 "waited"),
+           catch="test_a_view_another_thread_lets_go_of_at_once_is_no_live_holder"),
     Mutant("default_timeout_of_zero_accepted", "SM-11", "refimpl/symmetric_memory.py",
            "isinstance(timeout_ms, bool) or timeout_ms <= 0:",
            "isinstance(timeout_ms, bool) or timeout_ms < 0:",

@@ -17,6 +17,7 @@ import shutil
 import struct
 import sys
 import tempfile
+import threading
 import time
 import warnings
 
@@ -382,6 +383,43 @@ def test_a_persistent_buffer_is_free_again_once_the_collective_that_read_it_is_w
     results = run(backend, _persistent_through_a_collective, 2, 0x7A11, 200)
     for rank, (refusals, wrong) in enumerate(results):
         assert not refusals and not wrong, f"rank {rank}: refused {refusals}, wrong {wrong}"
+
+
+def _persistent_let_go_by_another_thread(spec: str, alloc_id: int):
+    """The persistent buffer's last view is held by another thread, which lets go of it
+    50 ms after this one asks for the buffer again (as a process group's worker thread
+    does just after a wait returns): (same address, contents kept), or the refusal."""
+    sm, group, device = _setup(spec, "empty_strided_p2p")
+    first = sm.empty_strided_p2p((16,), (1,), torch.float32, device, group, alloc_id=alloc_id)
+    first.fill_(7)
+    address = first.data_ptr()
+    held = [first[4:]]  # a view, not the tensor handed out
+    del first
+
+    def let_go():
+        time.sleep(0.05)
+        held.clear()
+
+    worker = threading.Thread(target=let_go)
+    worker.start()
+    try:
+        again = sm.empty_strided_p2p((16,), (1,), torch.float32, device, group,
+                                     alloc_id=alloc_id)
+        outcome = (again.data_ptr() == address, float(again[0]))
+    except (RuntimeError, ValueError) as exc:
+        outcome = str(exc)
+    worker.join()
+    return outcome
+
+
+@pytest.mark.spec("SM-4")
+def test_a_view_another_thread_lets_go_of_at_once_is_no_live_holder(backend):
+    """SM-4's moment: a reference another thread drops just after the request (here 50 ms)
+    is waited for, not refused; the buffer comes back at its address, contents kept."""
+    backend.require(CONCEPT, "empty_strided_p2p")
+    for rank, outcome in enumerate(run(backend, _persistent_let_go_by_another_thread, 2,
+                                       0x7A12)):
+        assert outcome == (True, 7.0), f"rank {rank}: {outcome}"
 
 
 def _persistent_made_under_inference_mode(spec: str, alloc_id: int):
