@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import faulthandler
 import importlib
 import multiprocessing
 import os
@@ -164,6 +165,9 @@ def worker_main(rank, world_size, store_address, prefix, sys_path, conn, setting
     `store_address`: (host, port) of the TCPStore the group meets at; `setting`: (process
     group, device, local rank)."""
     sys.path[:] = sys_path
+    # A rank that crashes in native code (a signal, glibc's abort on a corrupt heap) says
+    # where every thread was on its stderr, which the caller's log keeps.
+    faulthandler.enable(all_threads=True)
     host, port = store_address
     if host == "127.0.0.1":
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
