@@ -165,6 +165,11 @@ def worker_main(rank, world_size, store_address, prefix, sys_path, conn, setting
     `store_address`: (host, port) of the TCPStore the group meets at; `setting`: (process
     group, device, local rank)."""
     sys.path[:] = sys_path
+    # The harness starts ranks as daemonic processes (they end with their parent), which
+    # multiprocessing forbids to start processes of their own; a process group may need
+    # to (torchft's ProcessGroupBabyGloo runs gloo in a child). Only the rank's own view
+    # changes: its parent still ends it.
+    multiprocessing.current_process()._config["daemon"] = False
     # A rank that crashes in native code (a signal, glibc's abort on a corrupt heap) says
     # where every thread was on its stderr, which the caller's log keeps.
     faulthandler.enable(all_threads=True)

@@ -500,6 +500,40 @@ def _start(op: str, group_name: str, result: torch.Tensor, communicate, finish=N
     return _register(result, _Pending(work, finish, op, group_name, tuple(reads)))
 
 
+class _WaitOnce:
+    """A work shared by several results, waited once: gloo's coalesced works copy every
+    output again at each wait (upstream finding 4), which would undo a finish (avg's
+    divide) already applied to another result."""
+
+    __slots__ = ("work", "done")
+
+    def __init__(self, work):
+        self.work, self.done = work, False
+
+    def wait(self):
+        if not self.done:
+            self.work.wait()
+            self.done = True
+
+
+def _start_together(op: str, group_name: str, results: list, communicate, finishes=None,
+                    reads=()) -> list:
+    """`_start` of one process-group call that produces every tensor of `results` (a
+    coalesced method, FC-34): each result is registered with the one work."""
+    try:
+        work = _WaitOnce(communicate())
+    except dist.DistError as exc:
+        raise _peer_failure(op, group_name, exc) from exc
+    finishes = finishes or [None] * len(results)
+    return [_register(r, _Pending(work, f, op, group_name, tuple(reads)))
+            for r, f in zip(results, finishes, strict=True)]
+
+
+def _real_views(tensors) -> list:
+    """Complex tensors as their real views, as torch.distributed hands them to a group."""
+    return [torch.view_as_real(t) if t.is_complex() else t for t in tensors]
+
+
 def _wait_and_clear(key: int, version: int | None = None) -> None:
     """Wait every work registered under storage `key` (only the one of `version`, for a
     finalizer), in the order they started."""
@@ -847,10 +881,12 @@ def _no_context(ctx, inputs, output):
     return None
 
 
-# torch.distributed's own entry points (so any ProcessGroup works, FC-1): torch 2.13
-# renamed the single-tensor forms and deprecated the old names.
-_dist_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_dist_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+# Each op reaches its process group through the one method upstream's kernels call
+# (FC-34): torch.distributed's all_reduce, all_to_all_single and broadcast call allreduce,
+# alltoall_base and broadcast; the gathers, scatters and coalesced reductions call the
+# group's coalesced methods directly, which a group written in Python implements (the
+# functions torch.distributed has for them reach `_allgather_base`/`_reduce_scatter_base`,
+# which such a group cannot override: torchft's groups fail there).
 
 
 # --------------------------------------------------------------------------------------
@@ -869,6 +905,23 @@ def _start_all_reduce(what, tensor, op, pg, group_name):
     finish = (lambda: tensor.div_(pg.size())) if op == "avg" else None
     return _start(what, group_name, tensor, lambda: dist.all_reduce(
         tensor, op=_REDUCE_OPS[op], group=pg, async_op=True), finish)
+
+
+def _start_all_reduce_coalesced(what, tensors, op, pg, group_name):
+    """All-reduce `tensors` (contiguous, owned) in place through the group's
+    `allreduce_coalesced`, once per dtype (a process group takes one dtype per call), in
+    the order the dtypes first appear; avg divides each sum (FC-18, FC-34)."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    opts = dist.AllreduceCoalescedOptions()
+    opts.reduceOp = _REDUCE_OPS[op]
+    for members in by_dtype.values():
+        finishes = [(lambda t=t: t.div_(pg.size())) if op == "avg" else None
+                    for t in members]
+        _start_together(what, group_name, members, lambda members=members:
+                        pg.allreduce_coalesced(_real_views(members), opts), finishes)
+    return tensors
 
 
 def _all_reduce(tensor, reduce_op, group_name):
@@ -904,8 +957,8 @@ def _all_reduce_coalesced(tensors, reduce_op, group_name):
     _agree("all_reduce_coalesced", pg, group_name, shapes=_shapes(tensors),
            dtypes=_dtypes(tensors), reduce_op=str(reduce_op).lower())
     outs = [t.clone(memory_format=torch.contiguous_format) for t in tensors]
-    return [_start_all_reduce("all_reduce_coalesced", out, op, pg, group_name)
-            for out, (op, _) in zip(outs, plans, strict=True)]
+    return _start_all_reduce_coalesced("all_reduce_coalesced", outs, plans[0][0], pg,
+                                       group_name)
 
 
 def _all_reduce_coalesced_fake(tensors, reduce_op, group_name):
@@ -921,8 +974,8 @@ def _all_reduce_coalesced_inplace(tensors, reduce_op, group_name):
     pg = _process_group(group_name)
     _agree("all_reduce_coalesced_", pg, group_name, shapes=_shapes(tensors),
            dtypes=_dtypes(tensors), reduce_op=str(reduce_op).lower())
-    for t, (op, _) in zip(tensors, plans, strict=True):
-        _start_all_reduce("all_reduce_coalesced_", t, op, pg, group_name)
+    _start_all_reduce_coalesced("all_reduce_coalesced_", list(tensors), plans[0][0], pg,
+                                group_name)
     return tensors
 
 
@@ -1031,17 +1084,21 @@ def _check_all_gather(tensor, group_size, group_name, out=None):
     return shape, pg
 
 
-def _start_all_gather(what, tensor, out, pg, group_name):
-    return _start(what, group_name, out, lambda: _dist_all_gather(
-        out, tensor.contiguous(), group=pg, async_op=True), reads=(tensor,))
+def _start_all_gather(what, tensors, outs, pg, group_name) -> list:
+    """Gather every tensor of `tensors` into its `outs` through the group's
+    `allgather_into_tensor_coalesced`, one call for them all (FC-34, FC-51)."""
+    ins = [t.contiguous() for t in tensors]
+    # The options are passed, as upstream's kernel does: a Python group may require them.
+    return _start_together(what, group_name, outs, lambda: pg.allgather_into_tensor_coalesced(
+        _real_views(outs), _real_views(ins), c10d.AllgatherOptions()), reads=tuple(tensors))
 
 
 def _all_gather_into_tensor(tensor, group_size, group_name):
     shape, pg = _check_all_gather(tensor, group_size, group_name)
     _agree("all_gather_into_tensor", pg, group_name, shapes=_shapes([tensor]),
            dtypes=_dtypes([tensor]), group_size=group_size)
-    return _start_all_gather("all_gather_into_tensor", tensor, tensor.new_empty(shape), pg,
-                             group_name)
+    return _start_all_gather("all_gather_into_tensor", [tensor], [tensor.new_empty(shape)],
+                             pg, group_name)[0]
 
 
 def _all_gather_into_tensor_fake(tensor, group_size, group_name):
@@ -1054,7 +1111,7 @@ def _all_gather_into_tensor_out(tensor, group_size, group_name, *, out):
     _check_contiguous(out, "out", "all_gather_into_tensor_out")
     _agree("all_gather_into_tensor_out", pg, group_name, shapes=_shapes([tensor]),
            dtypes=_dtypes([tensor]), group_size=group_size)
-    return _start_all_gather("all_gather_into_tensor_out", tensor, out, pg, group_name)
+    return _start_all_gather("all_gather_into_tensor_out", [tensor], [out], pg, group_name)[0]
 
 
 def _all_gather_into_tensor_out_fake(tensor, group_size, group_name, *, out):
@@ -1067,9 +1124,10 @@ def _all_gather_into_tensor_coalesced(tensors, group_size, group_name):
     pg = _process_group(group_name)
     _agree("all_gather_into_tensor_coalesced", pg, group_name, shapes=_shapes(tensors),
            dtypes=_dtypes(tensors), group_size=group_size)
-    return [_start_all_gather("all_gather_into_tensor_coalesced", t, t.new_empty(shape), pg,
-                              group_name)
-            for t, shape in zip(tensors, shapes, strict=True)]
+    return _start_all_gather("all_gather_into_tensor_coalesced", list(tensors),
+                             [t.new_empty(shape) for t, shape in zip(tensors, shapes,
+                                                                     strict=True)],
+                             pg, group_name)
 
 
 def _all_gather_into_tensor_coalesced_fake(tensors, group_size, group_name):
@@ -1141,19 +1199,26 @@ def _check_reduce_scatter(tensor, reduce_op, group_size, group_name):
     return op, [tensor.shape[0] // group_size, *tensor.shape[1:]], pg
 
 
-def _start_reduce_scatter(what, tensor, op, shape, pg, group_name):
-    out = tensor.new_empty(shape)
-    finish = (lambda: out.div_(pg.size())) if op == "avg" else None
-    return _start(what, group_name, out, lambda: _dist_reduce_scatter(
-        out, tensor.contiguous(), op=_REDUCE_OPS[op], group=pg, async_op=True), finish,
-        reads=(tensor,))
+def _start_reduce_scatter(what, tensors, op, shapes, pg, group_name) -> list:
+    """Reduce-scatter every tensor of `tensors` through the group's
+    `reduce_scatter_tensor_coalesced`, one call for them all; avg divides each result
+    (FC-18, FC-34)."""
+    outs = [t.new_empty(shape) for t, shape in zip(tensors, shapes, strict=True)]
+    ins = [t.contiguous() for t in tensors]
+    opts = dist.ReduceScatterOptions()
+    opts.reduceOp = _REDUCE_OPS[op]
+    finishes = [(lambda out=out: out.div_(pg.size())) if op == "avg" else None
+                for out in outs]
+    return _start_together(what, group_name, outs, lambda: pg.reduce_scatter_tensor_coalesced(
+        outs, ins, opts), finishes, reads=tuple(tensors))
 
 
 def _reduce_scatter_tensor(tensor, reduce_op, group_size, group_name):
     op, shape, pg = _check_reduce_scatter(tensor, reduce_op, group_size, group_name)
     _agree("reduce_scatter_tensor", pg, group_name, shapes=_shapes([tensor]),
            dtypes=_dtypes([tensor]), reduce_op=op, group_size=group_size)
-    return _start_reduce_scatter("reduce_scatter_tensor", tensor, op, shape, pg, group_name)
+    return _start_reduce_scatter("reduce_scatter_tensor", [tensor], op, [shape], pg,
+                                 group_name)[0]
 
 
 def _reduce_scatter_tensor_fake(tensor, reduce_op, group_size, group_name):
@@ -1166,9 +1231,9 @@ def _reduce_scatter_tensor_coalesced(tensors, reduce_op, group_size, group_name)
     pg = _process_group(group_name)
     _agree("reduce_scatter_tensor_coalesced", pg, group_name, shapes=_shapes(tensors),
            dtypes=_dtypes(tensors), reduce_op=str(reduce_op).lower(), group_size=group_size)
-    return [_start_reduce_scatter("reduce_scatter_tensor_coalesced", t, op, shape, pg,
-                                  group_name)
-            for t, (op, shape, _) in zip(tensors, plans, strict=True)]
+    return _start_reduce_scatter("reduce_scatter_tensor_coalesced", list(tensors),
+                                 plans[0][0], [shape for _, shape, _ in plans], pg,
+                                 group_name)
 
 
 def _reduce_scatter_tensor_coalesced_fake(tensors, reduce_op, group_size, group_name):

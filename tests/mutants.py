@@ -136,10 +136,10 @@ FC = [
            "team)",
            catch="test_a_mismatch_names_the_global_rank_that_differs"),
     Mutant("coalesced_reduce_scatter_avg_as_sum", "FC-43", F,
-           "    return [_start_reduce_scatter(\"reduce_scatter_tensor_coalesced\", t, op, shape, "
-           "pg,",
-           "    return [_start_reduce_scatter(\"reduce_scatter_tensor_coalesced\", t, "
-           "op.replace(\"avg\", \"sum\"), shape, pg,",
+           "    return _start_reduce_scatter(\"reduce_scatter_tensor_coalesced\", list(tensors),\n"
+           "                                 plans[0][0],",
+           "    return _start_reduce_scatter(\"reduce_scatter_tensor_coalesced\", list(tensors),\n"
+           "                                 plans[0][0].replace(\"avg\", \"sum\"),",
            "the coalesced reduce_scatter reduces avg as gloo's SUM and forgets the divide "
            "(no case reduced a coalesced collective by avg)",
            catch="test_eager_values[2-name-f32-reduce_scatter_coalesced:avg]"),
@@ -316,8 +316,8 @@ FC = [
            "complex dtypes are not counted as floating, so bitwise reductions pass on them",
            catch="test_inputs_at_the_edge_of_a_refusal_are_accepted[avg_of_complex]"),
     Mutant("reduce_scatter_avg_not_divided", "FC-43", F,
-           "    finish = (lambda: out.div_(pg.size())) if op == \"avg\" else None",
-           "    finish = (lambda: out.div_(pg.size())) if op == \"AVG\" else None",
+           "    finishes = [(lambda out=out: out.div_(pg.size())) if op == \"avg\" else None",
+           "    finishes = [(lambda out=out: out.div_(pg.size())) if op == \"AVG\" else None",
            "the avg divide is keyed on the wrong spelling, so reduce_scatter avg returns the sum",
            catch="test_eager_values[2-name-f32-reduce_scatter:AVG:0]"),
     Mutant("negative_dim_bound_off_by_one", "FC-44", F,
@@ -423,17 +423,76 @@ FC = [
            "",
            "only the packet is registered; FX nodes hold the overload, which DCE then drops",
            catch="test_dead_code_elimination_keeps_collectives_and_waits[waited]"),
-    Mutant("all_gather_through_the_backend_method", "FC-34", F,
-           "    return _start(what, group_name, out, lambda: _dist_all_gather(\n"
-           "        out, tensor.contiguous(), group=pg, async_op=True), reads=(tensor,))",
-           "    return _start(what, group_name, out, lambda: pg._allgather_base(\n"
-           "        out, tensor.contiguous()), reads=(tensor,))",
-           "the ProcessGroup's private _allgather_base, which a Python ProcessGroup lacks",
-           torch="<2.15",
-           unbroken_because="torch 2.15's ProcessGroup._allgather_base works for a "
-           "ProcessGroup written in Python (the threaded ProcessLocalGroup gathers "
-           "through it), so the slip breaks nothing there",
-           catch="test_ops_run_on_a_process_group_written_in_python"),
+    Mutant("all_gather_through_the_backend_method", "FC-50", F,
+           "    return _start_together(what, group_name, outs, lambda: p"
+           "g.allgather_into_tensor_coalesced(\n"
+           "        _real_views(outs), _real_views(ins), c10d.AllgatherO"
+           "ptions()), reads=tuple(tensors))",
+           "    if what == \"all_gather_into_tensor_out\":\n"
+           "        return _start_together(what, group_name, outs, lambda: pg._allgather_base(\n"
+           "            outs[0], ins[0]), reads=tuple(tensors))\n"
+           "    return _start_together(what, group_name, outs, lambda: p"
+           "g.allgather_into_tensor_coalesced(\n"
+           "        _real_views(outs), _real_views(ins), c10d.AllgatherO"
+           "ptions()), reads=tuple(tensors))",
+           "the out= variant through the group's _allgather_base, as upstream's kernel: a "
+           "Python group's override never receives it",
+           catch="test_each_op_reaches_its_process_group_through_its_method"
+                 "[all_gather_into_tensor_out-2]"),
+    Mutant("all_gather_through_torch_distributed", "FC-34", F,
+           "    return _start_together(what, group_name, outs, lambda: p"
+           "g.allgather_into_tensor_coalesced(\n"
+           "        _real_views(outs), _real_views(ins), c10d.AllgatherO"
+           "ptions()), reads=tuple(tensors))",
+           "    return [_start(what, group_name, o, lambda o=o, i=i: dist.all_gather_into_tensor(\n"
+           "        o, i, group=pg, async_op=True), reads=tuple(tensors)"
+           ") for o, i in zip(outs, ins)]",
+           "refimpl's first way, through torch.distributed's function, which reaches "
+           "_allgather_base: torchft's groups fail there",
+           catch="test_each_op_reaches_its_process_group_through_its_method"
+                 "[all_gather_into_tensor-2]"),
+    Mutant("all_gather_without_its_options", "FC-34", F,
+           "        _real_views(outs), _real_views(ins), c10d.AllgatherO"
+           "ptions()), reads=tuple(tensors))",
+           "        _real_views(outs), _real_views(ins)), reads=tuple(tensors))",
+           "the gather's options left out (the binding has a default): a Python group whose "
+           "method takes them as a required argument (torchft's) raises TypeError",
+           catch="test_each_op_reaches_its_process_group_through_its_method"
+                 "[all_gather_into_tensor-2]"),
+    Mutant("shared_work_waited_at_every_result", "FC-26", F,
+           "        if not self.done:\n            self.work.wait()\n            self.done = True",
+           "        self.work.wait()",
+           "a coalesced call's one work waited again at each member's wait: gloo copies every "
+           "output again, undoing avg's divide of a member already waited",
+           catch="test_eager_values[2-name-f32-reduce_scatter_coalesced:avg]"),
+    Mutant("reduce_scatter_member_by_member", "FC-34", F,
+           "    return _start_together(what, group_name, outs, lambda: p"
+           "g.reduce_scatter_tensor_coalesced(\n"
+           "        outs, ins, opts), finishes, reads=tuple(tensors))",
+           "    return [_start_together(what, group_name, [o], lambda o="
+           "o, i=i: pg.reduce_scatter_tensor_coalesced(\n"
+           "        [o], [i], opts), [f], reads=tuple(tensors))[0] for o"
+           ", i, f in zip(outs, ins, finishes)]",
+           "a coalesced reduce_scatter as one call per member: the group sees N calls "
+           "where upstream makes one",
+           catch="test_each_op_reaches_its_process_group_through_its_method"
+                 "[reduce_scatter_tensor_coalesced-2]"),
+    Mutant("all_reduce_coalesced_member_by_member", "FC-34", F,
+           "    _start_all_reduce_coalesced(\"all_reduce_coalesced_\", l"
+           "ist(tensors), plans[0][0], pg,\n"
+           "                                group_name)\n",
+           "    for t, (op, _) in zip(tensors, plans, strict=True):\n"
+           "        _start_all_reduce(\"all_reduce_coalesced_\", t, op, pg, group_name)\n",
+           "the in-place coalesced all-reduce as one allreduce per member (refimpl's first "
+           "way), not the group's allreduce_coalesced",
+           catch="test_each_op_reaches_its_process_group_through_its_method"
+                 "[all_reduce_coalesced_-2]"),
+    Mutant("all_reduce_coalesced_of_every_dtype_in_one_call", "FC-34", F,
+           "        by_dtype.setdefault(t.dtype, []).append(t)",
+           "        by_dtype.setdefault(None, []).append(t)",
+           "members of every dtype in one allreduce_coalesced: gloo refuses two dtypes",
+           catch="test_each_op_reaches_its_process_group_through_its_method"
+                 "[all_reduce_coalesced_of_two_dtypes-2]"),
     Mutant("rearranged_gather_completed_whenever_grad_is_on", "FC-40",
            "refimpl/functional_collectives.py",
            "(tensor.requires_grad and torch.is_grad_enabled())",
@@ -2018,6 +2077,14 @@ MEM = [
 # 6. Symmetric memory (SM), C kernels included
 # --------------------------------------------------------------------------------------
 SM = [
+    Mutant("op_rendezvous_on_the_whole_world", "SM-15", "refimpl/symmetric_memory.py",
+           "        _check_group_of(alloc, group_name, where, arg)\n"
+           "        rendezvous(input, group_name)\n",
+           "        _check_group_of(alloc, group_name, where, arg)\n"
+           "        rendezvous(input, dist.group.WORLD.group_name)\n",
+           "an op's first call meets its peers on the whole world, not the group it names "
+           "(as DeepSpeed's inference_all_reduce does): a subgroup waits for a rank outside it",
+           catch="test_a_subgroups_all_reduce_sums_its_members_only"),
     Mutant("f16_overflow_past_the_largest_half", "SM-15", "kernels/cpu/symm_mem.c",
            "  if (u >= (127u + 16) << 23) { /* overflow, inf or NaN */",
            "  if (u > 0x477fe000u) { /* past 65504, the largest half: inf or NaN */",
@@ -3163,6 +3230,7 @@ FIRST_TIER: frozenset[str] = frozenset({
     "no_grad_refused_too", "coalesced_starts_before_checking", "mismatch_check_skips_rank_one",
     "peer_failure_not_named", "meta_input_accepted", "all_to_all_autograd_splits_swapped",
     "overload_not_side_effectful", "all_gather_through_the_backend_method",
+    "all_gather_through_torch_distributed", "shared_work_waited_at_every_result",
     "rearranged_gather_completed_whenever_grad_is_on", "group_request_not_counted",
     "wait_inplace_copies", "work_keyed_by_data_ptr", "wait_tensors_waits_the_first_only",
     "wait_in_place_though_written_later", "force_one_shot_needs_auto_select",

@@ -179,7 +179,8 @@ def finding_numbers(path: Path = FINDINGS_PATH) -> set[int]:
     return {int(n) for n in re.findall(r"^## (\d+)\. ", text, re.MULTILINE)}
 
 
-def parse_entry(cid: str, text: str, where: str, findings: set[int] | None) -> ExpectedFailure:
+def parse_entry(cid: str, text: str, where: str, findings: set[int] | None,
+                findings_name: str = FINDINGS_PATH.name) -> ExpectedFailure:
     """An entry's class and reason (what follows its torch condition); a missing class,
     a bug naming no known finding, or an empty reason is refused, naming the line [CF-4]."""
     match = _CLASS.match(text)
@@ -199,13 +200,24 @@ def parse_entry(cid: str, text: str, where: str, findings: set[int] | None) -> E
         finding, issue = int(names.group(1)), names.group(2) and int(names.group(2))
         if findings is not None and finding not in findings:
             raise pytest.UsageError(f"{where}: {cid}: bug(finding {finding}): "
-                                    f"{FINDINGS_PATH.name} has no finding {finding} [CF-4]")
+                                    f"{findings_name} has no finding {finding} [CF-4]")
     elif named is not None:
         raise pytest.UsageError(f"{where}: {cid}: only a bug entry names a finding [CF-4]")
     if not reason:
         raise pytest.UsageError(f"{where}: {cid}: the {kind} entry gives no reason: say "
                                 f"what the implementation does instead [CF-4]")
     return ExpectedFailure(cid, kind, reason, finding, issue, where)
+
+
+_FINDINGS_LINE = re.compile(r"^#\s*findings:\s*(\S+)\s*$", re.MULTILINE)
+
+
+def findings_file_of(path: Path) -> Path:
+    """The list of findings that `bug(finding N)` entries of `path` name: the file a
+    `# findings: PATH` line names (relative to `path`'s folder), else upstream's
+    (an outside implementation keeps its own findings, CF-4)."""
+    named = _FINDINGS_LINE.search(path.read_text()) if path.exists() else None
+    return (path.parent / named.group(1)).resolve() if named else FINDINGS_PATH
 
 
 def read_expected_failures(path: Path, torch_version=None
@@ -217,7 +229,8 @@ def read_expected_failures(path: Path, torch_version=None
     listed: dict[str, list[ExpectedFailure]] = {}
     if not path.exists():
         return applying, listed
-    findings = finding_numbers() if FINDINGS_PATH.exists() else None
+    findings_path = findings_file_of(path)
+    findings = finding_numbers(findings_path) if findings_path.exists() else None
     for number, line in enumerate(path.read_text().splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
@@ -233,7 +246,7 @@ def read_expected_failures(path: Path, torch_version=None
                                                                          torch_version)
             except ValueError as exc:
                 raise pytest.UsageError(f"{path}:{number}: {exc} [CF-4]") from None
-        entry = parse_entry(cid, rest, f"{path}:{number}", findings)
+        entry = parse_entry(cid, rest, f"{path}:{number}", findings, findings_path.name)
         listed.setdefault(cid, []).append(entry)
         if not applies:
             continue

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from expecttest import assert_expected_inline
 
-from conformance import funcol_cases, oracle
+from conformance import funcol_cases, oracle, pg_methods
 from conformance.canonical import canonical_graph
 from conformance.funcol_cases import DTYPES, GROUP_FORMS, cases_for, funcol_api, waited
 from conformance.harness import run
@@ -1223,6 +1223,45 @@ def test_ops_run_on_a_process_group_written_in_python(backend):
                 xs[n - 1]]
         for i, (got, w) in enumerate(zip(results[rank], want, strict=True)):
             assert torch.equal(got, w), f"rank {rank} op {i}: {got} != {w}"
+
+
+# ---- FC-34, FC-50: the process-group methods each op reaches -------------------------
+# op -> the methods of torch.distributed.ProcessGroup it reaches, in order (SPEC's table)
+METHODS_REACHED = {
+    "all_reduce": ["allreduce"], "all_reduce_": ["allreduce"],
+    "all_reduce_coalesced": ["allreduce_coalesced"],
+    "all_reduce_coalesced_": ["allreduce_coalesced"],
+    "all_reduce_coalesced_of_two_dtypes": ["allreduce_coalesced", "allreduce_coalesced"],
+    "all_gather_into_tensor": ["allgather_into_tensor_coalesced"],
+    "all_gather_into_tensor_coalesced": ["allgather_into_tensor_coalesced"],
+    "all_gather_into_tensor_out": ["allgather_into_tensor_coalesced"],
+    "reduce_scatter_tensor": ["reduce_scatter_tensor_coalesced"],
+    "reduce_scatter_tensor_coalesced": ["reduce_scatter_tensor_coalesced"],
+    "all_to_all_single": ["alltoall_base"],
+    "broadcast": ["broadcast"], "broadcast_": ["broadcast"],
+}
+METHOD_RULES = {"all_gather_into_tensor_out": ["FC-50"],
+                # members of two dtypes: one call per dtype, the results as single ops'
+                "all_reduce_coalesced_of_two_dtypes": ["FC-34", "FC-26"]}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("op", [pytest.param(op, marks=pytest.mark.spec(*METHOD_RULES.get(
+    op, ["FC-34"]))) for op in METHODS_REACHED])
+def test_each_op_reaches_its_process_group_through_its_method(backend, world, op):
+    """Over a subgroup of a group written in Python that records its calls and registers
+    no device backend (conformance/recording_process_group.py): each op completes with the
+    right values on every member, reaching exactly its methods. World 3 records on the
+    subgroup [1, 2] (group ranks are not global ranks)."""
+    backend.require("functional_collectives")
+    for rank, found in enumerate(run(backend, pg_methods.methods_reached, world, [op])):
+        if found is None:
+            continue  # not a member of the recording group
+        calls, error, values_right = found[op]
+        where = f"rank {rank}, world {world}: {op}"
+        assert error is None, f"{where} failed: {error}"
+        assert calls == METHODS_REACHED[op], f"{where} reached {calls}"
+        assert values_right, f"{where}: wrong values"
 
 
 # ---- FC-3, FC-12: traced graphs --------------------------------------------------------

@@ -473,11 +473,13 @@ def test_one_shot_and_two_shot_sum_are_bitwise_the_rank_order_reference(backend,
     check_all_reduces(results, getattr(torch, dtype_name), numel)
 
 
-def check_all_reduces(results, dtype, numel: int) -> None:
+def check_all_reduces(results, dtype, numel: int, ranks=None) -> None:
     """Every rank's one-shot, out= and two-shot sums of `_all_reduces` are the rank-order
-    reference, bit for bit, and one-shot left its input as it was."""
-    want = _reference_sum([_rank_input(r, dtype, numel) for r in range(len(results))])
-    for rank, (one, out, two, unchanged) in enumerate(results):
+    reference, bit for bit, and one-shot left its input as it was. `ranks`: the global
+    ranks of the results (default: 0, 1, ...)."""
+    ranks = list(range(len(results))) if ranks is None else ranks
+    want = _reference_sum([_rank_input(r, dtype, numel) for r in ranks])
+    for rank, (one, out, two, unchanged) in zip(ranks, results, strict=True):
         assert torch.equal(one, want), f"one-shot on rank {rank}"
         assert torch.equal(out, want), f"one-shot out= on rank {rank}"
         assert torch.equal(two, want), f"two-shot on rank {rank}"
@@ -498,6 +500,42 @@ def test_all_reduces_at_the_smallest_group_and_sizes(backend, world, numel):
         for name, got in (("one-shot", one), ("one-shot out=", out), ("two-shot", two)):
             assert got.shape == (numel,) and torch.equal(got, want), f"{name} on rank {rank}"
         assert unchanged, f"one-shot changed its input on rank {rank}"
+
+
+def _subgroup_all_reduces(spec: str, numel: int):
+    """World 3: ranks 1 and 2 sum over their subgroup [1, 2]; rank 0, outside it, sums
+    over a group of itself alone at the same time. Each member's one-shot, out= and
+    two-shot results, or None on rank 0 (its own sum is the input: a group of one)."""
+    sm, _, device = _setup(spec, "empty", "ops")
+    rank = dist.get_rank()
+    pair, alone = dist.new_group([1, 2]), dist.new_group([0])
+    group = pair if rank in (1, 2) else alone
+    name = group.group_name
+    sm.enable_symm_mem_for_group(name)
+    t = sm.empty(numel, dtype=torch.float32, device=device)
+    t.copy_(_rank_input(rank, torch.float32, numel))
+    one = sm.ops.one_shot_all_reduce(t, "sum", name).cpu()
+    out = torch.empty_like(t)
+    sm.ops.one_shot_all_reduce_out(t, "sum", name, out=out)
+    sm.ops.two_shot_all_reduce_(t, "sum", name)
+    if rank == 0:
+        alone_right = all(torch.equal(r, _rank_input(0, torch.float32, numel))
+                          for r in (one, out.cpu(), t.cpu()))
+        return "alone" if alone_right else "rank 0's group of one changed its input"
+    return one, out.cpu(), t.cpu(), True
+
+
+@pytest.mark.spec("SM-15", "SM-16", "SM-2")
+def test_a_subgroups_all_reduce_sums_its_members_only(backend):
+    """The ops reduce over the group they name: a subgroup's sum holds its members' inputs
+    only, even while a rank outside it runs an all-reduce of its own (a kernel that reduces
+    over the whole world, or over every rank attached to a shared buffer, adds rank 0's
+    data, or waits for rank 0 forever: the run's timeout names the ranks)."""
+    backend.require(CONCEPT, "empty", "ops")
+    numel = 300
+    results = run(backend, _subgroup_all_reduces, 3, numel, timeout=60, restart_after=True)
+    assert results[0] == "alone", results[0]
+    check_all_reduces(results[1:], torch.float32, numel, ranks=[1, 2])
 
 
 def _late_peer(spec: str):
@@ -984,7 +1022,7 @@ def _mismatched_calls(spec: str):
 
 @pytest.mark.spec("SM-14", "SM-20")
 def test_a_call_that_differs_between_ranks_fails_on_every_rank_naming_the_rank(backend):
-    backend.require(CONCEPT, "empty", "ops")
+    backend.require(CONCEPT, "empty", "ops", "pointwise_steps")  # a pointwise call too
     check_mismatches(run(backend, _mismatched_calls, 3))
 
 
@@ -1050,7 +1088,8 @@ def test_the_python_kernels_serve_cpu_with_the_same_results(backend, monkeypatch
     starts fresh ranks, and ends them after. Those kernels give the native cases' results:
     the sums bit for bit, every mismatch refused on every rank naming the rank. (Other
     backends ignore the variable: the case checks their ops once more.)"""
-    backend.require(CONCEPT, "empty", "ops")
+    # refimpl's kernels (SM-18), and a pointwise call among the mismatches
+    backend.require(CONCEPT, "empty", "ops", "pointwise_steps", "kernel_build_info")
     monkeypatch.setenv("REFIMPL_SYMM_MEM_NATIVE_OPS", "0")
     world, numel = 3, 4099
     fresh_ranks(world)
@@ -1100,7 +1139,8 @@ def test_the_python_kernels_serve_cpu_where_the_cxx_kernels_cannot_be_built(back
     two-shot sums of float32 and bfloat16 are the rank-order reference on every
     rank. Fresh ranks before and after: the build is tried once per process. (Other
     backends ignore `CXX` and the cache: the case checks their ops once more.)"""
-    backend.require(CONCEPT, "empty", "ops")
+    # refimpl's kernel build (SM-18): another backend may build with CXX too
+    backend.require(CONCEPT, "empty", "ops", "kernel_build_info")
     monkeypatch.delenv("REFIMPL_SYMM_MEM_NATIVE_OPS", raising=False)  # the build is tried
     world = 2
     fresh_ranks(world)
@@ -1902,6 +1942,9 @@ def test_allocation_arguments_are_refused_naming_them(backend):
 def test_op_schemas_and_fake_kernels(backend):
     sm = backend.require(CONCEPT, "ops")
     ns = sm.ops
+    if not hasattr(ns.one_shot_all_reduce, "default"):
+        raise NotImplementedConcept(f"{backend.name}: symmetric_memory.ops are Python "
+                                    f"functions, not torch operators with a schema")
     schemas = {name: str(getattr(ns, name).default._schema).split("::", 1)[1]
                for name in ("one_shot_all_reduce", "one_shot_all_reduce_out",
                             "two_shot_all_reduce_", "barrier")}

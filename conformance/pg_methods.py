@@ -1,0 +1,94 @@
+"""Which ProcessGroup method each functional-collective op reaches (SPEC FC-34, FC-50),
+run on a rank over a group of conformance.recording_process_group, with every member's
+values checked against a reference computed on the rank."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from conformance.funcol_cases import funcol_api, waited
+from conformance.recording_process_group import register
+
+
+def _cat(ts):
+    return torch.cat(ts)
+
+
+# op -> (a call of it on `ops`: (ops, x, group name, group size) -> results,
+#        the results it must give: (inputs of every member, this member's group rank))
+CALLS = {
+    "all_reduce": (lambda ops, x, g, n: [ops.all_reduce(x, "sum", g)],
+                   lambda xs, me: [sum(xs)]),
+    "all_reduce_": (lambda ops, x, g, n: [ops.all_reduce_(x.clone(), "sum", g)],
+                    lambda xs, me: [sum(xs)]),
+    "all_reduce_coalesced": (
+        lambda ops, x, g, n: ops.all_reduce_coalesced([x, x * 2], "sum", g),
+        lambda xs, me: [sum(xs), 2 * sum(xs)]),
+    "all_reduce_coalesced_": (
+        lambda ops, x, g, n: ops.all_reduce_coalesced_([x.clone(), x * 2], "sum", g),
+        lambda xs, me: [sum(xs), 2 * sum(xs)]),
+    "all_reduce_coalesced_of_two_dtypes": (
+        lambda ops, x, g, n: ops.all_reduce_coalesced(
+            [x, x.double() * 2, x * 3], "sum", g),
+        lambda xs, me: [sum(xs), 2 * sum(xs).double(), 3 * sum(xs)]),
+    "all_gather_into_tensor": (
+        lambda ops, x, g, n: [ops.all_gather_into_tensor(x, n, g)],
+        lambda xs, me: [_cat(xs)]),
+    "all_gather_into_tensor_coalesced": (
+        lambda ops, x, g, n: ops.all_gather_into_tensor_coalesced([x, x * 2], n, g),
+        lambda xs, me: [_cat(xs), 2 * _cat(xs)]),
+    "all_gather_into_tensor_out": (
+        lambda ops, x, g, n: [ops.all_gather_into_tensor_out(
+            x, n, g, out=x.new_empty([x.shape[0] * n]))],
+        lambda xs, me: [_cat(xs)]),
+    "reduce_scatter_tensor": (
+        lambda ops, x, g, n: [ops.reduce_scatter_tensor(x, "sum", n, g)],
+        lambda xs, me: [sum(xs).chunk(len(xs))[me]]),
+    "reduce_scatter_tensor_coalesced": (
+        lambda ops, x, g, n: ops.reduce_scatter_tensor_coalesced([x, x * 2], "sum", n, g),
+        lambda xs, me: [sum(xs).chunk(len(xs))[me], 2 * sum(xs).chunk(len(xs))[me]]),
+    "all_to_all_single": (
+        lambda ops, x, g, n: [ops.all_to_all_single(
+            x, [x.shape[0] // n] * n, [x.shape[0] // n] * n, g)],
+        lambda xs, me: [_cat([x.chunk(len(xs))[me] for x in xs])]),
+    "broadcast": (lambda ops, x, g, n: [ops.broadcast(x, 0, g)],
+                  lambda xs, me: [xs[0]]),
+    "broadcast_": (lambda ops, x, g, n: [ops.broadcast_(x.clone(), 0, g)],
+                   lambda xs, me: [xs[0]]),
+}
+
+
+def _members(world: int) -> list[int]:
+    """The recording group: every rank of a world of 2; ranks [1, 2] of a larger one (a
+    subgroup whose group ranks are not the global ranks; new_group sorts them)."""
+    return list(range(world)) if world == 2 else [1, 2]
+
+
+def _input(global_rank: int, n: int) -> torch.Tensor:
+    return torch.arange(4.0 * n) + 10 * global_rank  # whole numbers: every sum exact
+
+
+def methods_reached(spec: str, ops_to_run: list[str]) -> dict | None:
+    """op -> (methods reached in order, the error if it failed or None, values right);
+    None on a rank outside the recording group."""
+    ops = funcol_api(spec).ops
+    members = _members(dist.get_world_size())
+    group = dist.new_group(members, backend=register())
+    if dist.get_rank() not in members:
+        return None
+    n, me = len(members), members.index(dist.get_rank())
+    xs = [_input(r, n) for r in members]
+    found = {}
+    for op in ops_to_run:
+        call, want = CALLS[op]
+        group.calls.clear()
+        try:
+            got = [ops.wait_tensor(waited(t)) for t in call(ops, xs[me], group.group_name, n)]
+            error = None
+            right = len(got) == len(want(xs, me)) and all(
+                torch.equal(a, b) for a, b in zip(got, want(xs, me), strict=False))
+        except Exception as exc:  # what the op did is the verdict, reported per op
+            error, right = f"{type(exc).__name__}: {exc}".splitlines()[0], False
+        found[op] = (list(group.calls), error, right)
+    return found

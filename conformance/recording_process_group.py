@@ -1,0 +1,78 @@
+"""A process group written in Python that records which of its methods each collective
+reaches (SPEC FC-50): what a vendor's or a library's Python process group (torchft's,
+say) must implement for the functional collectives to work over it.
+
+`RecordingProcessGroup` subclasses `torch.distributed.ProcessGroup` and registers no
+device backend: c10d reaches it only through the methods a Python subclass overrides.
+Each override checks that it got its options argument, appends its name to `calls` and
+hands the call to a gloo group of the same ranks, so values stay right and the record
+alone tells the path. A collective that
+goes another way fails ("No backend type associated with device type cpu"), as it does
+on such a group in the field.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+NAME = "refimpl_recording"
+# The methods of torch.distributed.ProcessGroup a collective may reach, and how many
+# arguments each takes, its options included: upstream's kernels always pass them, and a
+# Python group may require them (torchft's do).
+METHODS = {"allreduce": 2, "allreduce_coalesced": 2, "allgather": 3,
+           "allgather_into_tensor_coalesced": 3, "_allgather_base": 3, "reduce_scatter": 3,
+           "reduce_scatter_tensor_coalesced": 3, "_reduce_scatter_base": 3,
+           "alltoall_base": 5, "broadcast": 2, "barrier": 1, "send": 3, "recv": 3}
+
+
+class RecordingProcessGroup(dist.ProcessGroup):
+    def __init__(self, store, rank: int, size: int, timeout):
+        super().__init__(rank, size)
+        # The delegate: a plain c10d group over gloo (it has every method above).
+        self.gloo = dist.ProcessGroup(store, rank, size)
+        self.gloo._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+        self.gloo._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
+                                    dist.ProcessGroupGloo(store, rank, size, timeout))
+        self.calls: list[str] = []
+
+    def size(self) -> int:
+        return self.gloo.size()
+
+    def rank(self) -> int:
+        return self.gloo.rank()
+
+    def getBackendName(self) -> str:
+        return NAME
+
+    @property
+    def group_name(self) -> str:
+        # A Python group's name is the one c10d registered it under.
+        return dist.distributed_c10d._world.pg_names[self]
+
+
+def _recorded(method: str, arity: int):
+    def call(self, *args):
+        if len(args) != arity:
+            raise TypeError(f"{method}() takes {arity} arguments, its options included "
+                            f"(as torchft's groups require), got {len(args)} [FC-34]")
+        self.calls.append(method)
+        return getattr(self.gloo, method)(*args)
+
+    call.__name__ = method
+    return call
+
+
+for _method, _arity in METHODS.items():
+    setattr(RecordingProcessGroup, _method, _recorded(_method, _arity))
+
+
+def _create(store, rank, size, timeout):
+    return RecordingProcessGroup(store, rank, size, timeout)
+
+
+def register() -> str:
+    """Register the backend (once per process) and return its name."""
+    if NAME not in dist.Backend.backend_list:
+        dist.Backend.register_backend(NAME, _create, devices=["cpu"])
+    return NAME
