@@ -2,8 +2,9 @@
 
 Every collective is an operator of the `refimpl_c10d` library whose result is a fresh
 tensor that is *not ready* until `wait_tensor` is called on it (FC-1..FC-5). In eager
-mode the op starts the collective asynchronously through `torch.distributed`'s own
-functions (so any ProcessGroup works, FC-34) and records the pending work under the
+mode the op starts the collective asynchronously through the one ProcessGroup method
+upstream's kernel calls, with its options (so any ProcessGroup works, one written in
+Python included, FC-34, FC-50) and records the pending work under the
 result's storage (its base address) with a version number; `wait_tensor` waits and clears the entry
 (FC-6..FC-8). The Python API wraps eager results in `AsyncCollectiveTensor`, which
 waits on first use by any op except views (FC-9..FC-11), and under tracing emits the op
@@ -23,7 +24,7 @@ its autograd formula and its Python API, in that order.
 torch 2.15's names (`all_gather_single`, ..., `wait_tensors`) sit beside the older ones
 (FC-37).
 
-Implements SPEC.md section "Functional collectives": FC-1 .. FC-49.
+Implements SPEC.md section "Functional collectives": FC-1 .. FC-50.
 """
 
 from __future__ import annotations
@@ -1086,7 +1087,7 @@ def _check_all_gather(tensor, group_size, group_name, out=None):
 
 def _start_all_gather(what, tensors, outs, pg, group_name) -> list:
     """Gather every tensor of `tensors` into its `outs` through the group's
-    `allgather_into_tensor_coalesced`, one call for them all (FC-34, FC-51)."""
+    `allgather_into_tensor_coalesced`, one call for them all (FC-34, FC-50)."""
     ins = [t.contiguous() for t in tensors]
     # The options are passed, as upstream's kernel does: a Python group may require them.
     return _start_together(what, group_name, outs, lambda: pg.allgather_into_tensor_coalesced(
