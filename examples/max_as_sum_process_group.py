@@ -8,7 +8,9 @@ over it (README, "Running on a cluster"):
 
 `MaxAsSumProcessGroup` wraps gloo and passes every collective through unchanged, except
 one slip: an all-reduce asked for `max` sums instead. The report fails the cases of the
-rules whose values that changes (all_reduce with `max`), naming them, and passes the rest.
+rules whose values that changes (all_reduce with `max`), naming them, and passes the rest
+(a coalesced all-reduce reaches the group's `allreduce_coalesced`, SPEC FC-34, which this
+group leaves to gloo: its `max` cases pass).
 
 How it plugs in (torch.distributed's extension point for third-party backends):
 `Backend.register_backend(name, create)` makes `name` a backend `init_process_group` and

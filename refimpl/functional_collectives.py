@@ -506,28 +506,32 @@ class _WaitOnce:
     output again at each wait (upstream finding 4), which would undo a finish (avg's
     divide) already applied to another result."""
 
-    __slots__ = ("work", "done")
+    __slots__ = ("work",)
 
     def __init__(self, work):
-        self.work, self.done = work, False
+        self.work = work
 
     def wait(self):
-        if not self.done:
+        if self.work is not None:
             self.work.wait()
-            self.done = True
+            # The work holds every member's tensors: let go of it, so that a member waited
+            # is freed at its own wait, not at the last member's (MEM-5).
+            self.work = None
 
 
 def _start_together(op: str, group_name: str, results: list, communicate, finishes=None,
-                    reads=()) -> list:
+                    reads=None) -> list:
     """`_start` of one process-group call that produces every tensor of `results` (a
-    coalesced method, FC-34): each result is registered with the one work."""
+    coalesced method, FC-34): each result is registered with the one work, and with its
+    own member's inputs (`reads[i]`), held until it is waited (FC-36, MEM-5)."""
     try:
         work = _WaitOnce(communicate())
     except dist.DistError as exc:
         raise _peer_failure(op, group_name, exc) from exc
     finishes = finishes or [None] * len(results)
-    return [_register(r, _Pending(work, f, op, group_name, tuple(reads)))
-            for r, f in zip(results, finishes, strict=True)]
+    reads = reads or [()] * len(results)
+    return [_register(r, _Pending(work, f, op, group_name, tuple(held)))
+            for r, f, held in zip(results, finishes, reads, strict=True)]
 
 
 def _real_views(tensors) -> list:
@@ -1091,7 +1095,8 @@ def _start_all_gather(what, tensors, outs, pg, group_name) -> list:
     ins = [t.contiguous() for t in tensors]
     # The options are passed, as upstream's kernel does: a Python group may require them.
     return _start_together(what, group_name, outs, lambda: pg.allgather_into_tensor_coalesced(
-        _real_views(outs), _real_views(ins), c10d.AllgatherOptions()), reads=tuple(tensors))
+        _real_views(outs), _real_views(ins), c10d.AllgatherOptions()),
+        reads=[(t,) for t in tensors])
 
 
 def _all_gather_into_tensor(tensor, group_size, group_name):
@@ -1211,7 +1216,7 @@ def _start_reduce_scatter(what, tensors, op, shapes, pg, group_name) -> list:
     finishes = [(lambda out=out: out.div_(pg.size())) if op == "avg" else None
                 for out in outs]
     return _start_together(what, group_name, outs, lambda: pg.reduce_scatter_tensor_coalesced(
-        outs, ins, opts), finishes, reads=tuple(tensors))
+        outs, ins, opts), finishes, reads=[(t,) for t in tensors])
 
 
 def _reduce_scatter_tensor(tensor, reduce_op, group_size, group_name):

@@ -424,55 +424,60 @@ FC = [
            "only the packet is registered; FX nodes hold the overload, which DCE then drops",
            catch="test_dead_code_elimination_keeps_collectives_and_waits[waited]"),
     Mutant("all_gather_through_the_backend_method", "FC-50", F,
-           "    return _start_together(what, group_name, outs, lambda: p"
-           "g.allgather_into_tensor_coalesced(\n"
-           "        _real_views(outs), _real_views(ins), c10d.AllgatherO"
-           "ptions()), reads=tuple(tensors))",
+           "    return _start_together(what, group_name, outs, lambda: "
+           "pg.allgather_into_tensor_coalesced(\n"
+           "        _real_views(outs), _real_views(ins), c10d.AllgatherOptions()),\n"
+           "        reads=[(t,) for t in tensors])",
            "    if what == \"all_gather_into_tensor_out\":\n"
-           "        return _start_together(what, group_name, outs, lambda: pg._allgather_base(\n"
-           "            outs[0], ins[0]), reads=tuple(tensors))\n"
-           "    return _start_together(what, group_name, outs, lambda: p"
-           "g.allgather_into_tensor_coalesced(\n"
-           "        _real_views(outs), _real_views(ins), c10d.AllgatherO"
-           "ptions()), reads=tuple(tensors))",
+           "        return _start_together(what, group_name, outs, lambda: "
+           "pg._allgather_base(\n"
+           "            outs[0], ins[0], c10d.AllgatherOptions()), reads=[tensors])\n"
+           "    return _start_together(what, group_name, outs, lambda: "
+           "pg.allgather_into_tensor_coalesced(\n"
+           "        _real_views(outs), _real_views(ins), c10d.AllgatherOptions()),\n"
+           "        reads=[(t,) for t in tensors])",
            "the out= variant through the group's _allgather_base, as upstream's kernel: a "
            "Python group's override never receives it",
            catch="test_each_op_reaches_its_process_group_through_its_method"
                  "[all_gather_into_tensor_out-2]"),
     Mutant("all_gather_through_torch_distributed", "FC-34", F,
-           "    return _start_together(what, group_name, outs, lambda: p"
-           "g.allgather_into_tensor_coalesced(\n"
-           "        _real_views(outs), _real_views(ins), c10d.AllgatherO"
-           "ptions()), reads=tuple(tensors))",
-           "    return [_start(what, group_name, o, lambda o=o, i=i: dist.all_gather_into_tensor(\n"
-           "        o, i, group=pg, async_op=True), reads=tuple(tensors)"
-           ") for o, i in zip(outs, ins)]",
+           "    return _start_together(what, group_name, outs, lambda: "
+           "pg.allgather_into_tensor_coalesced(\n"
+           "        _real_views(outs), _real_views(ins), c10d.AllgatherOptions()),\n"
+           "        reads=[(t,) for t in tensors])",
+           "    return [_start(what, group_name, o, lambda o=o, i=i: "
+           "dist.all_gather_into_tensor(\n"
+           "        o, i, group=pg, async_op=True), reads=(t,))\n"
+           "        for o, i, t in zip(outs, ins, tensors)]",
            "refimpl's first way, through torch.distributed's function, which reaches "
            "_allgather_base: torchft's groups fail there",
            catch="test_each_op_reaches_its_process_group_through_its_method"
                  "[all_gather_into_tensor-2]"),
     Mutant("all_gather_without_its_options", "FC-34", F,
-           "        _real_views(outs), _real_views(ins), c10d.AllgatherO"
-           "ptions()), reads=tuple(tensors))",
-           "        _real_views(outs), _real_views(ins)), reads=tuple(tensors))",
+           "        _real_views(outs), _real_views(ins), c10d.AllgatherOptions()),\n",
+           "        _real_views(outs), _real_views(ins)),\n",
            "the gather's options left out (the binding has a default): a Python group whose "
            "method takes them as a required argument (torchft's) raises TypeError",
            catch="test_each_op_reaches_its_process_group_through_its_method"
                  "[all_gather_into_tensor-2]"),
     Mutant("shared_work_waited_at_every_result", "FC-26", F,
-           "        if not self.done:\n            self.work.wait()\n            self.done = True",
-           "        self.work.wait()",
+           "        if self.work is not None:\n            self.work.wait()\n"
+           "            # The work holds every member's tensors: let go of it, so that a "
+           "member waited\n"
+           "            # is freed at its own wait, not at the last member's (MEM-5).\n"
+           "            self.work = None\n",
+           "        self.work.wait()\n",
            "a coalesced call's one work waited again at each member's wait: gloo copies every "
            "output again, undoing avg's divide of a member already waited",
            catch="test_eager_values[2-name-f32-reduce_scatter_coalesced:avg]"),
     Mutant("reduce_scatter_member_by_member", "FC-34", F,
-           "    return _start_together(what, group_name, outs, lambda: p"
-           "g.reduce_scatter_tensor_coalesced(\n"
-           "        outs, ins, opts), finishes, reads=tuple(tensors))",
-           "    return [_start_together(what, group_name, [o], lambda o="
-           "o, i=i: pg.reduce_scatter_tensor_coalesced(\n"
-           "        [o], [i], opts), [f], reads=tuple(tensors))[0] for o"
-           ", i, f in zip(outs, ins, finishes)]",
+           "    return _start_together(what, group_name, outs, lambda: "
+           "pg.reduce_scatter_tensor_coalesced(\n"
+           "        outs, ins, opts), finishes, reads=[(t,) for t in tensors])",
+           "    return [_start_together(what, group_name, [o], lambda o=o, i=i: "
+           "pg.reduce_scatter_tensor_coalesced(\n"
+           "        [o], [i], opts), [f], reads=[(t,)])[0]\n"
+           "        for o, i, f, t in zip(outs, ins, finishes, tensors)]",
            "a coalesced reduce_scatter as one call per member: the group sees N calls "
            "where upstream makes one",
            catch="test_each_op_reaches_its_process_group_through_its_method"
@@ -1885,6 +1890,12 @@ RO = [
 # --------------------------------------------------------------------------------------
 MEMORY = "refimpl/memory.py"
 MEM = [
+    Mutant("shared_work_kept_after_its_wait", "MEM-5", F,
+           "            self.work = None\n",
+           "            pass\n",
+           "a coalesced call's work kept after its wait: it holds every member's tensors, so "
+           "a member waited is freed only at the last member's wait",
+           catch="test_plan_matches_a_real_run"),
     Mutant("coalesced_reduce_scatter_holds_results_only", "MEM-5", COMM_OPS,
            '    "reduce_scatter_tensor_coalesced": dict(_REDUCE_SCATTER, coalesced=True),',
            '    "reduce_scatter_tensor_coalesced": dict(_REDUCE_SCATTER, coalesced=True, '
