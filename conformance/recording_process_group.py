@@ -47,8 +47,11 @@ class RecordingProcessGroup(dist.ProcessGroup):
 
     @property
     def group_name(self) -> str:
-        # A Python group's name is the one c10d registered it under.
-        return dist.distributed_c10d._world.pg_names[self]
+        # A Python group's name is the one c10d registered it under (kept: c10d reads it
+        # again while it destroys the group, after it dropped the entry).
+        if "_name" not in self.__dict__:
+            self._name = dist.distributed_c10d._world.pg_names[self]
+        return self._name
 
 
 def _recorded(method: str, arity: int):

@@ -1665,10 +1665,7 @@ def _disagreeing_rank_lists(spec):
     fc = funcol_api(spec)
     me = dist.get_rank()
     mine = [me, (me + 1) % 3]  # [0, 1], [1, 2], [2, 0]
-    # A first collective warms this fresh rank's paths (a loaded machine once took rank 1
-    # past the 3 s before it asked for its list); then the ranks start the call together.
-    waited(fc.all_reduce(torch.ones(1), "sum", dist.group.WORLD))
-    dist.barrier()
+    dist.barrier()  # ranks start the call together, whatever their imports cost
     start = time.monotonic()
     outcome = _error(lambda: fc.all_reduce(torch.ones(1), "sum", mine))
     return outcome, time.monotonic() - start
