@@ -10,11 +10,6 @@ import torch.distributed as dist
 from conformance.funcol_cases import funcol_api, waited
 from conformance.recording_process_group import register
 
-
-def _cat(ts):
-    return torch.cat(ts)
-
-
 # op -> (a call of it on `ops`: (ops, x, group name, group size) -> results,
 #        the results it must give: (inputs of every member, this member's group rank))
 CALLS = {
@@ -34,14 +29,14 @@ CALLS = {
         lambda xs, me: [sum(xs), 2 * sum(xs).double(), 3 * sum(xs)]),
     "all_gather_into_tensor": (
         lambda ops, x, g, n: [ops.all_gather_into_tensor(x, n, g)],
-        lambda xs, me: [_cat(xs)]),
+        lambda xs, me: [torch.cat(xs)]),
     "all_gather_into_tensor_coalesced": (
         lambda ops, x, g, n: ops.all_gather_into_tensor_coalesced([x, x * 2], n, g),
-        lambda xs, me: [_cat(xs), 2 * _cat(xs)]),
+        lambda xs, me: [torch.cat(xs), 2 * torch.cat(xs)]),
     "all_gather_into_tensor_out": (
         lambda ops, x, g, n: [ops.all_gather_into_tensor_out(
             x, n, g, out=x.new_empty([x.shape[0] * n]))],
-        lambda xs, me: [_cat(xs)]),
+        lambda xs, me: [torch.cat(xs)]),
     "reduce_scatter_tensor": (
         lambda ops, x, g, n: [ops.reduce_scatter_tensor(x, "sum", n, g)],
         lambda xs, me: [sum(xs).chunk(len(xs))[me]]),
@@ -51,7 +46,7 @@ CALLS = {
     "all_to_all_single": (
         lambda ops, x, g, n: [ops.all_to_all_single(
             x, [x.shape[0] // n] * n, [x.shape[0] // n] * n, g)],
-        lambda xs, me: [_cat([x.chunk(len(xs))[me] for x in xs])]),
+        lambda xs, me: [torch.cat([x.chunk(len(xs))[me] for x in xs])]),
     "broadcast": (lambda ops, x, g, n: [ops.broadcast(x, 0, g)],
                   lambda xs, me: [xs[0]]),
     "broadcast_": (lambda ops, x, g, n: [ops.broadcast_(x.clone(), 0, g)],

@@ -494,11 +494,17 @@ def _start(op: str, group_name: str, result: torch.Tensor, communicate, finish=N
     `result`, and register it as pending (FC-6). `reads`: the inputs it communicates, kept
     referenced until it is waited whether or not the process group copied them (gloo's
     reduce_scatter does): an in-flight collective owns its buffers (FC-36, MEM-5)."""
-    try:
-        work = communicate()
-    except dist.DistError as exc:  # a peer already gone; other errors are the caller's
-        raise _peer_failure(op, group_name, exc) from exc
+    work = _communicate(op, group_name, communicate)
     return _register(result, _Pending(work, finish, op, group_name, tuple(reads)))
+
+
+def _communicate(op: str, group_name: str, communicate):
+    """The work `communicate()` starts; a peer already gone is named (FC-29), other errors
+    are the caller's."""
+    try:
+        return communicate()
+    except dist.DistError as exc:
+        raise _peer_failure(op, group_name, exc) from exc
 
 
 class _WaitOnce:
@@ -524,10 +530,7 @@ def _start_together(op: str, group_name: str, results: list, communicate, finish
     """`_start` of one process-group call that produces every tensor of `results` (a
     coalesced method, FC-34): each result is registered with the one work, and with its
     own member's inputs (`reads[i]`), held until it is waited (FC-36, MEM-5)."""
-    try:
-        work = _WaitOnce(communicate())
-    except dist.DistError as exc:
-        raise _peer_failure(op, group_name, exc) from exc
+    work = _WaitOnce(_communicate(op, group_name, communicate))
     finishes = finishes or [None] * len(results)
     reads = reads or [()] * len(results)
     return [_register(r, _Pending(work, f, op, group_name, tuple(held)))

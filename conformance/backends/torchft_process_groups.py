@@ -96,47 +96,45 @@ def __getattr__(name: str):
 
 
 def _configured(group, store, rank: int, size: int):
-    group._refimpl_rank = rank
+    """`group` joined to this world through `configure`, on c10d's TCPStore server."""
     group.configure(_store_address(store, rank), replica_id=f"refimpl_{rank}", rank=rank,
                     world_size=size)
     return group
 
 
-def _register(name: str, make) -> str:
-    """Register backend `name` (once per process), made by `make(store, rank, size,
-    timeout)`, and return the name."""
+def _registered(name: str, make_group, with_rank: bool) -> str:
+    """Register backend `name` (or `name`_with_rank; once per process), whose group is
+    `make_group(torchft_pg, wrap, store, rank, size, timeout)`, and return the name."""
+    name += "_with_rank" if with_rank else ""
+    torchft_pg = _import_torchft()
+    wrap = _with_rank if with_rank else (lambda cls: cls)
+
+    def make(store, rank, size, timeout):
+        group = make_group(torchft_pg, wrap, store, rank, size, _timedelta(timeout))
+        group._refimpl_rank = rank  # what a `...WithRank` group's rank() answers
+        return group
+
     if name not in dist.Backend.backend_list:
         dist.Backend.register_backend(name, make, devices=["cpu"])
     return name
 
 
-def _registered(name: str, make_group, with_rank: bool) -> str:
-    """Register `name` (or `name`_with_rank): a backend whose group is `make_group(cls,
-    timeout)` configured on c10d's store."""
-    torchft_pg = _import_torchft()
-    wrap = _with_rank if with_rank else (lambda cls: cls)
-
-    def make(store, rank, size, timeout):
-        return _configured(make_group(torchft_pg, wrap, _timedelta(timeout)), store, rank,
-                           size)
-
-    return _register(name + ("_with_rank" if with_rank else ""), make)
+def _gloo(torchft_pg, wrap, store, rank, size, timeout):
+    return _configured(wrap(torchft_pg.ProcessGroupGloo)(timeout=timeout), store, rank, size)
 
 
-def _gloo(torchft_pg, wrap, timeout):
-    return wrap(torchft_pg.ProcessGroupGloo)(timeout=timeout)
+def _baby_gloo(torchft_pg, wrap, store, rank, size, timeout):
+    return _configured(wrap(torchft_pg.ProcessGroupBabyGloo)(timeout=timeout), store, rank,
+                       size)
 
 
-def _baby_gloo(torchft_pg, wrap, timeout):
-    return wrap(torchft_pg.ProcessGroupBabyGloo)(timeout=timeout)
-
-
-def _error_swallowing(torchft_pg, wrap, timeout):
+def _error_swallowing(torchft_pg, wrap, store, rank, size, timeout):
     inner = torchft_pg.ProcessGroupGloo(timeout=timeout)
-    return wrap(torchft_pg.ErrorSwallowingProcessGroupWrapper)(inner)
+    return _configured(wrap(torchft_pg.ErrorSwallowingProcessGroupWrapper)(inner), store,
+                       rank, size)
 
 
-def _managed(store, rank: int, size: int, timeout: datetime.timedelta, wrap):
+def _managed(torchft_pg, wrap, store, rank, size, timeout):
     """A `ManagedProcessGroup` over a torchft `Manager` of this rank: one replica per rank
     (a replica group of one, its own TCPStore), a lighthouse served in rank 0's process
     (its address handed over through c10d's store), one quorum of every rank, started
@@ -144,7 +142,6 @@ def _managed(store, rank: int, size: int, timeout: datetime.timedelta, wrap):
     from torchft.coordination import LighthouseServer
     from torchft.manager import Manager
 
-    torchft_pg = _import_torchft()
     if rank == 0:
         lighthouse = LighthouseServer(bind="[::]:0", min_replicas=size)
         _keep.append(lighthouse)
@@ -158,21 +155,10 @@ def _managed(store, rank: int, size: int, timeout: datetime.timedelta, wrap):
                       quorum_timeout=timeout, connect_timeout=timeout)
     manager.start_quorum()
     _keep.extend([own_store, manager])
-    group = wrap(torchft_pg.ManagedProcessGroup)(manager)
-    group._refimpl_rank = rank
-    return group
+    return wrap(torchft_pg.ManagedProcessGroup)(manager)
 
 
-def register_managed() -> str:
-    return _register("torchft_managed", lambda store, rank, size, timeout: _managed(
-        store, rank, size, _timedelta(timeout), lambda cls: cls))
-
-
-def register_managed_with_rank() -> str:
-    return _register("torchft_managed_with_rank", lambda store, rank, size, timeout: _managed(
-        store, rank, size, _timedelta(timeout), _with_rank))
-
-
+# The entry points users pass as `--process-group module:attr`, one per group kind.
 def register_gloo() -> str:
     return _registered("torchft_gloo", _gloo, with_rank=False)
 
@@ -195,3 +181,11 @@ def register_error_swallowing() -> str:
 
 def register_error_swallowing_with_rank() -> str:
     return _registered("torchft_error_swallowing", _error_swallowing, with_rank=True)
+
+
+def register_managed() -> str:
+    return _registered("torchft_managed", _managed, with_rank=False)
+
+
+def register_managed_with_rank() -> str:
+    return _registered("torchft_managed", _managed, with_rank=True)

@@ -212,11 +212,11 @@ def parse_entry(cid: str, text: str, where: str, findings: set[int] | None,
 _FINDINGS_LINE = re.compile(r"^#\s*findings:\s*(\S+)\s*$", re.MULTILINE)
 
 
-def findings_file_of(path: Path) -> Path:
-    """The list of findings that `bug(finding N)` entries of `path` name: the file a
-    `# findings: PATH` line names (relative to `path`'s folder), else upstream's
-    (an outside implementation keeps its own findings, CF-4)."""
-    named = _FINDINGS_LINE.search(path.read_text()) if path.exists() else None
+def findings_file_of(path: Path, text: str) -> Path:
+    """The list of findings that `bug(finding N)` entries of `path` (whose `text` this is)
+    name: the file a `# findings: PATH` line names (relative to `path`'s folder), else
+    upstream's (an outside implementation keeps its own findings, CF-4)."""
+    named = _FINDINGS_LINE.search(text)
     return (path.parent / named.group(1)).resolve() if named else FINDINGS_PATH
 
 
@@ -229,9 +229,10 @@ def read_expected_failures(path: Path, torch_version=None
     listed: dict[str, list[ExpectedFailure]] = {}
     if not path.exists():
         return applying, listed
-    findings_path = findings_file_of(path)
+    text = path.read_text()
+    findings_path = findings_file_of(path, text)
     findings = finding_numbers(findings_path) if findings_path.exists() else None
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
