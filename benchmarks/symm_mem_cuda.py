@@ -132,6 +132,51 @@ def _bench_rank(upstream: bool, quick: bool) -> dict:
     return {"latency": rows, "two_shot_us": two, "copy_bytes_per_s": copy}
 
 
+def _breakdown_rank(quick: bool) -> list[tuple[str, float]]:
+    """Where one 4 KiB one-shot call's time goes on one rank: the op through torch's
+    dispatcher, the handle's Python call, the C call alone, a lone barrier, and the floor
+    any synchronous call pays (a small copy and a synchronisation), medians in us."""
+    from refimpl import _symm_mem_cuda
+
+    group = dist.group.WORLD.group_name
+    torch.cuda.set_device(_device())
+    sm.enable_symm_mem_for_group(group)
+    buf = _symmetric(_api(False), 1024, group)
+    out = torch.empty_like(buf)
+    handle = sm.get_symmetric_memory(buf)
+    lib, report = _symm_mem_cuda.library(), handle._report
+    context, stream = handle._context, handle._stream()
+    codes = sm._check_reduce_input(buf, "sum", "breakdown")
+    offset = buf.data_ptr() - handle.buffer_ptrs[handle.rank]
+    timeout_ms = 60_000
+    ops, n = torch.ops.refimpl_symm_mem, 200 if quick else 2000
+    steps = [
+        ("op `one_shot_all_reduce_out` (dispatcher, checks, lookups, handle, C)",
+         lambda: ops.one_shot_all_reduce_out(buf, "sum", group, out=out)),
+        ("the handle's `_one_shot` (Python, ctypes, C)",
+         lambda: handle._one_shot(offset, buf.numel(), codes, out, timeout_ms)),
+        ("`rsmc_one_shot_all_reduce` through ctypes alone",
+         lambda: lib.rsmc_one_shot_all_reduce(context, stream, sm.OP_CHANNEL, offset,
+                                              buf.numel(), codes[1], codes[0],
+                                              out.data_ptr(), timeout_ms * 1_000_000, report)),
+        ("`rsmc_barrier` through ctypes (one 64-thread kernel, waited)",
+         lambda: lib.rsmc_barrier(context, stream, sm.OP_CHANNEL, timeout_ms * 1_000_000,
+                                  report)),
+        ("floor: `out.copy_(buf)` then `torch.cuda.synchronize()`",
+         lambda: (out.copy_(buf), torch.cuda.synchronize())),
+        ("floor: `torch.cuda.synchronize()` alone", torch.cuda.synchronize),
+    ]
+    return [(name, _p50_us(step, n)) for name, step in steps]
+
+
+def _breakdown_report(rows: list[tuple[str, float]] | str) -> list[str]:
+    lines = ["\n## Where a 4 KiB one-shot's time goes (1 rank)\n"]
+    if isinstance(rows, str):
+        return lines + [f"refimpl: {rows}"]
+    lines += ["| what is timed (median per call) | us |", "|---|---|"]
+    return lines + [f"| {name} | {us:.1f} |" for name, us in rows]
+
+
 def _run(fn, world: int, *args, timeout_s: float) -> dict | str:
     """Rank 0's results, or why the ranks did not produce any."""
     try:
@@ -194,6 +239,8 @@ def main() -> None:
     parser.add_argument("--out", help="also write the report (markdown) to this file")
     parser.add_argument("--upstream-timeout", type=float, default=120,
                         help="seconds before upstream's ranks count as hung")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also time the parts of one 4 KiB one-shot call on one rank")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/symm_mem_cuda.py needs a CUDA device")
@@ -212,6 +259,12 @@ def main() -> None:
         if args.out:  # after every group size: a run stopped later keeps what it measured
             with open(args.out, "w") as f:
                 f.write("\n".join(lines) + "\n")
+    if args.breakdown:
+        section = _breakdown_report(_run(_breakdown_rank, 1, args.quick, timeout_s=120))
+        print("\n".join(section), flush=True)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write("\n".join(section) + "\n")
 
 
 if __name__ == "__main__":

@@ -34,12 +34,18 @@ def backend_in_rank(spec: str):
     return get_backend(spec)
 
 
-def run(backend, fn, world_size: int, *args, restart_after: bool = False, **kwargs) -> list:
+def run(backend, fn, world_size: int, *args, restart_after: bool = False,
+        tensors_on_the_cpu: bool = False, **kwargs) -> list:
     """`fn(backend.spec, *args)` on every rank; a rank's NotImplementedConcept is re-raised.
 
     `restart_after`: the case leaves its ranks out of step on purpose (a rank that skipped
-    a collective, a group that failed), so the next case starts on fresh processes."""
+    a collective, a group that failed), so the next case starts on fresh processes.
+    `tensors_on_the_cpu`: a tensor `fn` makes without naming a device is on the CPU, whatever
+    this run's --device (for cases that name the device of every tensor under test, as
+    the SM cases do with their backend's device, and keep their references on the CPU)."""
     WORLD_SIZES_USED.add(world_size)
+    if tensors_on_the_cpu:
+        fn, args = _on_the_cpu, (fn, *args)
     try:
         return run_on_ranks(fn, world_size, backend.spec, *args, **kwargs)
     except RankError as err:
@@ -49,6 +55,13 @@ def run(backend, fn, world_size: int, *args, restart_after: bool = False, **kwar
     finally:
         if restart_after:
             fresh_ranks(world_size)
+
+
+def _on_the_cpu(spec, fn, *args, **kwargs):
+    import torch
+
+    with torch.device("cpu"):
+        return fn(spec, *args, **kwargs)
 
 
 def needs_the_cpu(what: str) -> None:

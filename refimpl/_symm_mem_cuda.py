@@ -155,20 +155,23 @@ class _PeerMapping:
 
 
 class _DeviceBytes:
-    """`nbytes` of device memory at `ptr`, as torch.as_tensor reads them
+    """`nbytes` of device memory at `ptr` on `device`, as torch.as_tensor reads them
     (__cuda_array_interface__); the tensor keeps this object, and so `owner`, alive."""
 
-    def __init__(self, ptr: int, nbytes: int, owner):
+    def __init__(self, ptr: int, nbytes: int, device: torch.device, owner):
         self.owner = owner
+        self.device = device
         self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
                                          "data": (ptr, False), "version": 2}
 
 
 def _byte_tensor(holder: _DeviceBytes) -> torch.Tensor:
-    """A uint8 tensor over the holder's bytes, on the device CUDA says they are on."""
-    tensor = torch.as_tensor(holder)  # no device argument: nothing may be copied
+    """A uint8 tensor over the holder's bytes, on their device. The device is named: under
+    a default device (`with torch.device("cpu")`, torch.set_default_device) torch.as_tensor
+    would otherwise copy the bytes there."""
+    tensor = torch.as_tensor(holder, device=holder.device)
     ptr = holder.__cuda_array_interface__["data"][0]
-    if tensor.data_ptr() != ptr or tensor.device.type != "cuda":
+    if tensor.data_ptr() != ptr or tensor.device != holder.device:
         raise RuntimeError(f"torch.as_tensor did not wrap the device memory at {ptr:#x} "
                            f"[SM-21]")
     return tensor
@@ -201,13 +204,13 @@ class CudaAllocator:
     def empty_strided_p2p(self, size, stride, dtype, device, group_name,
                           alloc_id) -> torch.Tensor:
         device = _cuda_device(device)
-        element = torch.empty((), dtype=dtype).element_size()
+        element = dtype.itemsize
         nbytes = sm.storage_elements(size, stride) * element
         if alloc_id is None:
             alloc = self._new_allocation(nbytes, device, group_name, None)
         else:
             alloc = self._persistent_allocation(nbytes, device, group_name, alloc_id)
-        holder = _DeviceBytes(alloc.base, max(nbytes, element), alloc)
+        holder = _DeviceBytes(alloc.base, max(nbytes, element), device, alloc)
         alloc.holder = weakref.ref(holder)
         weakref.finalize(holder, self._release, alloc.base, alloc)
         self._live[alloc.base] = alloc
@@ -305,12 +308,14 @@ class CudaSymmetricMemory(sm.SymmetricMemory):
     def _tensor_at(self, rank, byte_offset, numel, dtype):
         if numel == 0:
             return torch.empty(0, dtype=dtype, device=self.device)
-        element = torch.empty((), dtype=dtype).element_size()
-        holder = _DeviceBytes(self.buffer_ptrs[rank] + byte_offset, numel * element, self)
+        holder = _DeviceBytes(self.buffer_ptrs[rank] + byte_offset, numel * dtype.itemsize,
+                              self.device, self)
         return _byte_tensor(holder).view(dtype)
 
     def _stream(self) -> int:
-        return torch.cuda.current_stream(self.device).cuda_stream
+        # The raw handle of the device's current stream (what torch.cuda.current_stream(
+        # device).cuda_stream gives, without making a Stream object at every call).
+        return torch._C._cuda_getCurrentRawStream(self.device.index)
 
     def _run(self, what: str, status: int) -> tuple[int, int]:
         """A kernel call's status and the peer it names; raises for the CUDA-only ones."""

@@ -50,7 +50,8 @@ __all__ = [
     "set_group_info", "enable_symm_mem_for_group", "is_symm_mem_enabled_for_group",
     "empty_strided_p2p", "empty", "rendezvous", "get_symmetric_memory", "is_symm_mem_tensor",
     "set_default_timeout", "leaked_segments", "ops", "LIBRARY", "SIGNAL_PAD_SIZE",
-    "SEGMENT_PREFIX", "SUPPORTED_DTYPES", "REDUCE_OPS", "DEVICE", "device_for_rank",
+    "SEGMENT_PREFIX", "SUPPORTED_DTYPES", "REDUCE_OPS", "device_for_rank",
+    "cases_device_type",
     "SymmetricAllocation", "CpuAllocator", "CpuSymmetricMemory", "OP_CHANNEL",
     "kernel_build_info", "load_kernels", "POINTWISE_STEPS", "POINTWISE_DTYPES", "pointwise_steps",
     # the backend interface (see `register_allocator`)
@@ -59,9 +60,6 @@ __all__ = [
 ]
 
 LIBRARY = "refimpl_symm_mem"
-# The device type the conformance cases allocate on (REFIMPL_SYMM_MEM_DEVICE=cuda runs them
-# on a registered CUDA allocator); see `device_for_rank`.
-DEVICE = os.environ.get("REFIMPL_SYMM_MEM_DEVICE", "cpu")
 SIGNAL_PAD_SIZE = 4096  # bytes per rank: uint32 slots, one per (channel, peer)
 SEGMENT_PREFIX = "refimpl-symm-"
 MAX_ALLOC_ID = 2**64 - 1  # alloc_id is a uint64 upstream
@@ -81,13 +79,30 @@ def set_default_timeout(timeout_ms: int) -> int:
     return previous
 
 
+def cases_device_type() -> str:
+    """The device type the conformance cases allocate on (the module attribute `DEVICE`,
+    read at each use): $REFIMPL_SYMM_MEM_DEVICE if set, else the type of the runner's
+    `--device` ($REFIMPL_DEVICE: `--device cuda` runs the SM cases on the CUDA allocator,
+    one knob for every section), else cpu."""
+    chosen = os.environ.get("REFIMPL_SYMM_MEM_DEVICE") or os.environ.get("REFIMPL_DEVICE")
+    return torch.device(chosen).type if chosen else "cpu"
+
+
+def __getattr__(name: str):
+    if name == "DEVICE":
+        return cases_device_type()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def device_for_rank(rank: int) -> torch.device:
     """The device a rank allocates on: `DEVICE`, one GPU per rank round robin for cuda."""
-    if DEVICE == "cuda":
+    device = cases_device_type()
+    if device == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError("REFIMPL_SYMM_MEM_DEVICE=cuda, but torch sees no CUDA device")
+            raise RuntimeError("the SM cases' device is cuda ($REFIMPL_SYMM_MEM_DEVICE or "
+                               "--device), but torch sees no CUDA device")
         return torch.device("cuda", rank % torch.cuda.device_count())
-    return torch.device(DEVICE)
+    return torch.device(device)
 
 
 def _timeout_ms(timeout_ms) -> int:

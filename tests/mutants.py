@@ -3286,14 +3286,14 @@ FIRST_TIER: frozenset[str] = frozenset({
 # --------------------------------------------------------------------------------------
 # CUDA mutants: slips in kernels/cuda/symm_mem.cu that only a GPU can show. Not in MUTANTS
 # (CI has no GPU): tests/gpu/test_cuda_mutants.py runs each against the SM section with
-# REFIMPL_SYMM_MEM_DEVICE=cuda, its catching case first (its `catch`).
+# --device cuda, its catching case first (its `catch`).
 # --------------------------------------------------------------------------------------
 _CU = "kernels/cuda/symm_mem.cu"
 CUDA_MUTANTS: list[Mutant] = [
     Mutant("cuda_one_shot_last_barrier_left_out", "SM-15", _CU,
-           "    launch_reduce(ctx, s, dtype, op, srcs, static_cast<char *>(out), numel);\n"
-           "    launch_barrier(ctx, s, channel, t, BARRIER_NEXT);\n",
-           "    launch_reduce(ctx, s, dtype, op, srcs, static_cast<char *>(out), numel);\n",
+           "  barrier_block(c.pads, c.rank, c.world, c.channel, c.state, c.report, deadline);\n"
+           "  if (threadIdx.x == 0) {  // every other block is past",
+           "  if (threadIdx.x == 0) {  // every other block is past",
            "one-shot returns after its own reduction: a peer may still read the input, and "
            "the next call's descriptor may overwrite this one's before a peer checked it",
            catch="test_one_shot_returns_only_after_every_peer_read_its_input"),
@@ -3311,7 +3311,7 @@ CUDA_MUTANTS: list[Mutant] = [
            "cleared, so the next put waits for ever",
            catch="test_signals_carry_writes_per_channel_and_leave_pads_zero"),
     Mutant("cuda_kernels_on_the_default_stream", "SM-22", "refimpl/_symm_mem_cuda.py",
-           "        return torch.cuda.current_stream(self.device).cuda_stream",
+           "        return torch._C._cuda_getCurrentRawStream(self.device.index)",
            "        return torch.cuda.default_stream(self.device).cuda_stream",
            "the kernels go to the device's default stream, not the caller's current stream: "
            "they do not wait for the work queued there",

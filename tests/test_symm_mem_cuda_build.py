@@ -255,6 +255,37 @@ def test_cuda_handle_names_the_differing_call_SM_20(stand_in_handle):
             "'sum', rank 0 called one_shot of 64 elements") in message
 
 
+@pytest.mark.parametrize("copies", [False, True], ids=["wraps", "copies"])
+def test_device_memory_is_wrapped_on_its_own_device_under_a_cpu_default_SM_21(monkeypatch,
+                                                                              copies):
+    """Under `with torch.device("cpu")` (the SM cases' ranks, or a user's program),
+    torch.as_tensor copies __cuda_array_interface__ memory to the default device unless it
+    is told the memory's device: the wrap names it (the first GPU run with `--device cuda`
+    found every allocation refused), and a wrap that copied anyway is refused (SM-21)."""
+    from types import SimpleNamespace
+
+    from refimpl import _symm_mem_cuda
+
+    asked = []
+
+    def as_tensor(data, **kwargs):  # torch.as_tensor's choice of device, without a GPU
+        asked.append(kwargs)
+        device = kwargs.get("device") or torch.get_default_device()
+        ptr = data.__cuda_array_interface__["data"][0]
+        return SimpleNamespace(data_ptr=lambda: ptr + 64 if copies else ptr, device=device)
+
+    monkeypatch.setattr(torch, "as_tensor", as_tensor)
+    gpu = torch.device("cuda", 1)
+    holder = _symm_mem_cuda._DeviceBytes(0x7F0000000000, 4096, gpu, owner=None)
+    with torch.device("cpu"):
+        if copies:
+            with pytest.raises(RuntimeError, match=r"did not wrap .*SM-21"):
+                _symm_mem_cuda._byte_tensor(holder)
+        else:
+            assert _symm_mem_cuda._byte_tensor(holder).device == gpu
+    assert asked == [{"device": gpu}]
+
+
 @pytest.mark.parametrize("first", ["refimpl._symm_mem_cuda", "refimpl.symmetric_memory"])
 def test_either_module_imported_first_registers_one_cuda_allocator_SM_21(first):
     """Where torch sees a GPU (here pretended: nothing touches the GPU before an allocation)

@@ -27,9 +27,18 @@ import torch.distributed as dist
 
 from conformance import harness
 from conformance.backends import NotImplementedConcept
-from conformance.harness import backend_in_rank, fresh_ranks, run
+from conformance.harness import backend_in_rank, fresh_ranks
 
 CONCEPT = "symmetric_memory"
+
+
+def run(backend, fn, world_size: int, *args, **kwargs) -> list:
+    """harness.run, with the CPU as the ranks' default device: every tensor under test is
+    made on the backend's symmetric-memory device (`device_for_rank`, which `--device cuda`
+    selects), every reference on the CPU."""
+    return harness.run(backend, fn, world_size, *args, tensors_on_the_cpu=True, **kwargs)
+
+
 # Waits without a timeout argument (the ops) end after this where the backend lets a
 # caller choose (refimpl's `set_default_timeout`): a backend that loses a signal fails a
 # case in seconds, not at the harness's limit.
@@ -47,6 +56,20 @@ def _host_memory_needs_the_cpu(backend):
         return  # each case reports that itself
     if getattr(sm, "DEVICE", "cpu") == "cpu":
         harness.needs_the_cpu("symmetric memory in host shared memory")
+
+
+def _needs_the_cpu_kernels(backend) -> None:
+    """Skip a case of refimpl's CPU kernels (SM-18: their build, their Python fallback)
+    where this run's symmetric memory is on another device (`--device cuda`)."""
+    try:
+        sm = backend.require(CONCEPT)
+    except NotImplementedConcept:
+        return  # each case reports that itself
+    device = (sm.device_for_rank(0) if hasattr(sm, "device_for_rank")
+              else torch.device(getattr(sm, "DEVICE", "cpu")))
+    if device.type != "cpu":
+        pytest.skip(f"a rule of the CPU kernels; this run's symmetric memory is on "
+                    f"{device.type}")
 
 
 def _setup(spec: str, *attrs: str):
@@ -1090,6 +1113,7 @@ def test_the_python_kernels_serve_cpu_with_the_same_results(backend, monkeypatch
     backends ignore the variable: the case checks their ops once more.)"""
     # refimpl's kernels (SM-18), and a pointwise call among the mismatches
     backend.require(CONCEPT, "empty", "ops", "pointwise_steps", "kernel_build_info")
+    _needs_the_cpu_kernels(backend)
     monkeypatch.setenv("REFIMPL_SYMM_MEM_NATIVE_OPS", "0")
     world, numel = 3, 4099
     fresh_ranks(world)
@@ -1141,6 +1165,7 @@ def test_the_python_kernels_serve_cpu_where_the_cxx_kernels_cannot_be_built(back
     backends ignore `CXX` and the cache: the case checks their ops once more.)"""
     # refimpl's kernel build (SM-18): another backend may build with CXX too
     backend.require(CONCEPT, "empty", "ops", "kernel_build_info")
+    _needs_the_cpu_kernels(backend)
     monkeypatch.delenv("REFIMPL_SYMM_MEM_NATIVE_OPS", raising=False)  # the build is tried
     world = 2
     fresh_ranks(world)
@@ -1481,6 +1506,7 @@ def test_the_python_kernels_wait_as_long_as_the_default_timeout_set_last(backend
     ignore the variable: the case checks their ops once more.)"""
     backend.require(CONCEPT, "empty", "rendezvous", "SymmMemTimeout", "ops",
                     "set_default_timeout")
+    _needs_the_cpu_kernels(backend)
     monkeypatch.setenv("REFIMPL_SYMM_MEM_NATIVE_OPS", "0")
     fresh_ranks(2)
     try:
@@ -1988,6 +2014,7 @@ def test_the_kernels_in_use_are_built_from_this_source(backend):
     then); the first rendezvous loads the C kernels, built from this very source, and
     decides for good which kernels serve the ops on CPU."""
     backend.require(CONCEPT, "kernel_build_info", "empty", "rendezvous")
+    _needs_the_cpu_kernels(backend)
     world = 2
     fresh_ranks(world)
     try:

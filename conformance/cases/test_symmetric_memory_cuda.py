@@ -1,7 +1,7 @@
 """Conformance cases of SPEC.md section 6 that concern the CUDA backend (SM-21 .. SM-23).
 
 They run where the backend's symmetric memory allocates on CUDA (refimpl with
-REFIMPL_SYMM_MEM_DEVICE=cuda, upstream on a GPU machine) and are skipped elsewhere, so a CPU
+--device cuda, upstream on a GPU machine) and are skipped elsewhere, so a CPU
 run reports them "skipped". Ranks are processes of the gloo harness, rank r on cuda:(r mod
 device count): on a one-GPU machine all ranks share it. Results are checked on every rank
 against the rank-order fold of SM-15 computed here with torch on the CPU.
@@ -13,9 +13,19 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conformance.harness import backend_in_rank, run
+from conformance import harness
+from conformance.harness import backend_in_rank
 
 CONCEPT = "symmetric_memory"
+
+
+def run(backend, fn, world_size: int, *args, **kwargs) -> list:
+    """harness.run, with the CPU as the ranks' default device: every tensor under test is
+    made on the backend's symmetric-memory device (`device_for_rank`, which `--device cuda`
+    selects), every reference on the CPU."""
+    return harness.run(backend, fn, world_size, *args, tensors_on_the_cpu=True, **kwargs)
+
+
 BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 REDUCE_OPS = ["sum", "avg", "max", "min"]
 
@@ -25,8 +35,8 @@ def _require_cuda(backend, *attrs):
     device = (sm.device_for_rank(0) if hasattr(sm, "device_for_rank")
               else torch.device(getattr(sm, "DEVICE", "cpu")))
     if device.type != "cuda":
-        pytest.skip("a rule of the CUDA backend: run on a GPU with "
-                    "REFIMPL_SYMM_MEM_DEVICE=cuda (refimpl) or --backend torch")
+        pytest.skip("a rule of the CUDA backend: run on a GPU with --device cuda "
+                    "(refimpl) or --backend torch")
 
 
 def _setup(spec: str, *attrs: str):

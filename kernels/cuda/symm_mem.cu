@@ -41,19 +41,23 @@
  *     RSM_MISMATCH, naming the lowest differing rank, and both calls.
  *
  * An op is a sequence of kernels on the caller's stream (the current torch stream of the
- * tensor's device), so it is ordered after the work queued there: one-shot is describe,
- * barrier, check, reduce, barrier; two-shot is describe, barrier, check, reduce-scatter,
- * barrier, all-gather, barrier.
+ * tensor's device), so it is ordered after the work queued there: one-shot is one kernel
+ * (one_shot_kernel: its first block describes, runs the first barrier and checks while the
+ * others wait for it; the blocks reduce; the last block to finish runs the last barrier);
+ * two-shot is describe, barrier, check, reduce-scatter, barrier, all-gather, barrier.
  * Kernel boundaries on one stream order the reduce after the barrier's acquire and the
- * barrier's release after the writes of the kernels before it.
+ * barrier's release after the writes of the kernels before it; inside the one-shot kernel,
+ * fences and a release/acquire flag between its blocks do.
  *
  * Timeouts (SM-11): the op's first kernel reads %globaltimer and stores the op's deadline in
  * a small device-side OpState; every wait of the op gives up at that deadline, and the
  * kernel that gives up records the status and the peer it waited for in OpState and in a
  * Report in mapped pinned host memory. Later kernels of the op see the failure and return at
  * once. Nothing traps: the context stays usable. The host waits for the op to finish by
- * polling an event with its own, later deadline (the kernels' timeout plus a grace), so it
- * never waits forever even if a kernel misbehaved (status RSM_STUCK), then reads the Report.
+ * polling an event recorded after its kernels, with its own, later deadline (the kernels'
+ * timeout plus a grace, counted from when the op's first kernel reported its start in the
+ * Report), so it never waits forever even if a kernel misbehaved (status RSM_STUCK), then
+ * reads the Report.
  */
 #include <cuda_runtime.h>
 
@@ -109,11 +113,17 @@ struct OpState {
   int status;
   int peer;
   int differing;
+  // The one-shot kernel's blocks (one_shot_kernel): tickets taken, blocks done reading, and
+  // whether the entry (ticket 0's) is done. Zero between ops: its last block resets them.
+  unsigned int arrived;
+  unsigned int finished;
+  unsigned int entered;
 };
 
 // Host side (mapped pinned memory): what the host reads once the op finished; `calls`:
 // (numel, byte offset, kind) of rank 0's call, then of the differing rank's.
 struct Report {
+  int started;  // set by the op's first kernel as it starts its clock (the host's deadline)
   int status;
   int peer;
   int differing;
@@ -192,17 +202,21 @@ __device__ void record_failure(OpState *state, Report *report, int status, int p
 }
 
 // Every op's kernels start with this, on one thread of one block: the first kernel of an op
-// (`begin`) starts its clock; the others return early if an earlier kernel failed. Returns
-// the deadline, or 0 when the op already failed.
-__device__ unsigned long long op_deadline(OpState *state, int begin, long long timeout_ns) {
+// (`begin`) starts its clock and tells the host, whose own deadline counts from then; the
+// others return early if an earlier kernel failed. Returns the deadline, or 0 when the op
+// already failed.
+__device__ unsigned long long op_deadline(OpState *state, Report *report, int begin,
+                                          long long timeout_ns) {
   if (begin) {
+    report->started = 1;
     state->deadline_ns = globaltimer_ns() + static_cast<unsigned long long>(timeout_ns);
     state->status = RSM_OK;
     state->peer = -1;
     state->differing = -1;
     return state->deadline_ns;
   }
-  return state->status == RSM_OK ? state->deadline_ns : 0;
+  const volatile OpState *seen = state;  // another block of the kernel may have written it
+  return seen->status == RSM_OK ? seen->deadline_ns : 0;
 }
 
 // -------------------------------------------------------------------------------------
@@ -211,7 +225,7 @@ __device__ unsigned long long op_deadline(OpState *state, int begin, long long t
 __global__ void __launch_bounds__(1) put_signal_kernel(char *dst_pad, int rank, int world,
                                                        int channel, int dst, OpState *state,
                                                        Report *report, long long timeout_ns) {
-  unsigned long long deadline = op_deadline(state, 1, timeout_ns);
+  unsigned long long deadline = op_deadline(state, report, 1, timeout_ns);
   if (put(slot_of(dst_pad, world, channel, rank), deadline))
     record_failure(state, report, RSM_PUT_TIMEOUT, dst);
 }
@@ -219,27 +233,24 @@ __global__ void __launch_bounds__(1) put_signal_kernel(char *dst_pad, int rank, 
 __global__ void __launch_bounds__(1) wait_signal_kernel(char *my_pad, int src, int world,
                                                         int channel, OpState *state,
                                                         Report *report, long long timeout_ns) {
-  unsigned long long deadline = op_deadline(state, 1, timeout_ns);
+  unsigned long long deadline = op_deadline(state, report, 1, timeout_ns);
   if (take(slot_of(my_pad, world, channel, src), deadline))
     record_failure(state, report, RSM_WAIT_TIMEOUT, src);
 }
 
-// One block of BARRIER_THREADS threads. Thread t visits peer (rank + t + 1) % world, so that
-// ranks do not all start with rank 0 (the CPU's order). A failure is reported for the first
-// late peer in that order; a failed put skips the waits, as on the CPU. `which`: BARRIER_*.
-__global__ void __launch_bounds__(BARRIER_THREADS) barrier_kernel(
-    Pointers pads, int rank, int world, int channel, OpState *state, Report *report,
-    long long timeout_ns, int which) {
-  __shared__ unsigned long long deadline;
+// The barrier, run by every thread of one block of at least BARRIER_THREADS threads. Thread t
+// visits peer (rank + t + 1) % world, so that ranks do not all start with rank 0 (the CPU's
+// order). A failure is reported for the first late peer in that order; a failed put skips
+// the waits, as on the CPU. `deadline`: 0 skips the barrier (the same on every thread).
+__device__ __noinline__ void barrier_block(const Pointers &pads, int rank, int world, int channel,
+                              OpState *state, Report *report, unsigned long long deadline) {
   __shared__ int first_late_put, first_late_wait;
+  if (deadline == 0) return;
   if (threadIdx.x == 0) {
-    deadline = op_deadline(state, which == BARRIER_FIRST, timeout_ns);
-    if (which == BARRIER_IF_CALLS_AGREE && state->differing >= 0) deadline = 0;
     first_late_put = NONE;
     first_late_wait = NONE;
   }
   __syncthreads();
-  if (deadline == 0) return;  // failed earlier, or skipped (uniform: no divergence)
   const int visit = static_cast<int>(threadIdx.x) + 1;
   const bool mine = visit < world;
   const int peer = (rank + visit) % world;
@@ -254,6 +265,28 @@ __global__ void __launch_bounds__(BARRIER_THREADS) barrier_kernel(
     record_failure(state, report, RSM_PUT_TIMEOUT, (rank + first_late_put) % world);
   else if (threadIdx.x == 0 && first_late_wait != NONE)
     record_failure(state, report, RSM_WAIT_TIMEOUT, (rank + first_late_wait) % world);
+  __syncthreads();  // the failure recorded before any thread reads the state
+}
+
+// Which barrier of an op this is (BARRIER_*): its deadline, or 0 to skip it (an earlier
+// kernel failed; or the calls differ and it runs only while they agree). Thread 0 only.
+__device__ unsigned long long barrier_deadline(OpState *state, Report *report,
+                                               long long timeout_ns, int which) {
+  unsigned long long deadline = op_deadline(state, report, which == BARRIER_FIRST,
+                                            timeout_ns);
+  const volatile OpState *seen = state;
+  if (which == BARRIER_IF_CALLS_AGREE && seen->differing >= 0) deadline = 0;
+  return deadline;
+}
+
+// One block of BARRIER_THREADS threads: one barrier of an op (`which`: BARRIER_*).
+__global__ void __launch_bounds__(BARRIER_THREADS) barrier_kernel(
+    const __grid_constant__ Pointers pads, int rank, int world, int channel, OpState *state, Report *report,
+    long long timeout_ns, int which) {
+  __shared__ unsigned long long deadline;
+  if (threadIdx.x == 0) deadline = barrier_deadline(state, report, timeout_ns, which);
+  __syncthreads();
+  barrier_block(pads, rank, world, channel, state, report, deadline);
 }
 
 // -------------------------------------------------------------------------------------
@@ -270,9 +303,8 @@ __device__ __forceinline__ long long load_relaxed_sys64(const long long *p) {
 }
 
 // Before the op's first barrier: this rank's call into its descriptor. The barrier's
-// release (a later kernel on this stream) publishes it to the peers.
-__global__ void __launch_bounds__(1) describe_kernel(char *my_pad, long long numel,
-                                                     long long offset, long long kind) {
+// release (later on this stream, or after a block synchronisation) publishes it.
+__device__ void describe(char *my_pad, long long numel, long long offset, long long kind) {
   volatile long long *d = descriptor_of(my_pad);
   d[0] = numel;
   d[1] = offset;
@@ -280,12 +312,17 @@ __global__ void __launch_bounds__(1) describe_kernel(char *my_pad, long long num
   __threadfence_system();
 }
 
+__global__ void __launch_bounds__(1) describe_kernel(char *my_pad, long long numel,
+                                                     long long offset, long long kind) {
+  describe(my_pad, numel, offset, kind);
+}
+
 // After the op's first barrier (its acquire saw every peer's descriptor): the lowest rank
 // whose call differs from rank 0's. Every rank reads the same descriptors, so every rank
 // names the same one; no peer writes its next call's before this op's last barrier.
-__global__ void __launch_bounds__(1) check_kernel(Pointers pads, int world, OpState *state,
-                                                  Report *report) {
-  if (state->status != RSM_OK) return;
+__device__ void check_calls(const Pointers &pads, int world, OpState *state, Report *report) {
+  const volatile OpState *seen = state;
+  if (seen->status != RSM_OK) return;
   const long long *d0 = descriptor_of(pads.p[0]);
   long long first[3];
   for (int i = 0; i < 3; i++) first[i] = load_relaxed_sys64(d0 + i);
@@ -305,9 +342,15 @@ __global__ void __launch_bounds__(1) check_kernel(Pointers pads, int world, OpSt
   }
 }
 
+__global__ void __launch_bounds__(1) check_kernel(Pointers pads, int world, OpState *state,
+                                                  Report *report) {
+  check_calls(pads, world, state, report);
+}
+
 // The kernels that read peers' data run only while the op is in step and its calls agree.
 __device__ __forceinline__ bool op_goes_on(const OpState *state) {
-  return state->status == RSM_OK && state->differing < 0;
+  const volatile OpState *seen = state;
+  return seen->status == RSM_OK && seen->differing < 0;
 }
 
 // -------------------------------------------------------------------------------------
@@ -502,10 +545,8 @@ __device__ __forceinline__ void reduce_vector(const Pointers &srcs, int nsrc, ch
 // is stored after all of its sources were read). `vectorized`: every pointer is 16-byte
 // aligned, so the first numel / N elements go as vectors.
 template <class D, int OP>
-__global__ void __launch_bounds__(THREADS) reduce_kernel(Pointers srcs, int nsrc, char *out,
-                                                         int64_t numel, int vectorized,
-                                                         const OpState *state) {
-  if (!op_goes_on(state)) return;  // an earlier kernel failed, or the calls differ
+__device__ __forceinline__ void reduce_range(const Pointers &srcs, int nsrc, char *out,
+                                             int64_t numel, int vectorized) {
   constexpr int N = 16 / sizeof(typename D::S);
   const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -513,6 +554,93 @@ __global__ void __launch_bounds__(THREADS) reduce_kernel(Pointers srcs, int nsrc
   for (int64_t v = first; v < vectors; v += stride) reduce_vector<D, OP>(srcs, nsrc, out, v);
   for (int64_t i = vectors * N + first; i < numel; i += stride)
     reduce_element<D, OP>(srcs, nsrc, out, i);
+}
+
+template <class D, int OP>
+__global__ void __launch_bounds__(THREADS) reduce_kernel(Pointers srcs, int nsrc, char *out,
+                                                         int64_t numel, int vectorized,
+                                                         const OpState *state) {
+  if (!op_goes_on(state)) return;  // an earlier kernel failed, or the calls differ
+  reduce_range<D, OP>(srcs, nsrc, out, numel, vectorized);
+}
+
+// -------------------------------------------------------------------------------------
+// One-shot in one kernel: entry (describe, first barrier, check), reduce, last barrier
+// -------------------------------------------------------------------------------------
+// One launch instead of five (a one-shot of up to 1 MiB is all launch and synchronisation
+// cost). The blocks coordinate through OpState without assuming they are all resident at
+// once: the first block to start (ticket 0, so it is running) does the entry alone while the
+// others wait for it on the device; the last block to finish reading (the finished count)
+// runs the last barrier, so no peer's input changes before every block of this rank read
+// it; then it resets the counters for the next op on the stream.
+struct OneShot {
+  Pointers pads, srcs;
+  char *out;
+  int64_t numel, offset;
+  long long kind, timeout_ns;
+  int rank, world, channel, vectorized;
+  OpState *state;
+  Report *report;
+};
+
+__device__ __forceinline__ void store_release_gpu(unsigned int *p, unsigned int v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ unsigned int load_acquire_gpu(const unsigned int *p) {
+  unsigned int v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Ticket 0's block: the op's clock, this rank's call, the first barrier, the check (SM-20).
+__device__ __noinline__ void one_shot_entry(const OneShot &c) {
+  __shared__ unsigned long long deadline;
+  if (threadIdx.x == 0) {
+    deadline = op_deadline(c.state, c.report, 1, c.timeout_ns);
+    describe(c.pads.p[c.rank], c.numel, c.offset, c.kind);
+  }
+  __syncthreads();  // the call described before any thread's put publishes it
+  barrier_block(c.pads, c.rank, c.world, c.channel, c.state, c.report, deadline);
+  if (threadIdx.x == 0) check_calls(c.pads, c.world, c.state, c.report);
+}
+
+template <class D, int OP>
+__global__ void __launch_bounds__(THREADS) one_shot_kernel(const __grid_constant__ OneShot c) {
+  __shared__ unsigned int ticket;
+  __shared__ int goes_on, last;
+  if (threadIdx.x == 0) ticket = atomicAdd(&c.state->arrived, 1u);
+  __syncthreads();
+  if (ticket == 0) {
+    one_shot_entry(c);
+    if (threadIdx.x == 0) {
+      __threadfence();
+      store_release_gpu(&c.state->entered, 1u);
+    }
+  } else if (threadIdx.x == 0) {
+    while (load_acquire_gpu(&c.state->entered) == 0) __nanosleep(100);
+  }
+  if (threadIdx.x == 0) goes_on = op_goes_on(c.state);
+  __syncthreads();
+  if (goes_on) reduce_range<D, OP>(c.srcs, c.world, c.out, c.numel, c.vectorized);
+  __syncthreads();  // this block's reads of its peers' inputs are done
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(&c.state->finished, 1u) == gridDim.x - 1;
+    if (last) __threadfence();
+  }
+  __syncthreads();
+  if (!last) return;
+  __shared__ unsigned long long deadline;
+  if (threadIdx.x == 0)
+    deadline = barrier_deadline(c.state, c.report, c.timeout_ns, BARRIER_NEXT);
+  __syncthreads();
+  barrier_block(c.pads, c.rank, c.world, c.channel, c.state, c.report, deadline);
+  if (threadIdx.x == 0) {  // every other block is past its last use of the counters
+    c.state->arrived = 0;
+    c.state->finished = 0;
+    c.state->entered = 0;
+  }
 }
 
 // All-gather of two-shot: blockIdx.y = p copies bytes [begin[p], end[p]) of rank p's buffer
@@ -576,7 +704,7 @@ struct Context {
   OpState *state;          // device memory
   Report *report;          // mapped pinned host memory, as the host sees it
   Report *report_device;   // the same, as kernels see it
-  cudaEvent_t before, after;  // around an op's kernels
+  cudaEvent_t after;          // recorded after an op's kernels
 };
 
 int64_t now_ns() {
@@ -585,16 +713,22 @@ int64_t now_ns() {
   return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
 }
 
-// Poll `event` until it completed (0), failed (a cudaError_t) or `deadline_ns` passed (-1).
-// Spin briefly (a small op takes microseconds), then yield, then sleep 50 us at a time.
-int poll_event(cudaEvent_t event, int64_t deadline_ns) {
+// Wait for the op's kernels: 0 once `ctx->after` completed, a cudaError_t if it failed, -1
+// if `budget_ns` passed since the op's first kernel started (Report.started). The work
+// queued before the kernels (torch's) is waited for without a deadline, as torch itself
+// would. Spin briefly (a small op takes microseconds), then yield, then sleep 50 us at a
+// time. One event, no second one before the kernels: each costs the host a call.
+int wait_for_op(Context *ctx, int64_t budget_ns) {
+  const volatile Report *report = ctx->report;  // written by the kernels, through PCIe
   const int64_t start = now_ns();
+  int64_t deadline = INT64_MAX;
   for (;;) {
-    cudaError_t err = cudaEventQuery(event);
+    cudaError_t err = cudaEventQuery(ctx->after);
     if (err == cudaSuccess) return 0;
     if (err != cudaErrorNotReady) return static_cast<int>(err);
     int64_t now = now_ns();
-    if (now >= deadline_ns) return -1;
+    if (deadline == INT64_MAX && report->started) deadline = now + budget_ns;
+    if (now >= deadline) return -1;
     if (now - start < 20000) continue;
     if (now - start < 1000000) {
       sched_yield();
@@ -605,27 +739,25 @@ int poll_event(cudaEvent_t event, int64_t deadline_ns) {
   }
 }
 
-// After the op's kernels were queued: wait for them and return their status. The kernels'
-// deadline counts from their start; the work queued before them (torch's) is waited for
-// without a deadline, as torch itself would. The grace covers the kernels' own work and
-// their scheduling on a GPU that time-slices processes. A launch that failed is reported
-// only once the kernels queued before it are done, so none is left running.
+// After the op's kernels were queued: wait for them and return their status. The grace
+// covers the kernels' own work and their scheduling on a GPU that time-slices processes.
+// A launch that failed is reported only once the kernels queued before it are done, so
+// none is left running.
 int finish_op(Context *ctx, cudaStream_t stream, long long timeout_ns, int32_t *report_out) {
   const cudaError_t launch = cudaGetLastError();
   cudaError_t err = cudaEventRecord(ctx->after, stream);
-  if (err == cudaSuccess) err = cudaEventSynchronize(ctx->before);
   if (err != cudaSuccess) {
     report_out[1] = static_cast<int32_t>(err);
     return RSM_CUDA_ERROR;
   }
   const long long grace = timeout_ns > 2000000000LL ? timeout_ns : 2000000000LL;
-  const int polled = poll_event(ctx->after, now_ns() + timeout_ns + grace);
-  if (polled == -1) return RSM_STUCK;
-  if (polled != 0 || launch != cudaSuccess) {
-    report_out[1] = polled != 0 ? polled : static_cast<int32_t>(launch);
+  const int waited = wait_for_op(ctx, timeout_ns + grace);
+  if (waited == -1) return RSM_STUCK;
+  if (waited != 0 || launch != cudaSuccess) {
+    report_out[1] = waited != 0 ? waited : static_cast<int32_t>(launch);
     return RSM_CUDA_ERROR;
   }
-  const volatile Report *report = ctx->report;  // written by the kernels, through PCIe
+  const volatile Report *report = ctx->report;
   if (report->status == RSM_OK && report->differing >= 0) {
     report_out[0] = report->differing;
     return RSM_MISMATCH;
@@ -642,22 +774,22 @@ long long bounded(long long timeout_ns) {
 }
 
 // Before an op (on the op's device): refuse stream capture (the host waits for the
-// kernels), clear the report, mark where the op starts on the stream.
+// kernels), clear the report.
 int start_op(Context *ctx, cudaStream_t stream, const DeviceGuard &guard, int32_t *report_out) {
   report_out[0] = -1;
   report_out[1] = 0;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   cudaError_t err = guard.error();
   if (err == cudaSuccess) err = cudaStreamIsCapturing(stream, &capture);
-  if (err == cudaSuccess && capture != cudaStreamCaptureStatusNone) return RSM_CAPTURING;
-  ctx->report->status = RSM_OK;
-  ctx->report->peer = -1;
-  ctx->report->differing = -1;
-  if (err == cudaSuccess) err = cudaEventRecord(ctx->before, stream);
   if (err != cudaSuccess) {
     report_out[1] = static_cast<int32_t>(err);
     return RSM_CUDA_ERROR;
   }
+  if (capture != cudaStreamCaptureStatusNone) return RSM_CAPTURING;
+  ctx->report->started = 0;
+  ctx->report->status = RSM_OK;
+  ctx->report->peer = -1;
+  ctx->report->differing = -1;
   return RSM_OK;
 }
 
@@ -697,11 +829,16 @@ void launch_barrier(Context *ctx, cudaStream_t stream, int channel, long long ti
                                                     which);
 }
 
+// An all-reduce's call as its descriptor holds it (SM-20): algorithm, op, dtype.
+long long kind_of(int algorithm, int op, int dtype) {
+  return static_cast<long long>(algorithm) << 16 | op << 8 | dtype;
+}
+
 // An all-reduce's start: its call into this rank's descriptor, the first barrier, and the
 // cross-rank check of the calls (SM-20).
 void launch_entry(Context *ctx, cudaStream_t stream, int channel, long long timeout_ns,
                   int64_t numel, int64_t offset, int algorithm, int op, int dtype) {
-  const long long kind = static_cast<long long>(algorithm) << 16 | op << 8 | dtype;
+  const long long kind = kind_of(algorithm, op, dtype);
   describe_kernel<<<1, 1, 0, stream>>>(ctx->pads.p[ctx->rank], numel, offset, kind);
   launch_barrier(ctx, stream, channel, timeout_ns, BARRIER_FIRST);
   check_kernel<<<1, 1, 0, stream>>>(ctx->pads, ctx->world, ctx->state, ctx->report_device);
@@ -751,6 +888,35 @@ int launch_reduce(Context *ctx, cudaStream_t stream, int dtype, int op, const Po
     const int64_t units = aligned ? numel / N + numel % N : numel;
     reduce_kernel<D, decltype(op_tag)::value><<<blocks_for(ctx, units), THREADS, 0, stream>>>(
         srcs, ctx->world, out, numel, aligned ? 1 : 0, ctx->state);
+  });
+}
+
+// The one-shot kernel over every rank's input at byte `offset` into `out`.
+void launch_one_shot(Context *ctx, cudaStream_t stream, int channel, long long timeout_ns,
+                     int64_t offset, int64_t numel, int dtype, int op, char *out) {
+  OneShot c = {};
+  c.pads = ctx->pads;
+  bool aligned = (reinterpret_cast<uintptr_t>(out) & 15) == 0;
+  for (int r = 0; r < ctx->world; r++) {
+    c.srcs.p[r] = ctx->bufs.p[r] + offset;
+    aligned = aligned && (reinterpret_cast<uintptr_t>(c.srcs.p[r]) & 15) == 0;
+  }
+  c.out = out;
+  c.numel = numel;
+  c.offset = offset;
+  c.kind = kind_of(ALGO_ONE_SHOT, op, dtype);
+  c.timeout_ns = timeout_ns;
+  c.rank = ctx->rank;
+  c.world = ctx->world;
+  c.channel = channel;
+  c.vectorized = aligned ? 1 : 0;
+  c.state = ctx->state;
+  c.report = ctx->report_device;
+  with_types(dtype, op, [&](auto d, auto op_tag) {
+    using D = decltype(d);
+    constexpr int N = 16 / sizeof(typename D::S);
+    const int64_t units = aligned ? numel / N + numel % N : numel;
+    one_shot_kernel<D, decltype(op_tag)::value><<<blocks_for(ctx, units), THREADS, 0, stream>>>(c);
   });
 }
 
@@ -882,7 +1048,6 @@ int rsmc_context_create(int device, int rank, int world, int channels, void *con
     err = cudaHostAlloc(&ctx->report, sizeof(Report),
                         cudaHostAllocMapped | cudaHostAllocPortable);
   if (err == cudaSuccess) err = cudaHostGetDevicePointer(&ctx->report_device, ctx->report, 0);
-  if (err == cudaSuccess) err = cudaEventCreateWithFlags(&ctx->before, cudaEventDisableTiming);
   if (err == cudaSuccess) err = cudaEventCreateWithFlags(&ctx->after, cudaEventDisableTiming);
   if (err == cudaSuccess) err = cudaDeviceSynchronize();
   if (err != cudaSuccess) {
@@ -904,7 +1069,6 @@ int rsmc_context_destroy(void *opaque) {
   DeviceGuard guard(ctx->device);
   cudaError_t err = guard.error();
   if (err == cudaSuccess) err = cudaDeviceSynchronize();  // no kernel still uses the state
-  cudaEventDestroy(ctx->before);
   cudaEventDestroy(ctx->after);
   cudaFree(ctx->state);
   cudaFreeHost(ctx->report);
@@ -956,11 +1120,7 @@ int rsmc_one_shot_all_reduce(void *opaque, uint64_t stream, int channel, int64_t
   const bool valid = valid_op(dtype, op) && offset >= 0 && numel >= 0 &&
                      valid_channel(ctx, channel);
   return run_call(ctx, stream, valid, timeout_ns, report_out, [&](cudaStream_t s, long long t) {
-    Pointers srcs = {};
-    for (int r = 0; r < ctx->world; r++) srcs.p[r] = ctx->bufs.p[r] + offset;
-    launch_entry(ctx, s, channel, t, numel, offset, ALGO_ONE_SHOT, op, dtype);
-    launch_reduce(ctx, s, dtype, op, srcs, static_cast<char *>(out), numel);
-    launch_barrier(ctx, s, channel, t, BARRIER_NEXT);
+    launch_one_shot(ctx, s, channel, t, offset, numel, dtype, op, static_cast<char *>(out));
   });
 }
 

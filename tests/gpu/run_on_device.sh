@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # The GPU run of refimpl's CUDA symmetric memory, in one command on a fresh H100/H200 machine
 # (Python 3.12, torch 2.11 + CUDA 13, nvcc 13.0, no package registry). It builds the CUDA
-# library, runs tests/gpu and the CUDA build tests, the conformance section SM on cuda
-# (REFIMPL_SYMM_MEM_DEVICE=cuda), the benchmark, a compute-sanitizer pass and, with the time
-# left, the CUDA mutants and the SM section against upstream; every step has a time limit so
-# the whole stays under $BUDGET seconds (default 330), and it writes 8 files to $OUT:
+# library, times the one-shot on one rank beside upstream, runs tests/gpu and the CUDA build
+# tests, the CUDA mutants, the conformance section SM with `--device cuda` (refimpl's own
+# ranks; then under torchrun: FC and SM over NCCL with one rank, SM over gloo with two ranks
+# sharing the GPU), a compute-sanitizer pass and, with the time left, the 2-rank benchmark
+# and the SM section against upstream; every step has a time limit so the whole stays under
+# $BUDGET seconds (default 420), and it writes 8 files to $OUT:
 #   summary.txt                one line per step (exit code, seconds) and each log's last lines
 #   env_build.log              GPU, driver, compute mode / MPS, versions, the build, SASS checks
 #   tests_gpu.log              pytest -v of tests/gpu and tests/test_symm_mem_cuda_build.py,
 #                              then of tests/gpu/test_cuda_mutants.py (the CUDA mutants)
-#   conformance_sm_cuda.log    python -m conformance --section SM, refimpl on cuda (then torch)
+#   conformance_sm_cuda.log    python -m conformance --device cuda: SM, then the torchrun runs,
+#                              then SM against upstream
 #   conformance_sm_cuda.json   its JSON report
-#   symm_mem_cuda.md           the benchmark's report: copy it to benchmarks/results/
+#   symm_mem_cuda.md           the 1-rank benchmark's report (bench.log: the 2-rank one too)
 #   bench.log                  the benchmark's output
 #   sanitizer.log              compute-sanitizer memcheck over tests/gpu/smoke.py
 #
@@ -28,7 +31,7 @@
 #   python tests/gpu/test_cuda_mutants.py --build
 # Then, from the session that holds the device tool:
 #   run(command="bash tests/gpu/run_on_device.sh", carry=[".whl", "build/refimpl-kernels"],
-#       timeout_s=480)
+#       timeout_s=540)
 # Without .whl/ the machine's own pytest is used (it has pytest, xdist and hypothesis, not
 # expecttest, which only the conformance goldens of other sections need).
 #
@@ -93,7 +96,7 @@ case ${1:-} in  # the steps that are shell functions run as `bash run_on_device.
 esac
 
 OUT=${OUT:-$PWD/build/gpu-run}
-BUDGET=${BUDGET:-330}  # seconds for everything: leaves device time for a second run
+BUDGET=${BUDGET:-420}  # seconds for everything: leaves device time for a second run
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 REFIMPL_SYMM_MEM_TIMEOUT_MS=${REFIMPL_SYMM_MEM_TIMEOUT_MS:-30000}
 export PYTHONPATH="$PWD"
@@ -140,6 +143,11 @@ if ! grep -q "^built " "$OUT/env_build.log"; then
   echo "build: retried with REFIMPL_NVCC_EXTRA_FLAGS='$REFIMPL_NVCC_EXTRA_FLAGS'" | tee -a "$SUMMARY"
   step "build again, host -Wno-error" 200 "$OUT/env_build.log" required bash "$0" build
 fi
+# The one-shot's cost per call first (issue 48's number), on one rank: no peer, no
+# time-slicing, the one setup upstream runs on one GPU; then where a call's time goes.
+step "benchmark, 1 rank" 60 "$OUT/bench.log" required \
+  python3 benchmarks/symm_mem_cuda.py --worlds 1 --breakdown --upstream-timeout 30 \
+  --out "$OUT/symm_mem_cuda.md"
 # Four test processes at a time (each test's ranks are processes of its own): 16 cores, and
 # the GPU time-slices every rank's context.
 step "tests/gpu + build tests" 150 "$OUT/tests_gpu.log" required \
@@ -147,20 +155,29 @@ step "tests/gpu + build tests" 150 "$OUT/tests_gpu.log" required \
   -o faulthandler_timeout=90 tests/test_symm_mem_cuda_build.py tests/gpu \
   tests/test_symmetric_memory.py::test_allocator_registry_per_device_type_SM_1 \
   --ignore=tests/gpu/test_cuda_mutants.py
-step "conformance SM, refimpl on cuda" 100 "$OUT/conformance_sm_cuda.log" required \
-  env REFIMPL_SYMM_MEM_DEVICE=cuda python3 -m conformance --section SM -n 4 \
+# --device cuda alone selects the CUDA symmetric memory (no REFIMPL_SYMM_MEM_DEVICE).
+step "SM --device cuda, own ranks" 100 "$OUT/conformance_sm_cuda.log" required \
+  python3 -m conformance --device cuda --section SM -n 4 \
   --json "$OUT/conformance_sm_cuda.json"
-step "benchmark (quick)" 120 "$OUT/bench.log" required \
-  python3 benchmarks/symm_mem_cuda.py --quick --worlds 1 2 4 --upstream-timeout 30 \
-  --out "$OUT/symm_mem_cuda.md"
-step "CUDA mutants" 90 "$OUT/tests_gpu.log" required \
+step "SM --device cuda, gloo, torchrun 2" 140 "$OUT/conformance_sm_cuda.log" optional \
+  python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m conformance \
+  --device cuda --process-group gloo --section SM
+step "CUDA mutants" 100 "$OUT/tests_gpu.log" optional \
   env REFIMPL_CUDA_MUTANT_LOG="$OUT/summary.txt" \
   python3 -m pytest -p no:cacheprovider -n 6 -v -rfEs tests/gpu/test_cuda_mutants.py
+# With the time left (a later run's, at the default budget): FC and SM over NCCL on one
+# rank (every case of more ranks is skipped, each after the ranks agree: minutes), the
+# memory checker, 2 ranks sharing the GPU, and upstream's SM.
+step "FC+SM --device cuda, nccl, torchrun 1" 300 "$OUT/conformance_sm_cuda.log" optional \
+  python3 -m torch.distributed.run --standalone --nproc-per-node 1 -m conformance \
+  --device cuda --process-group nccl --section FC --section SM
 if command -v compute-sanitizer >/dev/null; then
-  step "compute-sanitizer memcheck" 90 "$OUT/sanitizer.log" optional \
+  step "compute-sanitizer memcheck" 60 "$OUT/sanitizer.log" optional \
     compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 \
     python3 tests/gpu/smoke.py
 fi
+step "benchmark, 2 ranks sharing the GPU" 60 "$OUT/bench.log" optional \
+  python3 benchmarks/symm_mem_cuda.py --quick --worlds 2 --upstream-timeout 20
 step "conformance SM, upstream torch" 60 "$OUT/conformance_sm_cuda.log" optional \
   python3 -m conformance --backend torch --section SM -n 4
 echo "total ${SECONDS}s; $([[ $FAILED == 0 ]] && echo 'every required step passed' ||

@@ -1,9 +1,9 @@
 """The CUDA mutants (tests/mutants.py `CUDA_MUTANTS`): each slip in kernels/cuda/symm_mem.cu
-must fail the conformance section SM run on the GPU (REFIMPL_SYMM_MEM_DEVICE=cuda).
+must fail the conformance section SM run on the GPU (`--device cuda`).
 
 Each test copies the checkout, applies one mutant and runs `python -m conformance --section
-SM --first <its catching case> --first <its rule> -x -n 0` there, as tests/test_mutants.py
-does for the CPU's mutants. Skipped without CUDA.
+SM --device cuda --first <its catching case> --first <its rule> -x -n 0` there, as
+tests/test_mutants.py does for the CPU's mutants. Skipped without CUDA.
 
 A mutated kernel is compiled on first use in the copy (tens of seconds of nvcc each). On a
 machine with nvcc and no GPU, `python tests/gpu/test_cuda_mutants.py --build` compiles every
@@ -41,9 +41,9 @@ def _run_section(root: Path, mutant: Mutant, report: Path) -> subprocess.Complet
     # The copy first, then what the caller had (run_on_device.sh puts the carried wheels,
     # expecttest among them, there: without it every golden case module fails to import).
     path = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
-    env = {**os.environ, "PYTHONPATH": path, "REFIMPL_SYMM_MEM_DEVICE": "cuda"}
+    env = {**os.environ, "PYTHONPATH": path}
     env.pop("EXPECTTEST_ACCEPT", None)
-    args = ["--backend", "refimpl", "--section", "SM", "--first", mutant.catch,
+    args = ["--backend", "refimpl", "--device", "cuda", "--section", "SM", "--first", mutant.catch,
             "--first", mutant.rule, "-x", "-n", "0", "--case-timeout", str(CASE_TIMEOUT_S),
             "--json", str(report)]
     return subprocess.run([sys.executable, "-m", "conformance", *args], cwd=root, env=env,

@@ -185,6 +185,25 @@ def test_allocations_are_device_memory_freed_with_their_last_tensor_SM_3_SM_21()
 
 
 @needs_cuda
+@pytest.mark.parametrize("default", ["cpu", "cuda"])
+def test_allocations_and_peer_views_stay_device_memory_under_any_default_device_SM_21(default):
+    """Under `with torch.device(...)` (the SM cases' ranks run under the CPU's; a program may
+    set either) an allocation, and a handle's view of a rank's buffer, are the device memory
+    itself, not a copy on the default device (the first `--device cuda` run refused every
+    allocation under the CPU default)."""
+    group = _group_of_one()
+    with torch.device(default):
+        t = sm.empty(4099, dtype=torch.float32, device="cuda")
+        h = sm.rendezvous(t, group)
+        view = h.get_buffer(0, (4099,), torch.float32)
+        assert t.device.type == "cuda" and sm.is_symm_mem_tensor(t)
+        assert (view.device, view.data_ptr()) == (t.device, t.data_ptr())
+        t.copy_(torch.arange(4099.0, device="cuda"))
+        assert torch.equal(OPS.one_shot_all_reduce(t, "sum", group).cpu(),
+                           torch.arange(4099.0))
+
+
+@needs_cuda
 def test_persistent_allocation_reuses_device_memory_SM_4_SM_21():
     alloc_id = random.getrandbits(40)
     first = sm.empty_strided_p2p((16,), (1,), torch.float32, "cuda", "g", alloc_id=alloc_id)
