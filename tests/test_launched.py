@@ -353,13 +353,15 @@ def test_run_on_ranks_under_torchrun(tmp_path):
 
 def test_a_case_that_needs_the_cpu_is_skipped_on_another_device():
     """CF-13: refimpl's symmetric memory on the CPU is host shared memory: with tensors
-    on another device its cases are skipped, saying what they need, and nothing runs."""
+    on another device and the SM cases kept on the CPU's symmetric memory
+    (REFIMPL_SYMM_MEM_DEVICE=cpu; `--device cuda` alone moves them to the CUDA one), its
+    cases are skipped, saying what they need, and nothing runs."""
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-rs",
          "conformance/cases/test_symmetric_memory.py", "-k",
          "test_rendezvous_gives_one_handle_over_every_peers_buffer"],
-        cwd=ROOT, env={**os.environ, "REFIMPL_DEVICE": "cuda"}, capture_output=True,
-        text=True, timeout=300)
+        cwd=ROOT, env={**os.environ, "REFIMPL_DEVICE": "cuda", "REFIMPL_SYMM_MEM_DEVICE": "cpu"},
+        capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert re.search(r"\b\d+ skipped\b", out) and "passed" not in out, out[-3000:]

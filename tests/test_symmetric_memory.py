@@ -702,3 +702,22 @@ def test_the_first_rendezvous_hands_cpu_to_the_cpp_kernels_SM_18():
         assert len(after) == 1 and "symm_mem_ops.cpp" in after[0], after
         assert warned == []
         assert value == 3.0
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, "cpu"),
+    ({"REFIMPL_DEVICE": "cuda"}, "cuda"),  # --device cuda: the SM cases on the CUDA allocator
+    ({"REFIMPL_DEVICE": "cuda:1"}, "cuda"),
+    ({"REFIMPL_DEVICE": "cuda", "REFIMPL_SYMM_MEM_DEVICE": "cpu"}, "cpu"),  # the override
+    ({"REFIMPL_SYMM_MEM_DEVICE": "cuda"}, "cuda"),
+])
+def test_the_sm_cases_device_follows_the_runs_device_unless_overridden_CF_13(monkeypatch, env,
+                                                                             expected):
+    """`DEVICE` is read at each use: the SM cases' device is $REFIMPL_SYMM_MEM_DEVICE, else
+    the type of the run's --device ($REFIMPL_DEVICE), else cpu."""
+    for name in ("REFIMPL_DEVICE", "REFIMPL_SYMM_MEM_DEVICE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert sm.cases_device_type() == expected
+    assert sm.DEVICE == expected
