@@ -49,6 +49,18 @@ def arguments(node: torch.fx.Node, rule: str) -> dict:
     return bound
 
 
+def is_subgraph(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """A get_attr of a submodule: the code of a higher-order op (flex_attention's score_mod,
+    cond's branches), which holds no tensor and has no meta['val']."""
+    if node.op != "get_attr":
+        return False
+    try:
+        target = gm.get_submodule(node.target)
+    except AttributeError:  # a parameter or buffer, not a module
+        return False
+    return isinstance(target, torch.nn.Module)
+
+
 def fake_value(node: torch.fx.Node, rule: str):
     """`node.meta["val"]`, or a ValueError naming `gm`, the node and the pass's `rule`."""
     if "val" not in node.meta:

@@ -38,7 +38,7 @@ from torch.utils._pytree import tree_leaves
 
 from refimpl import comm_ops
 from refimpl._errors import require_type
-from refimpl._fx import is_wait, node_args, size_hint
+from refimpl._fx import is_subgraph, is_wait, node_args, size_hint
 
 __all__ = [
     "Buffer", "MemoryEvent", "MemoryPlan", "MemoryModel", "MemorySweep", "plan_memory",
@@ -264,7 +264,7 @@ class MemoryModel:
                 continue
             value = node.meta.get("val")
             if value is None:
-                if node.users:
+                if node.users and not is_subgraph(self.gm, node):
                     raise ValueError(f"gm: node {node.name!r} has users but no meta['val']; "
                                      f"plan_memory needs a graph traced with fake values "
                                      f"(make_fx, torch.compile) [MEM-1]")

@@ -215,7 +215,7 @@ class _Program:
 
     def __init__(self, gm: torch.fx.GraphModule, config: ReorderConfig):
         for node in gm.graph.nodes:
-            if node.users:
+            if node.users and not _fx.is_subgraph(gm, node):
                 _fx.fake_value(node, "RO-1")
         self.gm = gm
         order = original_order(gm)

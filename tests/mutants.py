@@ -2994,6 +2994,19 @@ SIM = [
 # 9. End to end (E2E): refimpl/compile.py
 # --------------------------------------------------------------------------------------
 E2E = [
+    Mutant("reorder_wants_a_value_of_a_subgraph", "E2E-3", "refimpl/reorder.py",
+           '            if node.users and not _fx.is_subgraph(gm, node):\n',
+           '            if node.users:\n',
+           "the reorder stage asks every used node for its fake value, a higher-order op's "
+           "subgraph (flex_attention's score_mod, a get_attr of a submodule) too: a graph "
+           "that holds code is refused (found by torchtitan's llama3, issue 45)",
+           catch="test_a_higher_order_ops_subgraph_compiles_to_eagers_values"),
+    Mutant("memory_plan_wants_a_value_of_a_subgraph", "E2E-3", MEMORY,
+           "                if node.users and not is_subgraph(self.gm, node):\n",
+           "                if node.users:\n",
+           "the memory plan, on one path of two: it refuses a higher-order op's subgraph "
+           "for lacking meta['val'] where the reorder stage takes it",
+           catch="test_a_higher_order_ops_subgraph_compiles_to_eagers_values"),
     Mutant("compiled_collective_hoisted_over_an_opaque_op", "E2E-8", "refimpl/reorder.py",
            "        return \"a higher-order op runs code the pass cannot see\"\n",
            "        return None\n",
@@ -3220,6 +3233,7 @@ MUTANTS: list[Mutant] = [m for section in section_lists().values() for m in sect
 # quick catching case, where the rule has such a mutant), then fixed: a new rule's first
 # mutant joins it (a test checks every rule is here).
 FIRST_TIER: frozenset[str] = frozenset({
+    "reorder_wants_a_value_of_a_subgraph",
     "fake_empty_splits_read_as_no_rows", "reduce_scatter_avg_grad_divides_by_world",
     "one_byte_dtypes_not_viewed_back",
     "cast_to_an_integer_absorbed", "absorbed_casts_concatenated_as_the_first_source",

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from test_launched import launch, report
@@ -119,3 +122,46 @@ def test_deepspeed_symmetric_memory_kernel_cases(tmp_path):
     for case in ("test_every_dtype_and_reduce_op_in_rank_order_on_every_rank[2]",
                  "test_a_subgroups_all_reduce_sums_its_members_only"):
         assert outcomes[case][0] == "xfailed", (case, outcomes[case])
+
+
+TORCHTITAN = "conformance.backends.torchtitan_backend:backend"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_torchtitan_compiles_the_transformer_to_eagers_values(tmp_path):
+    """torchtitan's JIT backend (aot_eager + its auto-bucketing pass): the transformer's 5
+    compiled steps are eager's bit for bit with its forward's collectives as a 25 MB cap
+    makes them; its backward's buckets (2, its scheduler's own sizing) are its listed
+    choice; a higher-order op's subgraph compiles to eager's values; switching the pass off
+    is not implemented."""
+    _needs("torchtitan")
+    got = report(tmp_path, "--backend", TORCHTITAN, "--section", "E2E", "-n", "0", "-k",
+                 "transformer_training or higher_order or compiled_steps")
+    outcomes = _outcomes(got)
+    assert got["pytest_exit_code"] == 0, outcomes
+    assert outcomes["test_compiled_steps_match_eager_and_issue_the_forwards_collectives"
+                    "[all]"][0] == "passed"
+    assert outcomes["test_a_higher_order_ops_subgraph_compiles_to_eagers_values"][0] == "passed"
+    outcome, reason = outcomes["test_transformer_training_matches_eager[all]"]
+    assert outcome == "xfailed" and "choice E2E-4" in reason, (outcome, reason[:2000])
+    outcome, reason = outcomes["test_transformer_training_matches_eager[off]"]
+    assert outcome == "not_implemented" and "cannot be switched off" in reason, reason
+
+
+def test_torchtitan_llama3_keeps_the_traces_bits_and_cannot_train_on_a_cpu():
+    """torchtitan's llama3 debug model with SimpleFSDP on 2 gloo ranks, forward only
+    (benchmarks/torchtitan_llama3.py): torchtitan's passes and refimpl's give AOTAutograd's
+    traced values (aot_eager, no pass) bit for bit on every rank; one backward fails, as
+    FlexAttention has none on a CPU."""
+    _needs("torchtitan")
+    proc = subprocess.run([sys.executable, "benchmarks/torchtitan_llama3.py", "--steps", "1",
+                           "--seq", "32"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split("|")[1:-1] for line in proc.stdout.splitlines()
+            if line.startswith("| ") and not line.startswith("| rank")]
+    judged = {(cells[0].strip(), cells[1].strip()): cells[4].strip() for cells in rows}
+    for rank in ("0", "1"):
+        for mode in ("torchtitan", "refimpl"):
+            assert judged[(rank, mode)] == "yes", (rank, mode, proc.stdout)
+    assert "FlexAttention does not support backward on CPU" in proc.stdout, proc.stdout

@@ -277,3 +277,29 @@ def test_the_example_trains_and_prints_the_losses_side_by_side():
     lines = proc.stdout.splitlines()
     assert sum(line.startswith("[refimpl ] step") for line in lines) == 2
     assert "refimpl: losses and parameters equal eager's bit for bit" in lines
+
+
+def _attention_then_all_reduce():
+    from torch.distributed import _functional_collectives as fc
+    from torch.nn.attention.flex_attention import flex_attention
+
+    def relative(score, batch, head, q, k):  # a score_mod: flex_attention's subgraph
+        return score + (q - k) / 8
+
+    def program(x):
+        attended = flex_attention(x, x, x, score_mod=relative)
+        return fc.wait_tensor(fc.all_reduce(attended.sum(dim=-1), "sum", dist.group.WORLD))
+
+    x = torch.randn(1, 2, 128, 16, generator=torch.Generator().manual_seed(dist.get_rank()))
+    with torch.no_grad():  # flex_attention has no backward on a CPU
+        eager = program(x)
+        compiled = torch.compile(program, backend=backend(CompileConfig(
+            bucket_cap_mb=25.0, lowering=CommLoweringConfig(), reorder=ReorderConfig())))(x)
+    return torch.equal(eager, compiled)
+
+
+def test_a_higher_order_ops_subgraph_goes_through_every_stage():
+    """flex_attention's score_mod is a submodule the graph reads with get_attr: code, with
+    no meta['val']. Every stage takes it (reorder and the memory plan refused the graph
+    until torchtitan's llama3 showed it, issue 45), and the values are eager's bits."""
+    assert run_on_ranks(_attention_then_all_reduce, 2) == [True, True]

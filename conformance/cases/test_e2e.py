@@ -733,6 +733,52 @@ def test_an_in_place_or_out_collective_is_refused_naming_it_or_computed_right(ba
                                                      "compiled to a wrong value"))
 
 
+def _subgraph_program_compiled(spec: str) -> tuple[bool, float]:
+    """flex_attention with a score_mod (a submodule the graph reads with get_attr), then an
+    all_reduce of its result, under no_grad (flex_attention has no backward on a CPU):
+    (whether the compiled values are eager's bits, the largest difference)."""
+    import torch.distributed as dist
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from conformance.backends import get_backend
+
+    backend = get_backend(spec)
+    fc = backend.require("functional_collectives")
+    concept = backend.require("compile_backend")
+    group = fc.resolve_group_name(dist.group.WORLD)
+
+    def relative(score, batch, head, q, k):
+        return score + (q - k) / 8
+
+    def program(x):
+        attended = flex_attention(x, x, x, score_mod=relative)
+        return fc.ops.wait_tensor(fc.ops.all_reduce(attended.sum(dim=-1), "sum", group))
+
+    x = torch.randn(1, 2, 128, 16, generator=torch.Generator().manual_seed(dist.get_rank()))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = program(x)
+        got = torch.compile(program, backend=concept.make(all_stages(backend)))(x)
+    return torch.equal(got, want), (got - want).abs().max().item()
+
+
+@pytest.mark.spec("E2E-3")
+def test_a_higher_order_ops_subgraph_compiles_to_eagers_values(backend):
+    """A graph that holds code as well as tensors: flex_attention's score_mod is a
+    submodule read by get_attr, with no meta['val']. Compiled with every stage on, it runs
+    and gives eager's values on every rank (bit for bit on a backend that runs the traced
+    ATen ops as they are). torchtitan's llama3 found refimpl's reorder and memory plan
+    refusing such graphs."""
+    exact = backend.require("compile_backend").exact
+    backend.require("functional_collectives")
+    for rank, (same, largest) in enumerate(harness.run(backend, _subgraph_program_compiled,
+                                                       WORLD_SIZE)):
+        if exact:
+            assert same, f"rank {rank}: compiled differs from eager by up to {largest}"
+        else:
+            assert largest <= 1e-4, f"rank {rank}: compiled differs from eager by {largest}"
+
+
 @pytest.mark.spec("E2E-8", "RO-6")
 def test_a_collective_stays_behind_an_opaque_communication_op(backend):
     """An in-place communication op no compiler knows, then an all_reduce of a value
