@@ -1932,7 +1932,8 @@ MEM = [
            "though the module owns it",
            catch="test_a_constant_and_inputs_sharing_a_storage"),
     Mutant("value_checked_on_ops_only", "MEM-1", MEMORY,
-           "                if node.users:\n                    raise ValueError(f\"gm: node",
+           "                if node.users and not is_subgraph(self.gm, node):\n"
+           "                    raise ValueError(f\"gm: node",
            "                if node.users and node.op == \"call_function\":\n"
            "                    raise ValueError(f\"gm: node",
            "only an op without a value is refused: an input without one is planned as "

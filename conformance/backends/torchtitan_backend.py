@@ -35,7 +35,7 @@ import inspect
 import types
 
 from conformance.backends import Backend, NotImplementedConcept
-from conformance.backends.torch_backend import _functional_collectives
+from conformance.backends.torch_backend import backend as torch_backend
 from conformance.backends.torch_reorder import copy_graph, roofline
 
 TORCHTITAN_PASS = "torchtitan.experiments.graph_trainer.fsdp_passes"
@@ -157,7 +157,7 @@ def _compile_concept():
 
 def _make() -> Backend:
     return Backend("torchtitan", {
-        "functional_collectives": _functional_collectives(),
+        "functional_collectives": torch_backend.require("functional_collectives"),
         "bucketing": None,
         "lowering": None,
         "reorder": _reorder_concept(),
