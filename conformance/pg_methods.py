@@ -23,10 +23,10 @@ CALLS = {
     "all_reduce_coalesced_": (
         lambda ops, x, g, n: ops.all_reduce_coalesced_([x.clone(), x * 2], "sum", g),
         lambda xs, me: [sum(xs), 2 * sum(xs)]),
-    "all_reduce_coalesced_of_two_dtypes": (
+    "all_reduce_coalesced_of_two_dtypes": (  # float64 first: not the dtypes' name order
         lambda ops, x, g, n: ops.all_reduce_coalesced(
-            [x, x.double() * 2, x * 3], "sum", g),
-        lambda xs, me: [sum(xs), 2 * sum(xs).double(), 3 * sum(xs)]),
+            [x.double() * 2, x, x * 3], "sum", g),
+        lambda xs, me: [2 * sum(xs).double(), sum(xs), 3 * sum(xs)]),
     "all_gather_into_tensor": (
         lambda ops, x, g, n: [ops.all_gather_into_tensor(x, n, g)],
         lambda xs, me: [torch.cat(xs)]),
@@ -65,8 +65,9 @@ def _input(global_rank: int, n: int) -> torch.Tensor:
 
 
 def methods_reached(spec: str, ops_to_run: list[str]) -> dict | None:
-    """op -> (methods reached in order, the error if it failed or None, values right);
-    None on a rank outside the recording group."""
+    """op -> (methods reached in order, the error if it failed or None, values right,
+    the dtypes of each call's first argument); None on a rank outside the recording
+    group."""
     ops = funcol_api(spec).ops
     members = _members(dist.get_world_size())
     group = dist.new_group(members, backend=register())
@@ -78,6 +79,7 @@ def methods_reached(spec: str, ops_to_run: list[str]) -> dict | None:
     for op in ops_to_run:
         call, want = CALLS[op]
         group.calls.clear()
+        group.dtypes.clear()
         try:
             got = [ops.wait_tensor(waited(t)) for t in call(ops, xs[me], group.group_name, n)]
             error = None
@@ -85,7 +87,7 @@ def methods_reached(spec: str, ops_to_run: list[str]) -> dict | None:
                 torch.equal(a, b) for a, b in zip(got, want(xs, me), strict=False))
         except Exception as exc:  # what the op did is the verdict, reported per op
             error, right = f"{type(exc).__name__}: {exc}".splitlines()[0], False
-        found[op] = (list(group.calls), error, right)
+        found[op] = (list(group.calls), error, right, list(group.dtypes))
     # No group of these ranks outlives the call: a later case's rank list [1, 2] must
     # find none (FC-31's check runs only for a group still to be made).
     dist.destroy_process_group(group)

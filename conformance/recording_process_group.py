@@ -35,6 +35,7 @@ class RecordingProcessGroup(dist.ProcessGroup):
         self.gloo._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
                                     dist.ProcessGroupGloo(store, rank, size, timeout))
         self.calls: list[str] = []
+        self.dtypes: list[list[str]] = []  # per call: the dtypes of its first argument
 
     def size(self) -> int:
         return self.gloo.size()
@@ -60,6 +61,9 @@ def _recorded(method: str, arity: int):
             raise TypeError(f"{method}() takes {arity} arguments, its options included "
                             f"(as torchft's groups require), got {len(args)} [FC-34]")
         self.calls.append(method)
+        first = args[0] if isinstance(args[0], list) else [args[0]]
+        self.dtypes.append([str(t.dtype).removeprefix("torch.") for t in first
+                            if isinstance(t, torch.Tensor)])
         return getattr(self.gloo, method)(*args)
 
     call.__name__ = method

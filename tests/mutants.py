@@ -99,6 +99,21 @@ def copy_checkout(dest: Path) -> Path:
 # --------------------------------------------------------------------------------------
 F = "refimpl/functional_collectives.py"
 FC = [
+    Mutant("coalesced_avg_divides_the_last_member", "FC-26", F,
+           "        finishes = [(lambda t=t: t.div_(pg.size())) if op == \"avg\" else None"
+           "\n                    for t in members]",
+           "        finishes = [(lambda: t.div_(pg.size())) if op == \"avg\" else None"
+           "\n                    for t in members]",
+           "a late-binding closure: every avg finish of one dtype divides the last member, so "
+           "the others come back undivided (blind red team)",
+           catch="test_eager_values"),
+    Mutant("coalesced_all_reduce_dtypes_in_name_order", "FC-34", F,
+           "    for members in by_dtype.values():",
+           "    for _, members in sorted(by_dtype.items(), key=lambda kv: str(kv[0])):",
+           "the per-dtype allreduce_coalesced calls in the order of the dtypes' names, not of "
+           "their first appearance: values unchanged, the calls a group sees reordered (blind "
+           "red team)",
+           catch="test_each_op_reaches_its_process_group_through_its_method"),
     Mutant("failed_peer_is_the_first_other_member", "FC-29", F,
            "    who = f\"the failed peer is rank {peers[0]}\" if len(peers) == 1 else \\",
            "    who = f\"the failed peer is rank {peers[0]}\" if peers else \\",
@@ -1890,6 +1905,12 @@ RO = [
 # --------------------------------------------------------------------------------------
 MEMORY = "refimpl/memory.py"
 MEM = [
+    Mutant("unread_node_without_a_value_refused", "MEM-1", MEMORY,
+           "                if node.users and not is_subgraph(self.gm, node):",
+           "                if not is_subgraph(self.gm, node):",
+           "every node without meta['val'] refused, one nobody reads (an assertion) too (blind "
+           "red team)",
+           catch="test_an_unread_node_without_a_value_holds_no_buffer"),
     Mutant("shared_work_kept_after_its_wait", "MEM-5", F,
            "            self.work = None\n",
            "            pass\n",
@@ -2089,6 +2110,13 @@ MEM = [
 # 6. Symmetric memory (SM), C kernels included
 # --------------------------------------------------------------------------------------
 SM = [
+    Mutant("stale_handle_serves_another_group", "SM-14", "refimpl/symmetric_memory.py",
+           "    if alloc is None or alloc.handle is None or alloc.handle.group_name != group_name:",
+           "    if alloc is None or alloc.handle is None:",
+           "a tensor already rendezvoused keeps its handle for an op naming another group: the "
+           "op reduces over the first group's peers instead of refusing group_name (blind red "
+           "team)",
+           catch="test_op_arguments_are_refused_on_every_rank_before_any_wait"),
     Mutant("op_rendezvous_on_the_whole_world", "SM-15", "refimpl/symmetric_memory.py",
            "        _check_group_of(alloc, group_name, where, arg)\n"
            "        rendezvous(input, group_name)\n",

@@ -1240,6 +1240,9 @@ METHODS_REACHED = {
     "all_to_all_single": ["alltoall_base"],
     "broadcast": ["broadcast"], "broadcast_": ["broadcast"],
 }
+# The dtypes of each call's tensors, where the order of the calls is the rule's: one
+# allreduce_coalesced per dtype, in the order the dtypes first appear (FC-34).
+METHOD_DTYPES = {"all_reduce_coalesced_of_two_dtypes": [["float64"], ["float32", "float32"]]}
 METHOD_RULES = {"all_gather_into_tensor_out": ["FC-50"],
                 # members of two dtypes: one call per dtype, the results as single ops'
                 "all_reduce_coalesced_of_two_dtypes": ["FC-34", "FC-26"]}
@@ -1257,10 +1260,12 @@ def test_each_op_reaches_its_process_group_through_its_method(backend, world, op
     for rank, found in enumerate(run(backend, pg_methods.methods_reached, world, [op])):
         if found is None:
             continue  # not a member of the recording group
-        calls, error, values_right = found[op]
+        calls, error, values_right, dtypes = found[op]
         where = f"rank {rank}, world {world}: {op}"
         assert error is None, f"{where} failed: {error}"
         assert calls == METHODS_REACHED[op], f"{where} reached {calls}"
+        if op in METHOD_DTYPES:
+            assert dtypes == METHOD_DTYPES[op], f"{where}: calls of the dtypes {dtypes}"
         assert values_right, f"{where}: wrong values"
 
 

@@ -488,6 +488,24 @@ def test_a_read_node_without_a_value_is_refused_naming_it(backend, fake_world, t
         ns.plan_memory(gm.graph)
 
 
+# A node nobody reads may carry no value (an assertion, a call kept for its effect, as a
+# barrier or _assert_scalar): it holds no buffer and the plan goes on (MEM-1).
+@pytest.mark.spec("MEM-1")
+def test_an_unread_node_without_a_value_holds_no_buffer(backend, fake_world):
+    ns = backend.require("memory", "plan_memory")
+    gm = _traced_scaled()
+    want = ns.plan_memory(gm)
+    add = next(n for n in gm.graph.nodes if n.op == "call_function")
+    with gm.graph.inserting_after(add):
+        unread = gm.graph.call_function(torch.ops.aten._assert_async.msg,
+                                        (add, "an assertion, read by nobody"))
+    gm.recompile()
+    plan = ns.plan_memory(gm)
+    assert unread in plan.order
+    assert not any(unread in b.aliases for b in plan.buffers)
+    assert (plan.peak_bytes, len(plan.buffers)) == (want.peak_bytes, len(want.buffers))
+
+
 @pytest.mark.spec("MEM-11")
 def test_an_invalid_order_is_refused(backend, fake_world):
     ns = backend.require("memory", "plan_memory")
