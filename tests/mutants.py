@@ -2110,6 +2110,15 @@ MEM = [
 # 6. Symmetric memory (SM), C kernels included
 # --------------------------------------------------------------------------------------
 SM = [
+    Mutant("rendezvous_keys_numbered_per_process", "SM-12", "refimpl/symmetric_memory.py",
+           "        info.rendezvous_count += 1\n        key = f\"rdzv{info.rendezvous_count}\"",
+           "        info.rendezvous_count += 1\n"
+           "        key = f\"rdzv{sum(g.rendezvous_count for g in _groups.values())}\"",
+           "the store keys of a rendezvous numbered by every rendezvous this process did, of "
+           "any group (upstream's StoreExchange, pytorch/pytorch#196082): a subgroup's "
+           "rendezvous puts its members out of step with the ranks left out, and the next "
+           "rendezvous of a larger group hangs",
+           catch="test_a_subgroups_rendezvous_leaves_a_later_groups_rendezvous_in_step"),
     Mutant("stale_handle_serves_another_group", "SM-14", "refimpl/symmetric_memory.py",
            "    if alloc is None or alloc.handle is None or alloc.handle.group_name != group_name:",
            "    if alloc is None or alloc.handle is None:",

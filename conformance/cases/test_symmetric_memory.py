@@ -561,6 +561,46 @@ def test_a_subgroups_all_reduce_sums_its_members_only(backend):
     check_all_reduces(results[1:], torch.float32, numel, ranks=[1, 2])
 
 
+def _subgroup_then_everyone(spec: str, numel: int):
+    """Ranks 1 and 2 rendezvous on their subgroup; then all three on a group of every rank
+    (a new one, so that no earlier case's rendezvous counts): its sum, or the error."""
+    sm, _, device = _setup(spec, "empty", "rendezvous", "ops")
+    rank = dist.get_rank()
+    sub = dist.new_group([1, 2])  # every rank makes it; rank 0 gets no group
+    everyone = dist.new_group([0, 1, 2])
+    groups = [everyone] + ([sub] if rank in (1, 2) else [])
+    for pg in groups:
+        sm.enable_symm_mem_for_group(pg.group_name)
+    try:
+        if rank in (1, 2):
+            first = sm.empty(numel, dtype=torch.float32, device=device)
+            sm.rendezvous(first, sub.group_name, timeout_ms=5_000)
+        t = sm.empty(numel, dtype=torch.float32, device=device)
+        t.copy_(_rank_input(rank, torch.float32, numel))
+        sm.rendezvous(t, everyone.group_name, timeout_ms=5_000)
+        return sm.ops.one_shot_all_reduce(t, "sum", everyone.group_name).cpu()
+    except Exception as exc:  # the verdict: a hang ends as the rendezvous' timeout
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        for pg in groups:
+            dist.destroy_process_group(pg)
+
+
+@pytest.mark.spec("SM-12", "SM-5")
+def test_a_subgroups_rendezvous_leaves_a_later_groups_rendezvous_in_step(backend):
+    """Upstream's rendezvous numbered its store keys by the rendezvous a *process* had done
+    (pytorch/pytorch#196082): after ranks 1 and 2 rendezvous on their subgroup, a
+    rendezvous of all three meets under different keys on rank 0 and hangs. Keys numbered
+    per group (SM-12) keep it in step: it completes and sums every rank's data."""
+    backend.require(CONCEPT, "empty", "rendezvous", "ops")
+    numel = 300
+    results = run(backend, _subgroup_then_everyone, 3, numel, timeout=60, restart_after=True)
+    want = _reference_sum([_rank_input(r, torch.float32, numel) for r in range(3)])
+    for rank, result in enumerate(results):
+        assert not isinstance(result, str), f"rank {rank}: {result}"
+        assert torch.equal(result, want), f"rank {rank}: a wrong sum"
+
+
 def _late_peer(spec: str):
     sm, group, device = _setup(spec, "empty", "rendezvous", "SymmMemTimeout")
     t = sm.empty(4, dtype=torch.float32, device=device)
