@@ -106,14 +106,15 @@ FC = [
            "\n                    for t in members]",
            "a late-binding closure: every avg finish of one dtype divides the last member, so "
            "the others come back undivided (blind red team)",
-           catch="test_eager_values"),
+           catch="test_eager_values[2-name-f32-all_reduce_coalesced:avg]"),
     Mutant("coalesced_all_reduce_dtypes_in_name_order", "FC-34", F,
            "    for members in by_dtype.values():",
            "    for _, members in sorted(by_dtype.items(), key=lambda kv: str(kv[0])):",
            "the per-dtype allreduce_coalesced calls in the order of the dtypes' names, not of "
            "their first appearance: values unchanged, the calls a group sees reordered (blind "
            "red team)",
-           catch="test_each_op_reaches_its_process_group_through_its_method"),
+           catch="test_each_op_reaches_its_process_group_through_its_method"
+                 "[all_reduce_coalesced_of_two_dtypes-2]"),
     Mutant("failed_peer_is_the_first_other_member", "FC-29", F,
            "    who = f\"the failed peer is rank {peers[0]}\" if len(peers) == 1 else \\",
            "    who = f\"the failed peer is rank {peers[0]}\" if peers else \\",
