@@ -10,7 +10,9 @@ shards every parameter with `data_parallel(mode="fully_shard")` over a CPU Devic
 2 ranks (each forward all_gathers every weight), and computes the cross-entropy loss of its
 own batch: eagerly, compiled with torchtitan's JIT backend (`aot_eager` + its
 `auto_bucketing` pass, conformance/backends/torchtitan_backend.py, whose only change for a
-CPU is the scheduler's cost estimates), and compiled with `refimpl.compile.backend()`.
+CPU is the scheduler's cost estimates), the same with its FSDP graph passes before it
+(`deduplicate_fsdp_unshard_chains_pass`, `reassign_collective_pgs_pass`), and compiled
+with `refimpl.compile.backend()`.
 SPEC E2E-3: neither backend changes an arithmetic (both run the traced ATen ops; bucketing
 and reorder move no reduction), so every loss must be bitwise the trace's: `aot_eager`
 with no pass, the fourth column. The trace itself is not always eager's bits (the fifth
@@ -35,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from refimpl.multiprocess import run_on_ranks  # noqa: E402
 
 WORLD = 2
-MODES = ("eager", "aot_eager", "torchtitan", "refimpl")
+MODES = ("eager", "aot_eager", "torchtitan", "torchtitan_fsdp_passes", "refimpl")
 
 
 def _loss_fn(model):
@@ -60,11 +62,33 @@ def _compiled(mode, fn):
         from conformance.backends import torchtitan_backend
 
         backend = torchtitan_backend.make({"bucket_cap_mb": 25.0, "reorder": {}})
+    elif mode == "torchtitan_fsdp_passes":
+        backend = _with_fsdp_passes()
     else:
         import refimpl.compile
 
         backend = refimpl.compile.backend()
     return torch.compile(fn, backend=backend)
+
+
+def _with_fsdp_passes():
+    """aot_eager with torchtitan's FSDP graph passes in the order its graph trainer runs
+    them (`passes.compile_time_passes`): `deduplicate_fsdp_unshard_chains_pass` (one
+    all_gather chain per flat parameter), `reassign_collective_pgs_pass` (FSDP all_gathers
+    onto an extra group of the same ranks), then its auto-bucketing pass."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from conformance.backends import torchtitan_backend
+
+    passes = torchtitan_backend.fsdp_passes_on_a_cpu()
+
+    def compiler(gm, example_inputs):
+        gm = passes.deduplicate_fsdp_unshard_chains_pass(gm, example_inputs)
+        gm = passes.reassign_collective_pgs_pass(gm, example_inputs)
+        return passes.autobucketing_reordering_pass(gm, example_inputs)
+
+    return aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
+                        keep_inference_input_mutations=True)
 
 
 def _rank(steps: int, seq: int) -> dict:

@@ -150,9 +150,10 @@ def test_torchtitan_compiles_the_transformer_to_eagers_values(tmp_path):
 
 def test_torchtitan_llama3_keeps_the_traces_bits_and_cannot_train_on_a_cpu():
     """torchtitan's llama3 debug model with SimpleFSDP on 2 gloo ranks, forward only
-    (benchmarks/torchtitan_llama3.py): torchtitan's passes and refimpl's give AOTAutograd's
-    traced values (aot_eager, no pass) bit for bit on every rank; one backward fails, as
-    FlexAttention has none on a CPU."""
+    (benchmarks/torchtitan_llama3.py): torchtitan's passes (its JIT backend; its FSDP
+    passes before its auto-bucketing) and refimpl's give AOTAutograd's traced values
+    (aot_eager, no pass) bit for bit on every rank; one backward fails, as FlexAttention
+    has none on a CPU."""
     _needs("torchtitan")
     proc = subprocess.run([sys.executable, "benchmarks/torchtitan_llama3.py", "--steps", "1",
                            "--seq", "32"], cwd=ROOT, capture_output=True, text=True,
@@ -162,6 +163,6 @@ def test_torchtitan_llama3_keeps_the_traces_bits_and_cannot_train_on_a_cpu():
             if line.startswith("| ") and not line.startswith("| rank")]
     judged = {(cells[0].strip(), cells[1].strip()): cells[4].strip() for cells in rows}
     for rank in ("0", "1"):
-        for mode in ("torchtitan", "refimpl"):
+        for mode in ("torchtitan", "torchtitan_fsdp_passes", "refimpl"):
             assert judged[(rank, mode)] == "yes", (rank, mode, proc.stdout)
     assert "FlexAttention does not support backward on CPU" in proc.stdout, proc.stdout

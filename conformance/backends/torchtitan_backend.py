@@ -54,7 +54,7 @@ def _fsdp_passes():
 _cost_model = None  # the durations the scheduler is given (None: CostModel())
 
 
-def _fsdp_passes_on_a_cpu():
+def fsdp_passes_on_a_cpu():
     """torchtitan's pass module, its call of upstream's scheduler given the durations of
     `_cost_model` for every node (compute through the roofline, collectives through
     `custom_runtime_estimation`). Installed once per process and left in place: AOTAutograd
@@ -99,7 +99,7 @@ def reorder(gm, config):
                                     f"{sorted(asked)}")
     global _cost_model
     gm = copy_graph(gm)
-    passes = _fsdp_passes_on_a_cpu()
+    passes = fsdp_passes_on_a_cpu()
     _cost_model = config.cost_model or CostModel()
     try:
         return passes.autobucketing_reordering_pass(gm)
@@ -136,7 +136,7 @@ def make(options: dict):
     asked = sorted(k for k, v in options.items() if v is not None)
     if asked:
         raise NotImplementedConcept(f"torchtitan: compile_backend: no option {asked}")
-    _fsdp_passes_on_a_cpu()
+    fsdp_passes_on_a_cpu()
     return _compile
 
 
