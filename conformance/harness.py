@@ -57,6 +57,16 @@ def run(backend, fn, world_size: int, *args, restart_after: bool = False,
             fresh_ranks(world_size)
 
 
+def symmetric_memory_device(sm, rank: int = 0):
+    """The device a backend's symmetric memory allocates on for `rank`: its
+    `device_for_rank`, else its `DEVICE` (cpu when it declares neither)."""
+    import torch
+
+    if hasattr(sm, "device_for_rank"):
+        return sm.device_for_rank(rank)
+    return torch.device(getattr(sm, "DEVICE", "cpu"))
+
+
 def _on_the_cpu(spec, fn, *args, **kwargs):
     import torch
 

@@ -55,10 +55,10 @@ def is_subgraph(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     if node.op != "get_attr":
         return False
     try:
-        target = gm.get_submodule(node.target)
-    except AttributeError:  # a parameter or buffer, not a module
+        gm.get_submodule(node.target)  # raises for a parameter or buffer
+    except AttributeError:
         return False
-    return isinstance(target, torch.nn.Module)
+    return True
 
 
 def fake_value(node: torch.fx.Node, rule: str):

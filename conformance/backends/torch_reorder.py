@@ -64,6 +64,17 @@ def roofline(durations_ms: dict):
             setattr(upstream, name, function)
 
 
+def estimates(gm: torch.fx.GraphModule, cost_model) -> tuple[dict, dict]:
+    """`cost_model`'s durations of `gm`'s nodes in ms (for `roofline`), and the arguments of
+    upstream's scheduler that give it the collectives' (nothing benchmarked, no rank talks
+    to another)."""
+    durations_ms = {n: us / 1000 for n, us in cost_model.durations(gm).items()}
+    return durations_ms, dict(
+        custom_runtime_estimation=lambda node, size: durations_ms.get(node)
+        if size is None else None,
+        collective_estimator="analytical", compute_estimator="analytical")
+
+
 def _in_flight_gb(gm: torch.fx.GraphModule, limits: dict) -> float:
     """Upstream's nearest knob to a count per kind: bytes (see the module docstring)."""
     from torch._inductor.comm_analysis import estimate_fx_collective_memory_footprint
@@ -88,14 +99,11 @@ def reorder(gm: torch.fx.GraphModule, config) -> torch.fx.GraphModule:
 
     config = config if config is not None else ReorderConfig()
     gm = copy_graph(gm)
-    cost_model = config.cost_model or CostModel()
-    durations_ms = {n: us / 1000 for n, us in cost_model.durations(gm).items()}
+    durations_ms, estimated = estimates(gm, config.cost_model or CostModel())
     budget = math.inf if config.memory_budget is None else config.memory_budget
     options = dict(
         max_in_flight_gb=_in_flight_gb(gm, dict(config.max_in_flight)),
-        custom_runtime_estimation=lambda node, size: durations_ms.get(node)
-        if size is None else None,
-        collective_estimator="analytical", compute_estimator="analytical",
+        **estimated,
         # no bound: a cap nothing reaches (with both limits None upstream fails, 2.13)
         max_memory_increase_gb=1e6 if math.isinf(budget) else None,
         max_memory_increase_ratio=None if math.isinf(budget) else budget,

@@ -36,7 +36,7 @@ import types
 
 from conformance.backends import Backend, NotImplementedConcept
 from conformance.backends.torch_backend import backend as torch_backend
-from conformance.backends.torch_reorder import copy_graph, roofline
+from conformance.backends.torch_reorder import copy_graph, estimates, roofline
 
 TORCHTITAN_PASS = "torchtitan.experiments.graph_trainer.fsdp_passes"
 
@@ -68,13 +68,8 @@ def fsdp_passes_on_a_cpu():
     def scheduled(gm, **kwargs):
         from refimpl.simulator import CostModel
 
-        cost_model = _cost_model or CostModel()
-        durations_ms = {n: us / 1000 for n, us in cost_model.durations(gm).items()}
-        kwargs.setdefault("custom_runtime_estimation",
-                          lambda node, size: durations_ms.get(node) if size is None else None)
-        for name in ("collective_estimator", "compute_estimator"):
-            if name in accepted:
-                kwargs.setdefault(name, "analytical")
+        durations_ms, estimated = estimates(gm, _cost_model or CostModel())
+        kwargs = {**{k: v for k, v in estimated.items() if k in accepted}, **kwargs}
         with roofline(durations_ms):
             return upstream(gm, **kwargs)
 
@@ -91,12 +86,10 @@ def reorder(gm, config):
     from refimpl.simulator import CostModel
 
     config = config if config is not None else ReorderConfig()
-    asked = {name for name, unset in (("memory_budget", config.memory_budget is None),
-                                      ("max_in_flight", not dict(config.max_in_flight)))
-             if not unset}
+    asked = (["max_in_flight"] if config.max_in_flight else []) + \
+        (["memory_budget"] if config.memory_budget is not None else [])
     if asked:
-        raise NotImplementedConcept(f"torchtitan: its auto-bucketing pass has no "
-                                    f"{sorted(asked)}")
+        raise NotImplementedConcept(f"torchtitan: its auto-bucketing pass has no {asked}")
     global _cost_model
     gm = copy_graph(gm)
     passes = fsdp_passes_on_a_cpu()

@@ -65,8 +65,7 @@ def _needs_the_cpu_kernels(backend) -> None:
         sm = backend.require(CONCEPT)
     except NotImplementedConcept:
         return  # each case reports that itself
-    device = (sm.device_for_rank(0) if hasattr(sm, "device_for_rank")
-              else torch.device(getattr(sm, "DEVICE", "cpu")))
+    device = harness.symmetric_memory_device(sm)
     if device.type != "cpu":
         pytest.skip(f"a rule of the CPU kernels; this run's symmetric memory is on "
                     f"{device.type}")
@@ -78,11 +77,7 @@ def _setup(spec: str, *attrs: str):
         sm.set_default_timeout(CASE_TIMEOUT_MS)
     group = dist.group.WORLD.group_name
     sm.enable_symm_mem_for_group(group)
-    if hasattr(sm, "device_for_rank"):
-        device = sm.device_for_rank(dist.get_rank())
-    else:
-        device = torch.device(sm.DEVICE)
-    return sm, group, device
+    return sm, group, harness.symmetric_memory_device(sm, dist.get_rank())
 
 
 def _rank_input(rank: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
@@ -927,8 +922,7 @@ def test_pointwise_steps_are_bitwise_the_aten_ops_on_every_rank(backend):
     epilogue, each step rounded to the dtype, on every rank."""
     sm = backend.require(CONCEPT, "empty", "ops", "pointwise_steps", "rendezvous")
     world = 3
-    device = (sm.device_for_rank(0) if hasattr(sm, "device_for_rank")
-              else torch.device(getattr(sm, "DEVICE", "cpu")))
+    device = harness.symmetric_memory_device(sm)
     results = run(backend, _pointwise, world)
     for dtype_name in POINTWISE_DTYPES:
         inputs = [_pointwise_input(r, dtype_name) for r in range(world)]

@@ -32,9 +32,7 @@ REDUCE_OPS = ["sum", "avg", "max", "min"]
 
 def _require_cuda(backend, *attrs):
     sm = backend.require(CONCEPT, *attrs)
-    device = (sm.device_for_rank(0) if hasattr(sm, "device_for_rank")
-              else torch.device(getattr(sm, "DEVICE", "cpu")))
-    if device.type != "cuda":
+    if harness.symmetric_memory_device(sm).type != "cuda":
         pytest.skip("a rule of the CUDA backend: run on a GPU with --device cuda "
                     "(refimpl) or --backend torch")
 

@@ -242,8 +242,9 @@ __global__ void __launch_bounds__(1) wait_signal_kernel(char *my_pad, int src, i
 // visits peer (rank + t + 1) % world, so that ranks do not all start with rank 0 (the CPU's
 // order). A failure is reported for the first late peer in that order; a failed put skips
 // the waits, as on the CPU. `deadline`: 0 skips the barrier (the same on every thread).
-__device__ __noinline__ void barrier_block(const Pointers &pads, int rank, int world, int channel,
-                              OpState *state, Report *report, unsigned long long deadline) {
+__device__ __noinline__ void barrier_block(const Pointers &pads, int rank, int world,
+                                           int channel, OpState *state, Report *report,
+                                           unsigned long long deadline) {
   __shared__ int first_late_put, first_late_wait;
   if (deadline == 0) return;
   if (threadIdx.x == 0) {
@@ -281,8 +282,8 @@ __device__ unsigned long long barrier_deadline(OpState *state, Report *report,
 
 // One block of BARRIER_THREADS threads: one barrier of an op (`which`: BARRIER_*).
 __global__ void __launch_bounds__(BARRIER_THREADS) barrier_kernel(
-    const __grid_constant__ Pointers pads, int rank, int world, int channel, OpState *state, Report *report,
-    long long timeout_ns, int which) {
+    const __grid_constant__ Pointers pads, int rank, int world, int channel, OpState *state,
+    Report *report, long long timeout_ns, int which) {
   __shared__ unsigned long long deadline;
   if (threadIdx.x == 0) deadline = barrier_deadline(state, report, timeout_ns, which);
   __syncthreads();
@@ -606,7 +607,8 @@ __device__ __noinline__ void one_shot_entry(const OneShot &c) {
 }
 
 template <class D, int OP>
-__global__ void __launch_bounds__(THREADS) one_shot_kernel(const __grid_constant__ OneShot c) {
+__global__ void __launch_bounds__(THREADS)
+    one_shot_kernel(const __grid_constant__ OneShot c) {
   __shared__ unsigned int ticket;
   __shared__ int goes_on, last;
   if (threadIdx.x == 0) ticket = atomicAdd(&c.state->arrived, 1u);
@@ -874,20 +876,33 @@ int with_types(int dtype, int op, F &&f) {
   }
 }
 
-// Reduce `numel` elements at srcs.p[r] (r < world) into `out`: 16-byte vectors when every
-// pointer is 16-byte aligned (ranks share the offset; `out` is the caller's), else scalars.
-int launch_reduce(Context *ctx, cudaStream_t stream, int dtype, int op, const Pointers &srcs,
-                  char *out, int64_t numel) {
-  if (numel == 0) return RSM_OK;
+// Whether every rank's source and `out` are 16-byte aligned (ranks share the offset; `out`
+// is the caller's): the reductions then go by 16-byte vectors, else by scalars.
+bool all_aligned(const Context *ctx, const Pointers &srcs, const char *out) {
   bool aligned = (reinterpret_cast<uintptr_t>(out) & 15) == 0;
   for (int r = 0; r < ctx->world; r++)
     aligned = aligned && (reinterpret_cast<uintptr_t>(srcs.p[r]) & 15) == 0;
+  return aligned;
+}
+
+// The blocks a reduction of `numel` elements of D needs: one thread per 16-byte vector
+// (and per element of the tail) when vectorized, per element otherwise.
+template <class D>
+int reduce_blocks(const Context *ctx, int64_t numel, bool vectorized) {
+  constexpr int N = 16 / sizeof(typename D::S);
+  return blocks_for(ctx, vectorized ? numel / N + numel % N : numel);
+}
+
+// Reduce `numel` elements at srcs.p[r] (r < world) into `out`.
+int launch_reduce(Context *ctx, cudaStream_t stream, int dtype, int op, const Pointers &srcs,
+                  char *out, int64_t numel) {
+  if (numel == 0) return RSM_OK;
+  const bool aligned = all_aligned(ctx, srcs, out);
   return with_types(dtype, op, [&](auto d, auto op_tag) {
     using D = decltype(d);
-    constexpr int N = 16 / sizeof(typename D::S);
-    const int64_t units = aligned ? numel / N + numel % N : numel;
-    reduce_kernel<D, decltype(op_tag)::value><<<blocks_for(ctx, units), THREADS, 0, stream>>>(
-        srcs, ctx->world, out, numel, aligned ? 1 : 0, ctx->state);
+    reduce_kernel<D, decltype(op_tag)::value>
+        <<<reduce_blocks<D>(ctx, numel, aligned), THREADS, 0, stream>>>(
+            srcs, ctx->world, out, numel, aligned ? 1 : 0, ctx->state);
   });
 }
 
@@ -896,11 +911,8 @@ void launch_one_shot(Context *ctx, cudaStream_t stream, int channel, long long t
                      int64_t offset, int64_t numel, int dtype, int op, char *out) {
   OneShot c = {};
   c.pads = ctx->pads;
-  bool aligned = (reinterpret_cast<uintptr_t>(out) & 15) == 0;
-  for (int r = 0; r < ctx->world; r++) {
-    c.srcs.p[r] = ctx->bufs.p[r] + offset;
-    aligned = aligned && (reinterpret_cast<uintptr_t>(c.srcs.p[r]) & 15) == 0;
-  }
+  for (int r = 0; r < ctx->world; r++) c.srcs.p[r] = ctx->bufs.p[r] + offset;
+  const bool aligned = all_aligned(ctx, c.srcs, out);
   c.out = out;
   c.numel = numel;
   c.offset = offset;
@@ -914,9 +926,8 @@ void launch_one_shot(Context *ctx, cudaStream_t stream, int channel, long long t
   c.report = ctx->report_device;
   with_types(dtype, op, [&](auto d, auto op_tag) {
     using D = decltype(d);
-    constexpr int N = 16 / sizeof(typename D::S);
-    const int64_t units = aligned ? numel / N + numel % N : numel;
-    one_shot_kernel<D, decltype(op_tag)::value><<<blocks_for(ctx, units), THREADS, 0, stream>>>(c);
+    one_shot_kernel<D, decltype(op_tag)::value>
+        <<<reduce_blocks<D>(ctx, numel, aligned), THREADS, 0, stream>>>(c);
   });
 }
 
