@@ -199,7 +199,8 @@ def _judge_the_bug(cases: list[dict]) -> None:
         any(not MAX_CASE.search(c["id"]) for c in ran)
     wrong = [(c["id"], c["outcome"]) for c in ran
              if (c["outcome"] == "failed") != bool(MAX_CASE.search(c["id"]))]
-    assert not wrong, wrong
+    reasons = {c["id"]: (c["reason"] or "")[:1500] for c in ran}
+    assert not wrong, [(case, outcome, reasons[case]) for case, outcome in wrong]
     assert all(NEEDS_MORE.match(c["reason"]) for c in cases if c["outcome"] == "skipped")
 
 
