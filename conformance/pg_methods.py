@@ -64,13 +64,13 @@ def _input(global_rank: int, n: int) -> torch.Tensor:
     return torch.arange(4.0 * n) + 10 * global_rank  # whole numbers: every sum exact
 
 
-def methods_reached(spec: str, ops_to_run: list[str]) -> dict | None:
+def methods_reached(spec: str, ops_to_run: list[str], kind: str = "no_backend") -> dict | None:
     """op -> (methods reached in order, the error if it failed or None, values right,
     the dtypes of each call's first argument); None on a rank outside the recording
-    group."""
+    group. `kind`: which recording group (recording_process_group.KINDS)."""
     ops = funcol_api(spec).ops
     members = _members(dist.get_world_size())
-    group = dist.new_group(members, backend=register())
+    group = dist.new_group(members, backend=register(kind))
     if dist.get_rank() not in members:
         return None
     n, me = len(members), members.index(dist.get_rank())

@@ -1,5 +1,5 @@
 """A process group written in Python that records which of its methods each collective
-reaches (SPEC FC-50): what a vendor's or a library's Python process group (torchft's,
+reaches (SPEC FC-34, FC-50, FC-51): what a vendor's or a library's Python process group (torchft's,
 say) must implement for the functional collectives to work over it.
 
 `RecordingProcessGroup` subclasses `torch.distributed.ProcessGroup` and registers no
@@ -74,12 +74,58 @@ for _method, _arity in METHODS.items():
     setattr(RecordingProcessGroup, _method, _recorded(_method, _arity))
 
 
+class RecordingProcessGroupWithBackend(RecordingProcessGroup):
+    """The same group with a gloo backend registered for the CPU, as a vendor's group that
+    overrides some methods and leaves the others to c10d's base class has: its overrides
+    must still be the ones reached (FC-34, FC-51)."""
+
+    def __init__(self, store, rank: int, size: int, timeout):
+        super().__init__(store, rank, size, timeout)
+        backend = dist.ProcessGroupGloo(dist.PrefixStore("registered/", store), rank, size,
+                                        timeout)
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
+                               backend)
+        # torch 2.15 attaches its flight recorder to a group with a device backend, which
+        # reads the group's default backend.
+        self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+
+
+class PartlyRecordingProcessGroup(RecordingProcessGroupWithBackend):
+    """The group with a backend that overrides half of the methods, leaving the others
+    (LEFT_TO_THE_BACKEND) to c10d's base class: those must be served by its backend, the
+    others by its overrides (FC-51)."""
+
+
+LEFT_TO_THE_BACKEND = ("allreduce", "allgather_into_tensor_coalesced", "alltoall_base")
+for _method in LEFT_TO_THE_BACKEND:
+    setattr(PartlyRecordingProcessGroup, _method, getattr(dist.ProcessGroup, _method))
+
+NAME_WITH_BACKEND = "refimpl_recording_with_backend"
+NAME_PARTLY = "refimpl_recording_partly"
+
+
 def _create(store, rank, size, timeout):
     return RecordingProcessGroup(store, rank, size, timeout)
 
 
-def register() -> str:
-    """Register the backend (once per process) and return its name."""
-    if NAME not in dist.Backend.backend_list:
-        dist.Backend.register_backend(NAME, _create, devices=["cpu"])
-    return NAME
+def _create_with_backend(store, rank, size, timeout):
+    return RecordingProcessGroupWithBackend(store, rank, size, timeout)
+
+
+def _create_partly(store, rank, size, timeout):
+    return PartlyRecordingProcessGroup(store, rank, size, timeout)
+
+
+# What `register` is told -> the backend's name and its creator.
+KINDS = {"no_backend": (NAME, _create),
+         "every_method_overridden": (NAME_WITH_BACKEND, _create_with_backend),
+         "half_overridden": (NAME_PARTLY, _create_partly)}
+
+
+def register(kind: str = "no_backend") -> str:
+    """Register the group of `kind` (a key of KINDS: whether it registers gloo for the
+    CPU, and which methods it overrides) once per process and return its name."""
+    name, create = KINDS[kind]
+    if name not in dist.Backend.backend_list:
+        dist.Backend.register_backend(name, create, devices=["cpu"])
+    return name

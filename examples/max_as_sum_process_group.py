@@ -12,6 +12,11 @@ rules whose values that changes (all_reduce with `max`), naming them, and passes
 (a coalesced all-reduce reaches the group's `allreduce_coalesced`, SPEC FC-34, which this
 group leaves to gloo: its `max` cases pass).
 
+A method the group leaves to c10d's base class, refimpl serves from the gloo backend the
+group registered (SPEC FC-51): through the group's own method, c10d's trampoline keeps the
+GIL into gloo's queue lock and the ranks deadlock now and then (upstream finding 18,
+torch 2.11 to 2.15), so upstream's kernels hang on this group where refimpl's do not.
+
 How it plugs in (torch.distributed's extension point for third-party backends):
 `Backend.register_backend(name, create)` makes `name` a backend `init_process_group` and
 `new_group` accept; `create(store, rank, size, timeout)` returns the group. The group is a

@@ -16,7 +16,9 @@ with its peers before communicating (FC-28); a peer that fails during a wait is 
 (FC-29). Coalesced forms are lists of single ops (FC-26). Autograd formulas pair
 all_gather with reduce_scatter (FC-23..FC-25, FC-32); no graph pass may drop an op (FC-33).
 Lowered programs wait with `wait_tensor_`, in place (FC-35); an in-flight collective keeps
-its inputs referenced until it is waited (FC-36).
+its inputs referenced until it is waited (FC-36). A group written in Python that leaves
+a method to c10d's base class is served by the backend it registered, as c10d's method
+serves it, without the GIL c10d's trampoline holds (FC-51).
 
 Each op has one block below: its schema, its checks, its eager kernel, its fake kernel,
 its autograd formula and its Python API, in that order.
@@ -24,7 +26,7 @@ its autograd formula and its Python API, in that order.
 torch 2.15's names (`all_gather_single`, ..., `wait_tensors`) sit beside the older ones
 (FC-37).
 
-Implements SPEC.md section "Functional collectives": FC-1 .. FC-50.
+Implements SPEC.md section "Functional collectives": FC-1 .. FC-51.
 """
 
 from __future__ import annotations
@@ -542,6 +544,60 @@ def _real_views(tensors) -> list:
     return [torch.view_as_real(t) if t.is_complex() else t for t in tensors]
 
 
+# ---- A group written in Python that leaves a method to its backend (FC-51) -----------
+# c10d's trampoline for a ProcessGroup subclassed in Python takes the GIL to look for the
+# subclass's override and, finding none, keeps it through c10d's own method down into the
+# backend's queue lock. gloo's worker drops each finished work while it holds that lock;
+# dropping the last reference to a tensor whose Python object is gone takes the GIL: each
+# then waits for the other, for ever (upstream finding 18; torch 2.11 to 2.15). c10d's own
+# method hands the call to the backend the group registered for the tensors' device; so
+# does refimpl, through the backend's binding, which lets the GIL go.
+# The names under which c10d looks for a subclass's override of each method (the new
+# name first, since torch 2.13).
+_OVERRIDE_NAMES = {
+    "allreduce": ("allreduce",),
+    "allreduce_coalesced": ("allreduce_coalesced",),
+    "allgather_into_tensor_coalesced": ("all_gather_single_coalesced",
+                                        "allgather_into_tensor_coalesced"),
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter_single_coalesced",
+                                        "reduce_scatter_tensor_coalesced"),
+    "alltoall_base": ("all_to_all_single", "alltoall_base"),
+    "broadcast": ("broadcast",),
+}
+
+
+def _backend_serving(pg, method: str, device: torch.device):
+    """The backend that serves `pg.<method>` on `device` when `pg` is written in Python and
+    leaves `method` to c10d's base class (FC-51); None when the group's own method must be
+    called: a group c10d made, an override, or no backend registered for `device` (the
+    method then raises c10d's own error)."""
+    if type(pg) is dist.ProcessGroup:
+        return None
+    base, cls = dist.ProcessGroup, type(pg)
+    if any(getattr(cls, name, None) is not getattr(base, name, None)
+           for name in _OVERRIDE_NAMES[method]):
+        return None
+    try:
+        return pg._get_backend(device)
+    except RuntimeError:
+        return None
+
+
+class _Works:
+    """The works of one op call that a backend serves one member at a time (FC-51),
+    waited in order."""
+
+    __slots__ = ("works",)
+
+    def __init__(self, works):
+        self.works = works
+
+    def wait(self) -> bool:
+        for work in self.works:
+            work.wait()
+        return True
+
+
 def _wait_and_clear(key: int, version: int | None = None) -> None:
     """Wait every work registered under storage `key` (only the one of `version`, for a
     finalizer), in the order they started."""
@@ -911,8 +967,17 @@ def _check_all_reduce(tensor, reduce_op, group_name):
 def _start_all_reduce(what, tensor, op, pg, group_name):
     """All-reduce `tensor` (contiguous, owned) in place; avg divides the sum (FC-18)."""
     finish = (lambda: tensor.div_(pg.size())) if op == "avg" else None
-    return _start(what, group_name, tensor, lambda: dist.all_reduce(
-        tensor, op=_REDUCE_OPS[op], group=pg, async_op=True), finish)
+    backend = _backend_serving(pg, "allreduce", tensor.device)
+    if backend is None:
+        return _start(what, group_name, tensor, lambda: dist.all_reduce(
+            tensor, op=_REDUCE_OPS[op], group=pg, async_op=True), finish)
+    if tensor.is_complex() and not c10d.supports_complex(_REDUCE_OPS[op]):
+        # torch.distributed's own refusal, which the backend's call would skip.
+        raise ValueError(f"all_reduce does not support {_REDUCE_OPS[op]} on complex tensors")
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = _REDUCE_OPS[op]
+    return _start(what, group_name, tensor, lambda: backend.allreduce(
+        _real_views([tensor]), opts), finish)
 
 
 def _start_all_reduce_coalesced(what, tensors, op, pg, group_name):
@@ -927,8 +992,9 @@ def _start_all_reduce_coalesced(what, tensors, op, pg, group_name):
     for members in by_dtype.values():
         finishes = [(lambda t=t: t.div_(pg.size())) if op == "avg" else None
                     for t in members]
-        _start_together(what, group_name, members, lambda members=members:
-                        pg.allreduce_coalesced(_real_views(members), opts), finishes)
+        serves = _backend_serving(pg, "allreduce_coalesced", members[0].device) or pg
+        _start_together(what, group_name, members, lambda members=members, serves=serves:
+                        serves.allreduce_coalesced(_real_views(members), opts), finishes)
     return tensors
 
 
@@ -1096,6 +1162,12 @@ def _start_all_gather(what, tensors, outs, pg, group_name) -> list:
     """Gather every tensor of `tensors` into its `outs` through the group's
     `allgather_into_tensor_coalesced`, one call for them all (FC-34, FC-50)."""
     ins = [t.contiguous() for t in tensors]
+    backend = _backend_serving(pg, "allgather_into_tensor_coalesced", outs[0].device)
+    if backend is not None:  # its binding has no coalesced gather: one call per member
+        return _start_together(what, group_name, outs, lambda: _Works([
+            backend._allgather_base(o, i, c10d.AllgatherOptions())
+            for o, i in zip(_real_views(outs), _real_views(ins), strict=True)]),
+            reads=[(t,) for t in tensors])
     # The options are passed, as upstream's kernel does: a Python group may require them.
     return _start_together(what, group_name, outs, lambda: pg.allgather_into_tensor_coalesced(
         _real_views(outs), _real_views(ins), c10d.AllgatherOptions()),
@@ -1218,6 +1290,11 @@ def _start_reduce_scatter(what, tensors, op, shapes, pg, group_name) -> list:
     opts.reduceOp = _REDUCE_OPS[op]
     finishes = [(lambda out=out: out.div_(pg.size())) if op == "avg" else None
                 for out in outs]
+    backend = _backend_serving(pg, "reduce_scatter_tensor_coalesced", outs[0].device)
+    if backend is not None:  # its binding has no coalesced scatter: one call per member
+        return _start_together(what, group_name, outs, lambda: _Works([
+            backend._reduce_scatter_base(o, i, opts) for o, i in zip(outs, ins, strict=True)]),
+            finishes, reads=[(t,) for t in tensors])
     return _start_together(what, group_name, outs, lambda: pg.reduce_scatter_tensor_coalesced(
         outs, ins, opts), finishes, reads=[(t,) for t in tensors])
 
@@ -1357,6 +1434,11 @@ def _all_to_all_single(tensor, output_split_sizes, input_split_sizes, group_name
     _agree("all_to_all_single", pg, group_name, shapes=[list(tensor.shape[1:])],
            dtypes=_dtypes([tensor]), input_split_sizes=ins, output_split_sizes=outs)
     out = tensor.new_empty([rows, *tensor.shape[1:]])
+    backend = _backend_serving(pg, "alltoall_base", tensor.device)
+    if backend is not None:
+        return _start("all_to_all_single", group_name, out, lambda: backend.alltoall_base(
+            *_real_views([out, tensor.contiguous()]), outs, ins, c10d.AllToAllOptions()),
+            reads=(tensor,))
     return _start("all_to_all_single", group_name, out, lambda: dist.all_to_all_single(
         out, tensor.contiguous(), outs, ins, group=pg, async_op=True), reads=(tensor,))
 
@@ -1429,6 +1511,12 @@ def _check_broadcast(tensor, src, group_name):
 
 
 def _start_broadcast(what, tensor, src, pg, group_name):
+    backend = _backend_serving(pg, "broadcast", tensor.device)
+    if backend is not None:
+        opts = c10d.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = src, 0
+        return _start(what, group_name, tensor, lambda: backend.broadcast(
+            _real_views([tensor]), opts))
     return _start(what, group_name, tensor, lambda: dist.broadcast(
         tensor, group=pg, group_src=src, async_op=True))
 

@@ -469,6 +469,57 @@ FC = [
            "_allgather_base: torchft's groups fail there",
            catch="test_each_op_reaches_its_process_group_through_its_method"
                  "[all_gather_into_tensor-2]"),
+    Mutant("backend_broadcast_root_by_global_rank", "FC-51", F,
+           "        opts.rootRank, opts.rootTensor = src, 0\n",
+           "        opts.rootRank, opts.rootTensor = dist.get_global_rank(pg, src), 0\n",
+           "the registered backend's broadcast told the root's global rank (as "
+           "torch.distributed's src= takes it): on a subgroup, another rank or none",
+           catch="test_ops_complete_on_a_python_group_that_leaves_them_to_its_backend"),
+    Mutant("python_group_through_its_own_methods", "FC-51", F,
+           "    if type(pg) is dist.ProcessGroup:\n        return None\n",
+           "    if isinstance(pg, dist.ProcessGroup):\n        return None\n",
+           "a group c10d made told from a Python one by isinstance, which every subclass "
+           "passes: the group's own methods, through the trampoline, deadlock",
+           catch="test_ops_complete_on_a_python_group_that_leaves_them_to_its_backend"),
+    Mutant("override_sought_under_the_new_name_only", "FC-51", F,
+           "           for name in _OVERRIDE_NAMES[method]):\n",
+           "           for name in _OVERRIDE_NAMES[method][:1]):\n",
+           "an override looked for under torch 2.13's new name only: a group overriding the "
+           "older name (torchft's, the recording group) is served from its backend instead",
+           catch="test_an_override_wins_over_the_backend_its_group_registered"
+                 "[every_method_overridden-all_gather_into_tensor]"),
+    Mutant("coalesced_gather_from_the_backend_for_the_first_member", "FC-51", F,
+           "            for o, i in zip(_real_views(outs), _real_views(ins), strict=True)]),\n",
+           "            for o, i in zip(_real_views(outs)[:1], _real_views(ins)[:1], "
+           "strict=True)]),\n",
+           "the registered backend's gather called for the first member only, as if the op "
+           "had one pair",
+           catch="test_ops_complete_on_a_python_group_that_leaves_them_to_its_backend"),
+    Mutant("reduce_scatter_backend_drops_reduce_op", "FC-51", F,
+           "backend._reduce_scatter_base(o, i, opts)",
+           "backend._reduce_scatter_base(o, i, dist.ReduceScatterOptions())",
+           "(red team, blind) fresh options for the backend's scatter instead of the ones "
+           "carrying the reduce op: min, max and product sum there",
+           catch="test_ops_complete_on_a_python_group_that_leaves_them_to_its_backend"),
+    Mutant("all_reduce_backend_path_skips_avg_finish", "FC-51", F,
+           "_real_views([tensor]), opts), finish)",
+           "_real_views([tensor]), opts))",
+           "(red team, blind) the backend's all_reduce registered without avg's divide: "
+           "the sum comes back there",
+           catch="test_ops_complete_on_a_python_group_that_leaves_them_to_its_backend"),
+    Mutant("coalesced_all_reduce_checks_allreduce_override", "FC-51", F,
+           '_backend_serving(pg, "allreduce_coalesced", members[0].device)',
+           '_backend_serving(pg, "allreduce", members[0].device)',
+           "(red team, blind) all_reduce_coalesced looks for an override of allreduce: a "
+           "group overriding allreduce_coalesced alone is served from its backend",
+           catch="test_an_override_wins_over_the_backend_its_group_registered"
+                 "[half_overridden-all_reduce_coalesced]"),
+    Mutant("all_gather_backend_path_skips_real_views", "FC-51", F,
+           'for o, i in zip(_real_views(outs), _real_views(ins), strict=True)]),',
+           'for o, i in zip(outs, ins, strict=True)]),',
+           "(red team, blind) the backend's gather given complex tensors as they are, not "
+           "as their real views",
+           catch="test_ops_complete_on_a_python_group_that_leaves_them_to_its_backend"),
     Mutant("all_gather_without_its_options", "FC-34", F,
            "        _real_views(outs), _real_views(ins), c10d.AllgatherOptions()),\n",
            "        _real_views(outs), _real_views(ins)),\n",
@@ -3272,7 +3323,7 @@ MUTANTS: list[Mutant] = [m for section in section_lists().values() for m in sect
 # quick catching case, where the rule has such a mutant), then fixed: a new rule's first
 # mutant joins it (a test checks every rule is here).
 FIRST_TIER: frozenset[str] = frozenset({
-    "reorder_wants_a_value_of_a_subgraph",
+    "reorder_wants_a_value_of_a_subgraph", "backend_broadcast_root_by_global_rank",
     "fake_empty_splits_read_as_no_rows", "reduce_scatter_avg_grad_divides_by_world",
     "one_byte_dtypes_not_viewed_back",
     "cast_to_an_integer_absorbed", "absorbed_casts_concatenated_as_the_first_source",

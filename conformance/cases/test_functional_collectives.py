@@ -1269,6 +1269,131 @@ def test_each_op_reaches_its_process_group_through_its_method(backend, world, op
         assert values_right, f"{where}: wrong values"
 
 
+@pytest.mark.parametrize("op", [pytest.param(op, marks=pytest.mark.spec(*METHOD_RULES.get(
+    op, ["FC-34"]), "FC-51")) for op in METHODS_REACHED])
+@pytest.mark.parametrize("kind", ["every_method_overridden", "half_overridden"])
+def test_an_override_wins_over_the_backend_its_group_registered(backend, kind, op):
+    """The recording group of the case above, on the subgroup [1, 2] of 3 ranks, with a
+    gloo backend registered for the CPU besides its overrides (of every method, or of half
+    of them): each op reaches exactly its methods that the group overrides, the others
+    are served by the backend (FC-51), with the right values."""
+    from conformance.recording_process_group import LEFT_TO_THE_BACKEND
+
+    backend.require("functional_collectives")
+    left = LEFT_TO_THE_BACKEND if kind == "half_overridden" else ()
+    want = [m for m in METHODS_REACHED[op] if m not in left]
+    for rank, found in enumerate(run(backend, pg_methods.methods_reached, 3, [op], kind)):
+        if found is None:
+            continue  # not a member of the recording group
+        calls, error, values_right, _ = found[op]
+        where = f"rank {rank}, {kind}: {op}"
+        assert error is None, f"{where} failed: {error}"
+        assert calls == want, f"{where} reached {calls}"
+        assert values_right, f"{where}: wrong values"
+
+
+# ---- FC-51: a group written in Python that leaves its methods to its backend ---------
+BACKEND_ONLY_ROUNDS = 150  # the trampoline deadlocked 4 ranks within 200 rounds of 3 ops
+BACKEND_ONLY_DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.int64]
+# Five reductions against four dtypes: every pair meets within 20 rounds. avg on an
+# integer dtype is refused (FC-17): those rounds take sum.
+BACKEND_ONLY_REDUCTIONS = ["sum", "avg", "min", "max", "product"]
+
+
+def _backend_only_round(fc, group, members, rank, i):
+    """One round of every op on `group`, each result waited and let go at once (as a
+    program does); the values of this rank's results against the oracle's. The dtype and
+    the reduction change from round to round; complex tensors take every op that reads
+    them as real views."""
+    dtype = BACKEND_ONLY_DTYPES[i % len(BACKEND_ONLY_DTYPES)]
+    op = BACKEND_ONLY_REDUCTIONS[i % len(BACKEND_ONLY_REDUCTIONS)]
+    op = "sum" if op == "avg" and not dtype.is_floating_point else op
+    n, me = len(members), members.index(rank)
+    xs = [oracle.rank_input(r, (2 * n, 3), dtype, salt=i) for r in members]
+    ys = [x * 2 for x in xs]
+    x, y = xs[me], ys[me]
+    zs = [oracle.rank_input(r, (2 * n,), torch.complex64, salt=i) for r in members]
+    got = {
+        f"all_reduce {op}": waited(fc.all_reduce(x, op, group)),
+        "all_reduce of a 0-d tensor": waited(fc.all_reduce(x[0, 0], "sum", group)),
+        "all_reduce of complex64": waited(fc.all_reduce(zs[me], "sum", group)),
+        f"all_reduce_coalesced {op}": [waited(t) for t in fc.all_reduce_coalesced(
+            [x, y], op, group)],
+        "all_gather_tensor": waited(fc.all_gather_tensor(x, 0, group)),
+        "all_gather_tensor of complex64": waited(fc.all_gather_tensor(zs[me], 0, group)),
+        "all_gather_into_tensor_coalesced": [waited(t) for t in
+                                             fc.all_gather_into_tensor_coalesced([x, y], group)],
+        f"reduce_scatter_tensor {op}": waited(fc.reduce_scatter_tensor(x, op, 0, group)),
+        f"reduce_scatter_tensor_coalesced {op}": [waited(t) for t in
+                                                  fc.reduce_scatter_tensor_coalesced(
+                                                      [x, y], op, [0, 0], group)],
+        "all_to_all_single": waited(fc.all_to_all_single(x, None, None, group)),
+        "all_to_all_single of complex64": waited(fc.all_to_all_single(zs[me], None, None,
+                                                                      group)),
+        "broadcast": waited(fc.broadcast(x, n - 1, group)),
+        "broadcast of complex64": waited(fc.broadcast(zs[me], 1, group)),
+    }
+    want = {
+        f"all_reduce {op}": oracle.reduce(xs, op),
+        "all_reduce of a 0-d tensor": oracle.reduce([t[0, 0] for t in xs], "sum"),
+        "all_reduce of complex64": torch.stack(zs).sum(0),
+        f"all_reduce_coalesced {op}": [oracle.reduce(xs, op), oracle.reduce(ys, op)],
+        "all_gather_tensor": oracle.all_gather(xs),
+        "all_gather_tensor of complex64": oracle.all_gather(zs),
+        "all_gather_into_tensor_coalesced": [oracle.all_gather(xs), oracle.all_gather(ys)],
+        f"reduce_scatter_tensor {op}": oracle.reduce_scatter(xs, op, me),
+        f"reduce_scatter_tensor_coalesced {op}": [oracle.reduce_scatter(xs, op, me),
+                                                  oracle.reduce_scatter(ys, op, me)],
+        "all_to_all_single": oracle.all_to_all_single(xs, me),
+        "all_to_all_single of complex64": oracle.all_to_all_single(zs, me),
+        "broadcast": xs[n - 1],
+        "broadcast of complex64": zs[1],
+    }
+    return [f"round {i} ({dtype}): {name}" for name in got
+            if not _same_values(got[name], want[name])]
+
+
+def _same_values(got, want) -> bool:
+    if isinstance(want, list):
+        return len(got) == len(want) and all(map(_same_values, got, want))
+    return got.dtype == want.dtype and torch.equal(got, want)
+
+
+def _ops_on_a_backend_only_group(spec, members):
+    """Every op, BACKEND_ONLY_ROUNDS times, on a group of `members` written in Python that
+    leaves every collective to the gloo backend it registered (FC-51); this rank's wrong
+    values (None off the group)."""
+    from conformance import backend_process_group
+
+    fc = funcol_api(spec)
+    group = dist.new_group(members, backend=backend_process_group.register())
+    rank = dist.get_rank()
+    if rank not in members:
+        return None
+    wrong = []
+    for i in range(BACKEND_ONLY_ROUNDS):
+        wrong += _backend_only_round(fc, group, members, rank, i)
+    dist.destroy_process_group(group)
+    return wrong
+
+
+@pytest.mark.spec("FC-51")
+def test_ops_complete_on_a_python_group_that_leaves_them_to_its_backend(backend):
+    """A group written in Python that overrides no collective and registers gloo for the
+    CPU (conformance/backend_process_group.py), on the subgroup [1, 2, 3] of 4 ranks (group
+    ranks are not global ranks): every op, single and coalesced, over four dtype families,
+    complex and 0-d tensors, 150 rounds, right on every member. Through the group's own
+    methods (c10d's trampoline) the ranks deadlock within a few hundred collectives: the
+    run then ends in the harness's timeout, naming the ranks that hung."""
+    backend.require("functional_collectives")
+    members = [1, 2, 3]
+    results = run(backend, _ops_on_a_backend_only_group, 4, members, restart_after=True,
+                  tensors_on_the_cpu=True, timeout=60)
+    assert results[0] is None
+    for rank in members:
+        assert results[rank] == [], f"rank {rank}: wrong values: {results[rank][:10]}"
+
+
 # ---- FC-3, FC-12: traced graphs --------------------------------------------------------
 def program(fc, x, group):
     a = fc.all_reduce(x, "sum", group)

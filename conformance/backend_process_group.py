@@ -1,0 +1,55 @@
+"""A process group written in Python that leaves every collective to the gloo backend it
+registers for the CPU (SPEC FC-51): the shape of a vendor's group that changes one method
+and lets c10d's base class serve the rest, as examples/max_as_sum_process_group.py does.
+
+`BackendProcessGroup` subclasses `torch.distributed.ProcessGroup`, overrides no
+collective and registers a gloo backend for the CPU device, so c10d's base class serves
+every collective from it. Through c10d's own methods, such a group deadlocks its ranks
+within a few hundred collectives on torch 2.11 to 2.15 (upstream finding 18): the case
+that uses it runs enough of them to meet that.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+NAME = "refimpl_backend_only"
+
+
+class BackendProcessGroup(dist.ProcessGroup):
+    def __init__(self, store, rank: int, size: int, timeout):
+        super().__init__(rank, size)
+        self.gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
+                               self.gloo)
+        # The group's own name and torch 2.15's flight recorder read its default backend.
+        self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+
+    def size(self) -> int:
+        return self.gloo.size()
+
+    def rank(self) -> int:
+        return self.gloo.rank()
+
+    def getBackendName(self) -> str:
+        return NAME
+
+    @property
+    def group_name(self) -> str:
+        # A Python group's name is the one c10d registered it under (kept: c10d reads it
+        # again while it destroys the group, after it dropped the entry).
+        if "_name" not in self.__dict__:
+            self._name = dist.distributed_c10d._world.pg_names[self]
+        return self._name
+
+
+def _create(store, rank, size, timeout):
+    return BackendProcessGroup(store, rank, size, timeout)
+
+
+def register() -> str:
+    """Register the backend (once per process) and return its name."""
+    if NAME not in dist.Backend.backend_list:
+        dist.Backend.register_backend(NAME, _create, devices=["cpu"])
+    return NAME
