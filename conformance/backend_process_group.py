@@ -17,14 +17,11 @@ import torch.distributed as dist
 NAME = "refimpl_backend_only"
 
 
-class BackendProcessGroup(dist.ProcessGroup):
-    def __init__(self, store, rank: int, size: int, timeout):
-        super().__init__(rank, size)
-        self.gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
-        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
-                               self.gloo)
-        # The group's own name and torch 2.15's flight recorder read its default backend.
-        self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+class PythonGroup(dist.ProcessGroup):
+    """What every process group written in Python here has: its rank and size are its
+    delegate's (`self.gloo`), its name the one c10d registered it under."""
+
+    backend_name = NAME
 
     def size(self) -> int:
         return self.gloo.size()
@@ -33,15 +30,25 @@ class BackendProcessGroup(dist.ProcessGroup):
         return self.gloo.rank()
 
     def getBackendName(self) -> str:
-        return NAME
+        return self.backend_name
 
     @property
     def group_name(self) -> str:
-        # A Python group's name is the one c10d registered it under (kept: c10d reads it
-        # again while it destroys the group, after it dropped the entry).
+        # Kept once read: c10d reads it again while it destroys the group, after it
+        # dropped the entry.
         if "_name" not in self.__dict__:
             self._name = dist.distributed_c10d._world.pg_names[self]
         return self._name
+
+
+class BackendProcessGroup(PythonGroup):
+    def __init__(self, store, rank: int, size: int, timeout):
+        super().__init__(rank, size)
+        self.gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
+                               self.gloo)
+        # The group's own name and torch 2.15's flight recorder read its default backend.
+        self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
 
 
 def _create(store, rank, size, timeout):

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from conformance.backend_process_group import PythonGroup
+
 NAME = "refimpl_recording"
 # The methods of torch.distributed.ProcessGroup a collective may reach, and how many
 # arguments each takes, its options included: upstream's kernels always pass them, and a
@@ -26,7 +28,9 @@ METHODS = {"allreduce": 2, "allreduce_coalesced": 2, "allgather": 3,
            "alltoall_base": 5, "broadcast": 2, "barrier": 1, "send": 3, "recv": 3}
 
 
-class RecordingProcessGroup(dist.ProcessGroup):
+class RecordingProcessGroup(PythonGroup):
+    backend_name = NAME
+
     def __init__(self, store, rank: int, size: int, timeout):
         super().__init__(rank, size)
         # The delegate: a plain c10d group over gloo (it has every method above).
@@ -36,23 +40,6 @@ class RecordingProcessGroup(dist.ProcessGroup):
                                     dist.ProcessGroupGloo(store, rank, size, timeout))
         self.calls: list[str] = []
         self.dtypes: list[list[str]] = []  # per call: the dtypes of its first argument
-
-    def size(self) -> int:
-        return self.gloo.size()
-
-    def rank(self) -> int:
-        return self.gloo.rank()
-
-    def getBackendName(self) -> str:
-        return NAME
-
-    @property
-    def group_name(self) -> str:
-        # A Python group's name is the one c10d registered it under (kept: c10d reads it
-        # again while it destroys the group, after it dropped the entry).
-        if "_name" not in self.__dict__:
-            self._name = dist.distributed_c10d._world.pg_names[self]
-        return self._name
 
 
 def _recorded(method: str, arity: int):
