@@ -40,23 +40,23 @@ class PythonGroup(dist.ProcessGroup):
             self._name = dist.distributed_c10d._world.pg_names[self]
         return self._name
 
+    def serve_the_cpu_from(self, gloo: dist.ProcessGroupGloo) -> None:
+        """Register `gloo` as the backend c10d's base class serves the CPU from."""
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
+        # The group's own name and torch 2.15's flight recorder read its default backend.
+        self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+
 
 class BackendProcessGroup(PythonGroup):
     def __init__(self, store, rank: int, size: int, timeout):
         super().__init__(rank, size)
         self.gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
-        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
-                               self.gloo)
-        # The group's own name and torch 2.15's flight recorder read its default backend.
-        self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
-
-
-def _create(store, rank, size, timeout):
-    return BackendProcessGroup(store, rank, size, timeout)
+        self.serve_the_cpu_from(self.gloo)
 
 
 def register() -> str:
-    """Register the backend (once per process) and return its name."""
+    """Register the backend (once per process) and return its name. c10d calls the class
+    as the group's creator: `(store, rank, size, timeout)`."""
     if NAME not in dist.Backend.backend_list:
-        dist.Backend.register_backend(NAME, _create, devices=["cpu"])
+        dist.Backend.register_backend(NAME, BackendProcessGroup, devices=["cpu"])
     return NAME

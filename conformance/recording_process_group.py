@@ -68,13 +68,8 @@ class RecordingProcessGroupWithBackend(RecordingProcessGroup):
 
     def __init__(self, store, rank: int, size: int, timeout):
         super().__init__(store, rank, size, timeout)
-        backend = dist.ProcessGroupGloo(dist.PrefixStore("registered/", store), rank, size,
-                                        timeout)
-        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
-                               backend)
-        # torch 2.15 attaches its flight recorder to a group with a device backend, which
-        # reads the group's default backend.
-        self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+        self.serve_the_cpu_from(dist.ProcessGroupGloo(
+            dist.PrefixStore("registered/", store), rank, size, timeout))
 
 
 class PartlyRecordingProcessGroup(RecordingProcessGroupWithBackend):
@@ -91,22 +86,11 @@ NAME_WITH_BACKEND = "refimpl_recording_with_backend"
 NAME_PARTLY = "refimpl_recording_partly"
 
 
-def _create(store, rank, size, timeout):
-    return RecordingProcessGroup(store, rank, size, timeout)
-
-
-def _create_with_backend(store, rank, size, timeout):
-    return RecordingProcessGroupWithBackend(store, rank, size, timeout)
-
-
-def _create_partly(store, rank, size, timeout):
-    return PartlyRecordingProcessGroup(store, rank, size, timeout)
-
-
-# What `register` is told -> the backend's name and its creator.
-KINDS = {"no_backend": (NAME, _create),
-         "every_method_overridden": (NAME_WITH_BACKEND, _create_with_backend),
-         "half_overridden": (NAME_PARTLY, _create_partly)}
+# What `register` is told -> the backend's name and its group's class (c10d calls it as
+# the creator: `(store, rank, size, timeout)`).
+KINDS = {"no_backend": (NAME, RecordingProcessGroup),
+         "every_method_overridden": (NAME_WITH_BACKEND, RecordingProcessGroupWithBackend),
+         "half_overridden": (NAME_PARTLY, PartlyRecordingProcessGroup)}
 
 
 def register(kind: str = "no_backend") -> str:

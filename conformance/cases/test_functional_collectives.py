@@ -1349,14 +1349,13 @@ def _backend_only_round(fc, group, members, rank, i):
         "broadcast": xs[n - 1],
         "broadcast of complex64": zs[1],
     }
-    return [f"round {i} ({dtype}): {name}" for name in got
-            if not _same_values(got[name], want[name])]
-
-
-def _same_values(got, want) -> bool:
-    if isinstance(want, list):
-        return len(got) == len(want) and all(map(_same_values, got, want))
-    return got.dtype == want.dtype and torch.equal(got, want)
+    wrong = []
+    for name in got:
+        try:
+            funcol_cases.assert_same(got[name], want[name], f"round {i} ({dtype}): {name}")
+        except AssertionError as exc:
+            wrong.append(str(exc).splitlines()[0])
+    return wrong
 
 
 def _ops_on_a_backend_only_group(spec, members):
