@@ -106,6 +106,26 @@ def all_to_all(fc, x):
     return fc.all_to_all_single(x, None, None, WORLD)
 
 
+def point_to_point(fc, x, y):
+    """A ring over the world, as a pipeline stage exchanges activations: each rank sends to
+    the next and receives from the one before, alone (sends first) and in a batch
+    (receives first); every result waited."""
+    ops = fc.ops
+    if not hasattr(ops, "batch_p2p_ops"):
+        from conformance.backends import NotImplementedConcept
+
+        raise NotImplementedConcept(f"torch {torch.__version__} has no functional isend")
+    me, n = dist.get_rank(), dist.get_world_size()
+    after, before = (me + 1) % n, (me - 1) % n
+    sent = ops.isend(x * 2, after, 0, WORLD)
+    received = ops.irecv(torch.zeros_like(x), before, 0, WORLD)
+    batch = ops.batch_p2p_ops(["irecv", "isend"], [before, after], [1, 1],
+                              [torch.zeros_like(y), y + 1], WORLD)
+    ops.wait_tensor(sent)
+    ops.wait_tensor(batch[1])
+    return ops.wait_tensor(received) + 0, ops.wait_tensor(batch[0]) + 0
+
+
 def all_gather_coalesced(fc, x, y):
     return tuple(fc.all_gather_into_tensor_coalesced([x, y], WORLD))
 
@@ -380,7 +400,8 @@ PROGRAMS = {f.__name__: f for f in [
     ar_graph_input, ar_intermediate, ar_intermediate_shared, ar_inplace, ar_coalesced,
     ar_coalesced_inplace, ar_coalesced_waited_together, ar_coalesced_same_tensor_twice,
     ar_inplace_wait_result_written, ar_inplace_argument_written_after_wait,
-    all_gather, reduce_scatter, all_to_all, all_gather_coalesced, reduce_scatter_coalesced,
+    all_gather, reduce_scatter, all_to_all, point_to_point, all_gather_coalesced,
+    reduce_scatter_coalesced,
     all_gather_op_non_contiguous, reduce_scatter_op_non_contiguous,
     all_gather_out, broadcast, broadcast_inplace, ar_small_intermediate, ar_small_avg,
     ar_small_graph_input, ar_inplace_small, ar_intermediate_read_before,

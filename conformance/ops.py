@@ -31,7 +31,7 @@ from conformance import spec
 __all__ = ["Op", "UnknownOp", "FAMILIES", "KINDS", "COMPLETIONS", "FORMS", "IN_FLIGHT",
            "COST_BYTES", "ALGORITHMS", "LOWERINGS", "rows", "left_out", "namespaces",
            "collective_namespaces", "symm_mem_namespaces", "op_key", "row", "find",
-           "reason_left_out", "forget", "is_wait", "kind_of", "is_blocking"]
+           "reason_left_out", "forget", "is_wait", "kind_of", "is_blocking", "member_list"]
 
 # The words of the table's columns, as the appendix defines them ("" where it writes —).
 FAMILIES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast",
@@ -259,3 +259,14 @@ def is_blocking(node: torch.fx.Node) -> bool:
     """A blocking kernel: a symmetric-memory op that completes before it returns."""
     op = find(node)
     return op is not None and op.is_blocking
+
+
+def member_list(node: torch.fx.Node):
+    """A coalesced op's list of member tensors, as the node passes it: the argument of the
+    schema's first `Tensor[]` (the table's "a list of tensors, one member per tensor":
+    batch_p2p_ops's fourth, after its lists of ops, peers and tags); None for an op
+    without one."""
+    for i, argument in enumerate(node.target._schema.arguments):
+        if str(argument.type) == "List[Tensor]":
+            return node.args[i] if i < len(node.args) else node.kwargs.get(argument.name)
+    return None

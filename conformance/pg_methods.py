@@ -51,7 +51,20 @@ CALLS = {
                   lambda xs, me: [xs[0]]),
     "broadcast_": (lambda ops, x, g, n: [ops.broadcast_(x.clone(), 0, g)],
                    lambda xs, me: [xs[0]]),
+    # The two members swap their inputs (FC-52): a send, then a receive, each rank.
+    "isend_and_irecv": (
+        lambda ops, x, g, n: [ops.isend(x, 1 - _group_rank(g), 0, g),
+                              ops.irecv(torch.zeros_like(x), 1 - _group_rank(g), 0, g)],
+        lambda xs, me: [xs[me].new_empty(0), xs[1 - me]]),
+    "batch_p2p_ops": (
+        lambda ops, x, g, n: ops.batch_p2p_ops(
+            ["irecv", "isend"], [1 - _group_rank(g)] * 2, [0, 0], [torch.zeros_like(x), x], g),
+        lambda xs, me: [xs[1 - me], xs[me].new_empty(0)]),
 }
+
+
+def _group_rank(group_name: str) -> int:
+    return dist.distributed_c10d._resolve_process_group(group_name).rank()
 
 
 def _members(world: int) -> list[int]:

@@ -78,7 +78,10 @@ class PartlyRecordingProcessGroup(RecordingProcessGroupWithBackend):
     others by its overrides (FC-51)."""
 
 
-LEFT_TO_THE_BACKEND = ("allreduce", "allgather_into_tensor_coalesced", "alltoall_base")
+# send and recv go together: an override's delegate is another gloo group than the
+# backend, and a send on one never meets a receive on the other.
+LEFT_TO_THE_BACKEND = ("allreduce", "allgather_into_tensor_coalesced", "alltoall_base", "send",
+                       "recv")
 for _method in LEFT_TO_THE_BACKEND:
     setattr(PartlyRecordingProcessGroup, _method, getattr(dist.ProcessGroup, _method))
 

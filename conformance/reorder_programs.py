@@ -280,6 +280,28 @@ def waited_together(ops, ctx, x, s1, s2, g1, g2):
     return first + h.sum(), second + 1, third + 1, fourth + 1
 
 
+def pipeline_stage(ops, ctx, x, w, s):
+    """A pipeline stage with sharded weights: receive the activation from the rank before,
+    gather the weight, send this rank's input on to the rank after (all issued before any
+    wait: a ring completes), an independent matmul, then the waits and the layer. The
+    receive, the gather and the send share the world group: every rank issues them in
+    this order (RO-5; a gather raised above the receive on one rank deadlocks NCCL, whose
+    group runs its operations in issue order)."""
+    if not hasattr(ops, "isend"):
+        from conformance.backends import NotImplementedConcept
+
+        raise NotImplementedConcept(f"torch {torch.__version__} has no functional isend")
+    me = dist.get_rank()  # the world's group ranks are its global ranks
+    received = ops.irecv(torch.empty_like(x), (me - 1) % ctx.n, 0, ctx.world)
+    gathered = ops.all_gather_into_tensor(w, ctx.n, ctx.world)
+    sent = ops.isend(x * 2, (me + 1) % ctx.n, 0, ctx.world)
+    m = s @ s.t()
+    h = _wait(ops, received)
+    y = torch.relu(h @ _wait(ops, gathered))
+    _wait(ops, sent)
+    return y, m
+
+
 def wait_then_matmul(ops, ctx, x, a, b):
     """One all_reduce, its wait, an independent matmul whose result the end reads;
     upstream's ops (whose wait returns its argument, MEM-2), whatever `ops` is. Sinking
@@ -525,6 +547,7 @@ def _shapes(name: str, ctx: Ctx) -> list[tuple]:
         "small_then_large": [(4, 4), (r,), (4 * r,)],
         "refused_fill_behind_a_spread_block": [(2,), (30,), (100,)],
         "limit_broken_before_a_refused_raise": [(4 * r,), (4 * r,), (48,)],
+        "pipeline_stage": [(4, 8), (r, 8), (4, 4)],
     }[name]
 
 
@@ -550,6 +573,7 @@ FUNCTIONS = {
     "small_then_large": small_then_large,
     "refused_fill_behind_a_spread_block": refused_fill_behind_a_spread_block,
     "limit_broken_before_a_refused_raise": limit_broken_before_a_refused_raise,
+    "pipeline_stage": pipeline_stage,
 }
 PROGRAMS = list(FUNCTIONS)
 
@@ -705,6 +729,8 @@ CASES = [
     Case("fsdp_forward", math.inf, ONE_ALL_GATHER, EVEN_PIPELINE),
     Case("refused_fill_behind_a_spread_block", 0.1),
     Case("limit_broken_before_a_refused_raise", 0.1, ONE_ALL_GATHER),
+    Case("pipeline_stage", math.inf),
+    Case("pipeline_stage", math.inf, ONE_ALL_GATHER),
 ]
 
 

@@ -172,12 +172,12 @@ class _Buffers:
     def members(self, node) -> list[tuple[int, list]]:
         """A collective's members: (its result's buffer, the buffers held until its wait)."""
         results = self.roots.get(node, [])
-        first = node.args[0]
+        members = ops.member_list(node)
         op = ops.find(node)
         held_all = op is not None and op.in_flight == "inputs"  # else its results only
-        if isinstance(first, (list, tuple)):
+        if isinstance(members, (list, tuple)):
             return [(results[i], (self.of(a) if held_all else []) + [results[i]])
-                    for i, a in enumerate(first) if i < len(results)]
+                    for i, a in enumerate(members) if i < len(results)]
         if not results:
             return []
         inputs = self.of(node.args) + self.of(node.kwargs) if held_all else []

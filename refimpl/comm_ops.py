@@ -151,7 +151,8 @@ _FUNCTIONAL_OF = {
                      "all_gather_into_tensor_out", "reduce_scatter_tensor",
                      "reduce_scatter_tensor_coalesced", "all_reduce", "all_reduce_",
                      "all_reduce_coalesced", "all_reduce_coalesced_", "all_to_all_single",
-                     "broadcast", "broadcast_", "wait_tensor"),
+                     "broadcast", "broadcast_", "isend", "irecv", "batch_p2p_ops",
+                     "wait_tensor"),
     "_c10d_functional": tuple(_FUNCTIONAL),
     # The differentiable wrappers upstream traces when a gradient flows (FC-1).
     "_c10d_functional_autograd": ("all_gather_into_tensor", "reduce_scatter_tensor",
@@ -177,6 +178,10 @@ def _rows() -> dict[tuple[str, str], CommOp]:
             for name in names:
                 rows[namespace, name] = CommOp(namespace, name, **table[name])
     # refimpl's in-place wait (FC-35), and upstream's wait, which returns its argument.
+    # refimpl's irecv reads only its argument's shape and dtype: its result is the
+    # buffer it receives into (FC-53), the one thing it holds in flight (MEM-5).
+    rows["refimpl_c10d", "irecv"] = CommOp("refimpl_c10d", "irecv",
+                                           **dict(_P2P, in_flight="result"))
     rows["refimpl_c10d", "wait_tensor_"] = CommOp("refimpl_c10d", "wait_tensor_", **_WAIT,
                                                   in_place=True)
     rows["_c10d_functional", "wait_tensor"] = CommOp("_c10d_functional", "wait_tensor",
@@ -311,6 +316,16 @@ def collective_family(node: torch.fx.Node) -> str | None:
     """The family of a collective completed by a wait (RO-8's kind), else None."""
     row = node_op(node)
     return row.family if row is not None and row.is_collective else None
+
+
+def member_list_index(target) -> int | None:
+    """The position of a coalesced op's list of member tensors: its first `Tensor[]`
+    argument (3 for batch_p2p_ops, after its lists of ops, peers and tags; 0 for the
+    others); None for an op without one."""
+    for i, argument in enumerate(target._schema.arguments):
+        if str(argument.type) == "List[Tensor]":
+            return i
+    return None
 
 
 def targets(**fields) -> frozenset:

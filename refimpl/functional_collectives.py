@@ -18,7 +18,10 @@ all_gather with reduce_scatter (FC-23..FC-25, FC-32); no graph pass may drop an 
 Lowered programs wait with `wait_tensor_`, in place (FC-35); an in-flight collective keeps
 its inputs referenced until it is waited (FC-36). A group written in Python that leaves
 a method to c10d's base class is served by the backend it registered, as c10d's method
-serves it, without the GIL c10d's trampoline holds (FC-51).
+serves it, without the GIL c10d's trampoline holds (FC-51). Point-to-point ops (`isend`,
+`irecv`, `batch_p2p_ops`) name one peer by its group rank and are issued without blocking;
+with checks on, each pair is compared at its wait and a pair that does not match is
+named on both ranks instead of hanging (FC-52, FC-53).
 
 Each op has one block below: its schema, its checks, its eager kernel, its fake kernel,
 its autograd formula and its Python API, in that order.
@@ -26,7 +29,7 @@ its autograd formula and its Python API, in that order.
 torch 2.15's names (`all_gather_single`, ..., `wait_tensors`) sit beside the older ones
 (FC-37).
 
-Implements SPEC.md section "Functional collectives": FC-1 .. FC-51.
+Implements SPEC.md section "Functional collectives": FC-1 .. FC-53.
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ __all__ = [
     "reduce_scatter_tensor", "reduce_scatter_tensor_autograd",
     "reduce_scatter_tensor_coalesced", "all_to_all_single", "all_to_all_single_autograd",
     "broadcast", "wait_tensor", "wait_tensors", "all_gather_single", "reduce_scatter_single",
-    "all_gather_single_coalesced", "reduce_scatter_single_coalesced", "resolve_group_name",
+    "all_gather_single_coalesced", "reduce_scatter_single_coalesced", "isend", "irecv",
+    "batch_p2p_ops", "resolve_group_name",
     "group_ranks", "group_size",
     "work_registry_size", "set_collective_checks", "collective_checks_enabled",
     "CollectiveMismatch", "PeerTimeout", "PeerFailure", "LIBRARY", "SCHEMAS",
@@ -443,30 +447,37 @@ class _Pending:
     finished (`finish`, e.g. avg's divide), what it was, to name it if it fails, and the
     input tensors it communicates (`reads`), referenced until it is waited (FC-36)."""
 
-    __slots__ = ("work", "finish", "op", "group_name", "reads")
+    __slots__ = ("work", "finish", "op", "group_name", "reads", "check", "peer")
 
     def __init__(self, work, finish, op: str, group_name: str, reads=()):
         self.work, self.finish, self.op, self.group_name = work, finish, op, group_name
         self.reads = reads
+        self.check = None  # a point-to-point op's pair check, with checks on (FC-53)
+        self.peer = None  # a point-to-point op's peer, a global rank (FC-29)
 
     def wait(self) -> None:
+        if self.check is not None:
+            check, self.check = self.check, None
+            check()
         if self.work is not None:
             try:
                 self.work.wait()
             except RuntimeError as exc:
-                raise _peer_failure(self.op, self.group_name, exc) from exc
+                raise _peer_failure(self.op, self.group_name, exc, self.peer) from exc
         if self.finish is not None:
             self.finish()
 
 
-def _peer_failure(op: str, group_name: str, exc: BaseException) -> PeerFailure:
-    """The backend's error (gloo names neither op, group nor rank) in the caller's terms."""
+def _peer_failure(op: str, group_name: str, exc: BaseException,
+                  peer: int | None = None) -> PeerFailure:
+    """The backend's error (gloo names neither op, group nor rank) in the caller's terms;
+    `peer`: the one peer of a point-to-point op (a global rank)."""
     try:
         ranks = group_ranks(group_name)
     except (ValueError, RuntimeError):
         ranks = []
     me = dist.get_rank() if dist.is_initialized() else -1
-    peers = [r for r in ranks if r != me]
+    peers = [peer] if peer is not None else [r for r in ranks if r != me]
     # With one peer the failed rank is known; gloo does not say which of several it was.
     who = f"the failed peer is rank {peers[0]}" if len(peers) == 1 else \
         f"the failed peer is one of ranks {peers}"
@@ -476,16 +487,22 @@ def _peer_failure(op: str, group_name: str, exc: BaseException) -> PeerFailure:
 
 
 def _work_key(tensor: torch.Tensor) -> int:
-    """The registry's key of a tensor: its storage's base address (FC-6)."""
-    return tensor.untyped_storage().data_ptr()
+    """The registry's key of a tensor: its storage's base address (FC-6); for a storage
+    without one (no bytes), minus the storage's identity, which only a point-to-point
+    result is registered under (FC-7)."""
+    storage = tensor.untyped_storage()
+    return storage.data_ptr() or -storage._cdata
 
 
-def _register(tensor: torch.Tensor, pending: _Pending) -> torch.Tensor:
-    key = _work_key(tensor)
-    if key == 0:
-        # A tensor without storage has no address to key the registry: complete now (FC-7).
+def _register(tensor: torch.Tensor, pending: _Pending, *, pending_if_empty=False):
+    """Record `pending` under `tensor`'s storage (FC-6). A tensor without storage has no
+    address to key the registry: its collective completes now (FC-7), but for a
+    point-to-point op (`pending_if_empty`), which must not block before its peer comes:
+    that one is keyed by its storage's identity (FC-52)."""
+    if tensor.untyped_storage().data_ptr() == 0 and not pending_if_empty:
         pending.wait()
         return tensor
+    key = _work_key(tensor)
     _work_registry.setdefault(key, []).append((next(_versions), pending))
     return tensor
 
@@ -563,6 +580,8 @@ _OVERRIDE_NAMES = {
                                         "reduce_scatter_tensor_coalesced"),
     "alltoall_base": ("all_to_all_single", "alltoall_base"),
     "broadcast": ("broadcast",),
+    "send": ("send",),
+    "recv": ("recv",),
 }
 
 
@@ -1571,6 +1590,197 @@ def broadcast(self: torch.Tensor, src: int, group: RankTypes, tag: str = ""):
     # The op's `int src` would turn a bool into 0 or 1: refuse it here (FC-22).
     _check_src(src, group_size(name), name)
     return _wrap(ops.broadcast(self, src, name))
+
+
+# --------------------------------------------------------------------------------------
+# isend, irecv, batch_p2p_ops (FC-52, FC-53): one peer each, a group rank as broadcast's
+# src. A send and a receive are both issued before either blocks, so a program may issue
+# its sends before its receives or after them.
+# --------------------------------------------------------------------------------------
+_P2P_OPS = ("isend", "irecv")
+# (group, sender, receiver, op) -> ops posted so far: the n-th send from a to b matches
+# b's n-th receive from a, and the two name one tag (FC-52; NCCL ignores tags).
+_p2p_sequences: dict[tuple[str, int, int, str], int] = {}
+
+
+def _check_peer(peer, size: int, group_name: str, arg: str) -> int:
+    if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < size:
+        refuse(arg, f"a group rank of group {group_name!r} of size {size}: an int, "
+               f"0 <= {arg} < {size} ({arg} counts ranks within the group)", repr(peer),
+               "FC-53")
+    return peer
+
+
+def _check_tag(tag, arg: str) -> int:
+    if isinstance(tag, bool) or not isinstance(tag, int):
+        refuse(arg, "an int", repr(tag), "FC-53", TypeError)
+    return tag
+
+
+def _check_p2p(op: str, tensor, peer, tag, group_name, index: str = ""):
+    """The group, after every check of one send or receive (FC-53, FC-30)."""
+    pg = _process_group(group_name)
+    peer_arg = ("peer_list" if index else "dst" if op == "isend" else "src") + index
+    _check_peer(peer, pg.size(), group_name, peer_arg)
+    _check_tag(tag, ("tag_list" if index else "tag") + index)
+    _check_has_data(tensor, ("tensors" if index else "tensor") + index)
+    return pg
+
+
+def _check_batch(op_list, peer_list, tag_list, tensors, group_name):
+    """The group, after every check of a batch, each member's as its single op's."""
+    tensors = _tensor_list(tensors, "tensors", "FC-53")
+    for arg, values in (("op_list", op_list), ("peer_list", peer_list),
+                        ("tag_list", tag_list)):
+        if not isinstance(values, (list, tuple)) or len(values) != len(tensors):
+            refuse(arg, f"a list of {len(tensors)} entries, one per tensor",
+                   _length_text(values), "FC-53")
+    for i, op in enumerate(op_list):
+        if op not in _P2P_OPS:
+            refuse(f"op_list[{i}]", "'isend' or 'irecv'", repr(op), "FC-53")
+    pgs = [_check_p2p(op, t, peer, tag, group_name, f"[{i}]") for i, (op, peer, tag, t)
+           in enumerate(zip(op_list, peer_list, tag_list, tensors, strict=True))]
+    return pgs[0]
+
+
+def _length_text(values) -> str:
+    if isinstance(values, (list, tuple)):
+        return f"{len(values)} entries"
+    return type(values).__name__
+
+
+class _PairCheck:
+    """With checks on (FC-28), one send or receive as its rank posted it, verified against
+    its peer's at the wait: by then both have issued theirs, in whatever order (FC-53)."""
+
+    __slots__ = ("op", "pg", "group_name", "peer", "tag", "n", "base", "mine")
+
+    def __init__(self, op, pg, group_name, peer, tag, tensor):
+        me = pg.rank()
+        sender, receiver = (me, peer) if op == "isend" else (peer, me)
+        key = (group_name, sender, receiver, op)
+        self.n = _p2p_sequences[key] = _p2p_sequences.get(key, 0) + 1
+        self.op, self.pg, self.group_name, self.peer, self.tag = op, pg, group_name, peer, tag
+        self.base = f"refimpl-fc/p2p/{group_name}/{sender}-{receiver}/{self.n}"
+        self.mine = {"tag": tag, "shape": list(tensor.shape), "dtype": str(tensor.dtype)}
+        c10d._get_default_store().set(f"{self.base}/{op}", json.dumps(self.mine))
+
+    def verify(self) -> None:
+        store = c10d._get_default_store()
+        other = "irecv" if self.op == "isend" else "isend"
+        key = f"{self.base}/{other}"
+        ranks = dist.get_process_group_ranks(self.pg)
+        me, peer = ranks[self.pg.rank()], ranks[self.peer]
+        what = (f"{self.op} #{self.n} {'to' if self.op == 'isend' else 'from'} global rank "
+                f"{peer} (tag {self.tag}) on group {ranks}")
+        timeout_s = _peer_timeout_s(self.pg)
+        if _missing_peers(store, {self.peer: key}, timeout_s):
+            matching = f"{other} {'from' if other == 'irecv' else 'to'} global rank {me}"
+            raise PeerTimeout(
+                f"{what}: global rank {me} waited {timeout_s:g} s for global rank {peer} to "
+                f"post its {matching} #{self.n}, in vain: a pair that does not match would "
+                f"hang [FC-53]")
+        theirs = json.loads(store.get(key))
+        store.delete_key(key)  # read by this rank only
+        for field in ("tag", "shape", "dtype"):
+            if theirs[field] != self.mine[field]:
+                raise CollectiveMismatch(
+                    f"{what}: the pair disagrees on {field}: global rank {peer} passed "
+                    f"{theirs[field]!r}, global rank {me} passed {self.mine[field]!r}; a "
+                    f"receive must take what its send sends [FC-53]")
+
+
+def _start_p2p(op: str, tensor, peer: int, tag: int, pg, group_name: str) -> torch.Tensor:
+    """Issue one send (the result: a token of no elements) or receive (the result: a fresh
+    tensor the value arrives in); pending until waited (FC-52)."""
+    check = _PairCheck(op, pg, group_name, peer, tag, tensor) \
+        if collective_checks_enabled() and _has_peers(pg) else None
+    if op == "isend":
+        sent = tensor.contiguous()
+        result = tensor.new_empty(0)
+        method, buffers = "send", [sent]
+    else:
+        sent = None
+        result = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        method, buffers = "recv", [result]
+    serving = _backend_serving(pg, method, tensor.device) or pg
+    what = f"{op} {'to' if op == 'isend' else 'from'} group rank {peer}"
+    pending = _Pending(None, None, what, group_name, reads=(sent,) if sent is not None else ())
+    pending.work = _communicate(what, group_name,
+                                lambda: getattr(serving, method)(buffers, peer, tag))
+    pending.check, pending.peer = (check.verify if check else None), \
+        dist.get_process_group_ranks(pg)[peer]
+    return _register(result, pending, pending_if_empty=True)
+
+
+def _isend(tensor, dst, tag, group_name):
+    pg = _check_p2p("isend", tensor, dst, tag, group_name)
+    return _start_p2p("isend", tensor, dst, tag, pg, group_name)
+
+
+def _isend_fake(tensor, dst, tag, group_name):
+    _check_p2p("isend", tensor, dst, tag, group_name)
+    return torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+
+
+def _irecv(tensor, src, tag, group_name):
+    pg = _check_p2p("irecv", tensor, src, tag, group_name)
+    return _start_p2p("irecv", tensor, src, tag, pg, group_name)
+
+
+def _irecv_fake(tensor, src, tag, group_name):
+    _check_p2p("irecv", tensor, src, tag, group_name)
+    return torch.empty_like(tensor, memory_format=torch.contiguous_format)
+
+
+def _batch_p2p_ops(op_list, peer_list, tag_list, tensors, group_name):
+    pg = _check_batch(op_list, peer_list, tag_list, tensors, group_name)
+    # Every member is issued before any is waited: a batch never blocks on its order.
+    return [_start_p2p(op, t, peer, tag, pg, group_name)
+            for op, peer, tag, t in zip(op_list, peer_list, tag_list, tensors, strict=True)]
+
+
+def _batch_p2p_ops_fake(op_list, peer_list, tag_list, tensors, group_name):
+    _check_batch(op_list, peer_list, tag_list, tensors, group_name)
+    return [_isend_fake(t, 0, 0, group_name) if op == "isend" else
+            torch.empty_like(t, memory_format=torch.contiguous_format)
+            for op, t in zip(op_list, tensors, strict=True)]
+
+
+_define("isend", "(Tensor tensor, int dst, int tag, str group_name) -> Tensor",
+        eager=_isend, fake=_isend_fake)
+_define("irecv", "(Tensor tensor, int src, int tag, str group_name) -> Tensor",
+        eager=_irecv, fake=_irecv_fake)
+_define("batch_p2p_ops", "(str[] op_list, int[] peer_list, int[] tag_list, Tensor[] tensors, "
+        "str group_name) -> Tensor[]", eager=_batch_p2p_ops, fake=_batch_p2p_ops_fake)
+
+
+def isend(self: torch.Tensor, dst: int, group: RankTypes, tag: int = 0):
+    """Send `self` to group rank `dst` of `group` (a rank within the group, FC-52); the
+    result, a tensor of no elements, completes the send when waited."""
+    name = resolve_group_name(group)
+    # The op's `int dst` would turn a bool into 0 or 1: refuse it here (FC-53).
+    _check_peer(dst, group_size(name), name, "dst")
+    return _wrap(ops.isend(self, dst, _check_tag(tag, "tag"), name))
+
+
+def irecv(self: torch.Tensor, src: int, group: RankTypes, tag: int = 0):
+    """Receive from group rank `src` of `group` a tensor of `self`'s shape and dtype (FC-52);
+    `self` is not written."""
+    name = resolve_group_name(group)
+    _check_peer(src, group_size(name), name, "src")
+    return _wrap(ops.irecv(self, src, _check_tag(tag, "tag"), name))
+
+
+def batch_p2p_ops(op_list: list[str], peer_list: list[int], tag_list: list[int],
+                  tensors: list[torch.Tensor], group: RankTypes):
+    """Every send and receive of the lists issued together, member i as the single op
+    `op_list[i]` with `peer_list[i]`, `tag_list[i]` and `tensors[i]` (FC-52)."""
+    name = resolve_group_name(group)
+    # The op's `int[]` lists would turn a bool into 0 or 1: refuse it here (FC-53).
+    _check_batch(op_list, peer_list, tag_list, tensors, name)
+    return [_wrap(t) for t in ops.batch_p2p_ops(list(op_list), list(peer_list),
+                                                 list(tag_list), tensors, name)]
 
 
 # --------------------------------------------------------------------------------------

@@ -124,11 +124,13 @@ def aliasing_of(target) -> list[int | str | None]:
 
 def _collective_members(node: torch.fx.Node) -> list[tuple[list[torch.fx.Node], int]]:
     """Per member of a collective: (its tensor arguments, index of its result)."""
+    listed = comm_ops.member_list_index(node.target)
+    if listed is not None and listed < len(node.args):
+        # coalesced: member i is tensor i of the list (batch_p2p_ops's is its fourth
+        # argument) and result i
+        return [([a], i) for i, a in enumerate(node_args(node.args[listed]))]
     first = node.args[0] if node.args else None
-    args = node_args(first)
-    if isinstance(first, (list, tuple)):  # coalesced: member i is input i and result i
-        return [([a], i) for i, a in enumerate(args)]
-    return [(args + node_args(node.kwargs.get("out")), 0)]
+    return [(node_args(first) + node_args(node.kwargs.get("out")), 0)]
 
 
 # --------------------------------------------------------------------------------------

@@ -77,9 +77,10 @@ class ReorderConfig:
     memory_budget: the new order's planned peak may exceed the original order's by at
         most this fraction (RO-9); None (or `math.inf`) lifts the bound.
     max_in_flight: per collective kind ("all_gather", "reduce_scatter", "all_reduce",
-        "all_to_all", "broadcast", "point_to_point": the families of refimpl/comm_ops.py),
-        how many of one group's collectives of that kind may be issued and not yet waited
-        at any point (RO-8); kinds not named are unlimited.
+        "all_to_all", "broadcast": the families of refimpl/comm_ops.py), how many of one
+        group's collectives of that kind may be issued and not yet waited at any point
+        (RO-8); kinds not named are unlimited. "point_to_point" is refused: a send held
+        back behind a receive's wait deadlocks an exchange whose peers do the same.
     """
 
     cost_model: CostModel | None = None
@@ -101,6 +102,11 @@ class ReorderConfig:
         for kind, count in self.max_in_flight.items():
             require(kind in KINDS, "max_in_flight", f"a kind of {list(KINDS)}", repr(kind),
                     "RO-1")
+            # Held behind a wait, a send or a receive never reaches the peer waiting for it
+            # while that peer holds its own back the same way (RO-8).
+            require(kind != "point_to_point", "max_in_flight",
+                    "no limit on point_to_point (holding a send or a receive back behind a "
+                    "wait deadlocks the peers of an exchange)", repr(kind), "RO-8")
             if isinstance(count, bool) or not isinstance(count, int):
                 refuse(f"max_in_flight[{kind!r}]", "an int >= 1", repr(count), "RO-1", TypeError)
             require(count >= 1, f"max_in_flight[{kind!r}]", "an int >= 1", count, "RO-1")

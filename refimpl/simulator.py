@@ -205,7 +205,9 @@ def _output_bytes(node):
 
 
 def _input_bytes(node):
-    return _tensor_bytes(_val(node.args[0]))
+    # A coalesced op's inputs are its list of members (batch_p2p_ops's fourth argument).
+    listed = comm_ops.member_list_index(node.target)
+    return _tensor_bytes(_val(node.args[0 if listed is None else listed]))
 
 
 def _larger_bytes(node):

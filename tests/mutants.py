@@ -122,8 +122,9 @@ FC = [
            "never said",
            catch="test_a_failed_peer_of_a_larger_group_is_named_among_the_candidates"),
     Mutant("failed_peer_candidates_by_group_rank", "FC-29", F,
-           "    peers = [r for r in ranks if r != me]",
-           "    peers = [i for i, r in enumerate(ranks) if r != me]",
+           "    peers = [peer] if peer is not None else [r for r in ranks if r != me]",
+           "    peers = [peer] if peer is not None else "
+           "[i for i, r in enumerate(ranks) if r != me]",
            "the candidates named by their index in the group instead of their global rank",
            catch="test_a_failed_peer_of_a_larger_group_is_named_among_the_candidates"),
     Mutant("grad_check_case_sensitive", "FC-17", F,
@@ -281,8 +282,8 @@ FC = [
            "waiting leaves the entry in the registry",
            catch="test_work_registry"),
     Mutant("empty_result_registered", "FC-7", F,
-           "    if key == 0:\n        # A tensor without storage",
-           "    if tensor.dim() == 0:\n        # A tensor without storage",
+           "    if tensor.untyped_storage().data_ptr() == 0 and not pending_if_empty:",
+           "    if tensor.dim() == 0 and not pending_if_empty:",
            "'no storage' read as '0-d': zero-size results key the registry at address 0",
            catch="test_a_result_without_storage_completes_before_the_op_returns"),
     Mutant("finalizer_ignores_version", "FC-8", F,
@@ -411,7 +412,7 @@ FC = [
            catch="test_mismatched_calls_raise_on_every_rank[split_sizes]"),
     Mutant("peer_failure_not_named", "FC-29", F,
            "            except RuntimeError as exc:\n"
-           "                raise _peer_failure(self.op, self.group_name, exc) from exc",
+           "                raise _peer_failure(self.op, self.group_name, exc, self.peer) from exc",
            "            except RuntimeError:\n                raise",
            "a failed wait re-raises gloo's error as is",
            catch="test_a_failed_peer_is_named[dies]"),
@@ -520,6 +521,78 @@ FC = [
            "(red team, blind) the backend's gather given complex tensors as they are, not "
            "as their real views",
            catch="test_ops_complete_on_a_python_group_that_leaves_them_to_its_backend"),
+    Mutant("p2p_peer_as_its_global_rank", "FC-52", F,
+           "lambda: getattr(serving, method)(buffers, peer, tag))",
+           "lambda: getattr(serving, method)(buffers, dist.get_global_rank(pg, peer), tag))",
+           "the peer handed to the group as a global rank (torch 2.12 and 2.13's wrappers "
+           "did): on a subgroup another member, or none",
+           catch="test_each_member_receives_what_its_peer_sent[subgroup]"),
+    Mutant("p2p_send_completed_as_a_result_without_storage", "FC-52", F,
+           "    return _register(result, pending, pending_if_empty=True)\n",
+           "    return _register(result, pending)\n",
+           "the send's token, which has no storage address, completed at once as FC-7 says "
+           "of other results: it blocks until the peer receives, and a ring that sends "
+           "first deadlocks",
+           catch="test_each_member_receives_what_its_peer_sent[world]"),
+    Mutant("p2p_send_token_of_the_default_dtype", "FC-52", F,
+           "        result = tensor.new_empty(0)\n",
+           "        result = torch.empty(0, device=tensor.device)\n",
+           "the send's token made with the default dtype instead of the sent tensor's",
+           catch="test_each_member_receives_what_its_peer_sent[world]"),
+    Mutant("p2p_batch_member_completed_before_the_next", "FC-52", F,
+           "    return [_start_p2p(op, t, peer, tag, pg, group_name)\n",
+           "    return [_wait_tensor(_start_p2p(op, t, peer, tag, pg, group_name))\n",
+           "each member of a batch completed before the next is issued: a batch that "
+           "receives before it sends waits for a peer waiting for it",
+           catch="test_each_member_receives_what_its_peer_sent[world]"),
+    Mutant("p2p_receive_into_its_argument", "FC-53", F,
+           "        result = torch.empty_like(tensor, memory_format=torch.contiguous_format)\n",
+           "        result = tensor\n",
+           "the receive written into its argument, as upstream's irecv does",
+           catch="test_a_receive_leaves_its_argument_alone"),
+    Mutant("p2p_peer_bound_off_by_one", "FC-53", F,
+           "    if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < size:",
+           "    if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer <= size:",
+           "the group size taken for a rank: the send waits out the group's timeout for a "
+           "rank that does not exist",
+           catch="test_bad_point_to_point_arguments_are_refused_before_communicating"),
+    Mutant("p2p_fake_receive_checks_nothing", "FC-53", F,
+           "    _check_p2p(\"irecv\", tensor, src, tag, group_name)\n"
+           "    return torch.empty_like(tensor, memory_format=torch.contiguous_format)\n",
+           "    return torch.empty_like(tensor, memory_format=torch.contiguous_format)\n",
+           "the fake kernel of irecv without the eager kernel's checks: a bad src traces",
+           catch="test_bad_point_to_point_arguments_are_refused_before_communicating"),
+    Mutant("p2p_pair_check_without_the_tag", "FC-53", F,
+           '        for field in ("tag", "shape", "dtype"):',
+           '        for field in ("shape", "dtype"):',
+           "the pair compared by shape and dtype only: a tag that differs hangs until the "
+           "group's timeout, and the error names no tag",
+           catch="test_a_pair_that_does_not_match_is_named_on_both_ranks[tag]"),
+    Mutant("p2p_sequence_shared_across_groups", "FC-52", F,
+           "        key = (group_name, sender, receiver, op)\n",
+           "        key = (sender, receiver, op)\n",
+           "(red team, blind) the pair counter keyed without the group: two groups of the "
+           "same pair used in different orders are compared out of step",
+           catch="test_each_group_matches_its_own_sends_and_receives"),
+    Mutant("p2p_empty_key_tensor_identity", "FC-52", F,
+           "    return storage.data_ptr() or -storage._cdata\n",
+           "    return storage.data_ptr() or -id(tensor)\n",
+           "(red team, blind) a result without storage keyed by the tensor object, not its "
+           "storage: a wait through a view finds no work",
+           catch="test_a_result_without_storage_is_waited_through_a_view"),
+    Mutant("p2p_check_after_backend_wait", "FC-53", F,
+           "        if self.check is not None:\n"
+           "            check, self.check = self.check, None\n"
+           "            check()\n"
+           "        if self.work is not None:\n",
+           "        if self.check is not None:\n"
+           "            check, self.check = self.check, None\n"
+           "            self.work.wait()\n"
+           "            check()\n"
+           "        if self.work is not None:\n",
+           "(red team, blind) the pair compared after the backend's wait: a pair that does "
+           "not match hangs until the group's timeout instead of being named",
+           catch="test_a_pair_that_does_not_match_is_named_on_both_ranks[tag]"),
     Mutant("all_gather_without_its_options", "FC-34", F,
            "        _real_views(outs), _real_views(ins), c10d.AllgatherOptions()),\n",
            "        _real_views(outs), _real_views(ins)),\n",
@@ -644,8 +717,8 @@ FC = [
            "twin makes: mismatched shapes reach gloo",
            catch="test_mismatched_calls_raise_on_every_rank[all_reduce_coalesced_-shapes]"),
     Mutant("work_keyed_by_data_ptr", "FC-6", F,
-           "    return tensor.untyped_storage().data_ptr()\n",
-           "    return tensor.data_ptr()\n",
+           "    return storage.data_ptr() or -storage._cdata\n",
+           "    return tensor.data_ptr() or -storage._cdata\n",
            "the seed's key: a wait through a view at an offset finds no work and returns "
            "what the collective has not finished writing",
            catch="test_a_wait_through_a_view_at_an_offset_waits_the_collective"),
@@ -1950,6 +2023,19 @@ RO = [
            "limits before memory) instead of the violation that comes first by position in"
            " `order`. (red team)",
            catch="test_check_order_names_the_first_violation_by_position"),
+    Mutant("point_to_point_out_of_its_group_order", "RO-5", "refimpl/reorder.py",
+           "    return collective_kind(node) is not None or blocking_name(node) is not None",
+           "    return collective_kind(node) not in (None, \"point_to_point\") or "
+           "blocking_name(node) is not None",
+           "sends and receives taken for no collectives of their group (upstream dropped "
+           "these edges, pytorch#189209): a gather raised above a receive deadlocks NCCL",
+           catch="test_every_order_keeps_the_rules[pipeline_stage-budget=inf-unlimited]"),
+    Mutant("point_to_point_limit_accepted", "RO-8", "refimpl/reorder.py",
+           '            require(kind != "point_to_point", "max_in_flight",',
+           '            require(kind != "point-to-point", "max_in_flight",',
+           "the kind refused spelled with hyphens: a limit on point_to_point is taken, and a "
+           "ring deadlocks under it",
+           catch="test_a_limit_on_point_to_point_is_refused[alone]"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -2085,8 +2171,9 @@ MEM = [
            "not counted and upstream's rename is",
            catch="test_all_gather_copy_out"),
     Mutant("mem_coalesced_holds_every_input", "MEM-5", MEMORY,
-           "        return [([a], i) for i, a in enumerate(args)]\n",
-           "        return [(args, i) for i, a in enumerate(args)]\n",
+           "        return [([a], i) for i, a in enumerate(node_args(node.args[listed]))]\n",
+           "        return [(node_args(node.args[listed]), i) "
+           "for i, a in enumerate(node_args(node.args[listed]))]\n",
            "each member of a coalesced collective holds every member's input",
            catch="test_coalesced_members_are_held_until_their_own_wait"),
     Mutant("mem_dead_value_kept", "MEM-3", MEMORY,
@@ -3077,6 +3164,12 @@ SIM = [
            "(pinned 0, or of zero bytes on a zero-alpha link), with nothing hidden "
            "because nothing ran, counts as fully exposed. (red team)",
            catch="test_a_collective_that_takes_no_time_is_not_fully_exposed[world]"),
+    Mutant("coalesced_input_bytes_of_the_first_argument", "SIM-2", "refimpl/simulator.py",
+           "    return _tensor_bytes(_val(node.args[0 if listed is None else listed]))",
+           "    return _tensor_bytes(_val(node.args[0]))",
+           "a coalesced op's inputs read from its first argument, as every op but "
+           "batch_p2p_ops has them: its list of op names costs no bytes",
+           catch="test_a_batch_of_point_to_point_ops_costs_its_members_bytes"),
 ]
 
 
@@ -3343,6 +3436,7 @@ FIRST_TIER: frozenset[str] = frozenset({
     "reduce_scatter_avg_not_divided", "negative_dim_bound_off_by_one",
     "split_count_checked_one_way", "all_to_all_gradient_splits_not_swapped",
     "no_grad_refused_too", "coalesced_starts_before_checking", "mismatch_check_skips_rank_one",
+    "p2p_send_token_of_the_default_dtype", "p2p_receive_into_its_argument",
     "peer_failure_not_named", "meta_input_accepted", "all_to_all_autograd_splits_swapped",
     "overload_not_side_effectful", "all_gather_through_the_backend_method",
     "all_gather_through_torch_distributed", "shared_work_waited_at_every_result",

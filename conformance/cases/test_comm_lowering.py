@@ -308,6 +308,44 @@ return %2""")
 
 
 @pytest.mark.spec("CL-6", "CL-9", "CL-15")
+def test_point_to_point_ops_are_left_as_traced(backend, fake_world):
+    """isend, irecv and batch_p2p_ops (CL-6's `as traced`): neither cloned, reinplaced nor
+    moved; their waits kept; the lowered ring computes what the traced one does."""
+    if not hasattr(backend.require("functional_collectives").ops, "batch_p2p_ops"):
+        pytest.skip(f"torch {torch.__version__} has no functional isend / irecv")
+    assert_expected_inline(comm_trace(backend, "point_to_point", [(4,), (2, 3)]), """\
+isend out-of-place ranks[0,1] in=b0:f32[4]=computed out=b1:f32[0]
+irecv out-of-place ranks[0,1] in=b2:f32[4]=computed out=b3:f32[4]
+batch_p2p_ops out-of-place ranks[0,1] in=b4:f32[2, 3]=computed,b5:f32[2, 3]=computed out=b6:f32[2, 3],b7:f32[0]
+wait b1
+wait b7
+wait b3
+wait b6""")  # noqa: E501
+    graph = lowered_text(backend, "point_to_point", [(4,), (2, 3)])
+    if graph is not None:
+        assert_expected_inline(graph, """\
+%0 = input : f32[4]
+%1 = input : f32[2, 3]
+%2 = aten.mul.Tensor(%0, 2) : f32[4]
+%3 = funcol.isend(%2, 1, 0, ranks[0,1]) : f32[0]
+%4 = aten.zeros_like(%0, pin_memory=False) : f32[4]
+%5 = funcol.irecv(%4, 1, 0, ranks[0,1]) : f32[4]
+%6 = aten.zeros_like(%1, pin_memory=False) : f32[2, 3]
+%7 = aten.add.Tensor(%1, 1) : f32[2, 3]
+%8 = funcol.batch_p2p_ops(['irecv', 'isend'], [1, 1], [1, 1], [%6, %7], ranks[0,1]) : (f32[2, 3], f32[0])
+%9 = getitem(%8, 0) : f32[2, 3]
+%10 = getitem(%8, 1) : f32[0]
+%11 = funcol.wait_tensor_(%3) : f32[0]
+%12 = funcol.wait_tensor_(%10) : f32[0]
+%13 = funcol.wait_tensor_(%5) : f32[4]
+%14 = aten.add.Tensor(%13, 0) : f32[4]
+%15 = funcol.wait_tensor_(%9) : f32[2, 3]
+%16 = aten.add.Tensor(%15, 0) : f32[2, 3]
+return [%14, %16]""")  # noqa: E501
+    check_numerics(backend, "point_to_point", [(4,), (2, 3)])
+
+
+@pytest.mark.spec("CL-6", "CL-9", "CL-15")
 def test_coalesced_all_gather_is_out_of_place(backend, fake_world):
     assert_expected_inline(comm_trace(backend, "all_gather_coalesced", [(4,), (2, 3)]), """\
 all_gather_into_tensor_coalesced out-of-place ranks[0,1] in=b0:f32[4]=input,b1:f32[2, 3]=input out=b2:f32[8],b3:f32[4, 3]

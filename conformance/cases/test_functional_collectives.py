@@ -60,6 +60,9 @@ SCHEMAS = {
     "all_to_all_single": ["input", "output_split_sizes", "input_split_sizes", "group_name"],
     "broadcast": ["input", "src", "group_name"],
     "broadcast_": ["input!", "src", "group_name"],
+    "isend": ["tensor", "dst", "tag", "group_name"],
+    "irecv": ["tensor", "src", "tag", "group_name"],
+    "batch_p2p_ops": ["op_list", "peer_list", "tag_list", "tensors", "group_name"],
     "wait_tensor": ["tensor"],
 }
 
@@ -76,6 +79,8 @@ def _arguments(schema) -> list[str]:
 @pytest.mark.parametrize("op", list(SCHEMAS))
 def test_op_schema(backend, op):
     fc = backend.require("functional_collectives")
+    if not hasattr(fc.ops, op):
+        pytest.skip(f"torch {torch.__version__} has no functional {op}")  # before 2.12
     schema = getattr(fc.ops, op).default._schema
     assert _arguments(schema) == SCHEMAS[op], f"{op}: {schema}"
     mutable = any(a.endswith("!") for a in SCHEMAS[op])
@@ -1239,13 +1244,23 @@ METHODS_REACHED = {
     "reduce_scatter_tensor_coalesced": ["reduce_scatter_tensor_coalesced"],
     "all_to_all_single": ["alltoall_base"],
     "broadcast": ["broadcast"], "broadcast_": ["broadcast"],
+    "isend_and_irecv": ["send", "recv"], "batch_p2p_ops": ["recv", "send"],
 }
 # The dtypes of each call's tensors, where the order of the calls is the rule's: one
 # allreduce_coalesced per dtype, in the order the dtypes first appear (FC-34).
 METHOD_DTYPES = {"all_reduce_coalesced_of_two_dtypes": [["float64"], ["float32", "float32"]]}
 METHOD_RULES = {"all_gather_into_tensor_out": ["FC-50"],
+                "isend_and_irecv": ["FC-34", "FC-52"], "batch_p2p_ops": ["FC-34", "FC-52"],
                 # members of two dtypes: one call per dtype, the results as single ops'
                 "all_reduce_coalesced_of_two_dtypes": ["FC-34", "FC-26"]}
+
+
+def _require_op_of(backend, call: str) -> None:
+    """The backend's functional collectives, with the op of `call` (p2p: torch 2.12 on)."""
+    fc = backend.require("functional_collectives")
+    op = "batch_p2p_ops" if call == "isend_and_irecv" else call
+    if call in ("isend_and_irecv", "batch_p2p_ops") and not hasattr(fc.ops, op):
+        pytest.skip(f"torch {torch.__version__} has no functional {op}")
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -1256,7 +1271,7 @@ def test_each_op_reaches_its_process_group_through_its_method(backend, world, op
     no device backend (conformance/recording_process_group.py): each op completes with the
     right values on every member, reaching exactly its methods. World 3 records on the
     subgroup [1, 2] (group ranks are not global ranks)."""
-    backend.require("functional_collectives")
+    _require_op_of(backend, op)
     for rank, found in enumerate(run(backend, pg_methods.methods_reached, world, [op])):
         if found is None:
             continue  # not a member of the recording group
@@ -1279,7 +1294,7 @@ def test_an_override_wins_over_the_backend_its_group_registered(backend, kind, o
     are served by the backend (FC-51), with the right values."""
     from conformance.recording_process_group import LEFT_TO_THE_BACKEND
 
-    backend.require("functional_collectives")
+    _require_op_of(backend, op)
     left = LEFT_TO_THE_BACKEND if kind == "half_overridden" else ()
     want = [m for m in METHODS_REACHED[op] if m not in left]
     for rank, found in enumerate(run(backend, pg_methods.methods_reached, 3, [op], kind)):

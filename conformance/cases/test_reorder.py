@@ -1809,9 +1809,9 @@ def _a2a_and_batch_p2p(group: str, n: int) -> torch.fx.GraphModule:
 
 
 # batch_p2p_ops is of the family point_to_point (the op table), so it is no second
-# all_to_all in flight: the original order, both in flight, keeps {"all_to_all": 1} and
-# {"point_to_point": 1} (RO-8: a collective's kind is its row's family), and reorder's
-# orders under those limits keep them.
+# all_to_all in flight: the original order, both in flight, keeps {"all_to_all": 1} (RO-8:
+# a collective's kind is its row's family), and reorder's order under that limit keeps it;
+# a limit on point_to_point itself is refused (RO-8).
 @pytest.mark.spec("RO-8", "RO-15")
 @pytest.mark.parametrize("group", ["world", "sub"])
 def test_a_batch_of_point_to_point_ops_is_of_kind_point_to_point(backend, world4, group):
@@ -1822,12 +1822,26 @@ def test_a_batch_of_point_to_point_ops_is_of_kind_point_to_point(backend, world4
     name, n = (ctx.world, ctx.n) if group == "world" else (ctx.sub, ctx.sub_n)
     gm = _a2a_and_batch_p2p(name, n)
     names = _body(gm)
-    for limits in ({"all_to_all": 1}, {"point_to_point": 1},
-                   {"all_to_all": 1, "point_to_point": 1}):
-        config = ns.ReorderConfig(max_in_flight=limits)
-        assert ns.check_order(gm, names, config) is None, limits
-        new = ns.reorder(gm, config)
-        assert order_violations(gm, new, 0.1, limits) == [], limits
+    limits = {"all_to_all": 1}
+    config = ns.ReorderConfig(max_in_flight=limits)
+    assert ns.check_order(gm, names, config) is None, limits
+    new = ns.reorder(gm, config)
+    assert order_violations(gm, new, 0.1, limits) == [], limits
+
+
+@pytest.mark.spec("RO-8")
+@pytest.mark.parametrize("limits", [{"point_to_point": 1}, {"all_gather": 1,
+                                                              "point_to_point": 4}],
+                         ids=["alone", "beside_another"])
+def test_a_limit_on_point_to_point_is_refused(backend, limits):
+    """Held behind a wait, a send never reaches a peer that holds its own back the same
+    way: pipeline_stage (every rank receives, gathers, sends, then waits) deadlocks under
+    a limit of one. The config is refused, naming max_in_flight and the kind."""
+    ns = _check(backend)
+    with pytest.raises(ValueError) as error:
+        ns.ReorderConfig(max_in_flight=limits)
+    assert "max_in_flight" in str(error.value) and "point_to_point" in str(error.value), \
+        str(error.value)
 
 
 def _clone_then_raise(dtype) -> torch.fx.GraphModule:

@@ -261,6 +261,29 @@ def test_point_to_point_ops_cost_one_transfer(backend, world4):
     assert durations == pytest.approx([want, want]), durations
 
 
+@pytest.mark.spec("SIM-2")
+def test_a_batch_of_point_to_point_ops_costs_its_members_bytes(backend, world4):
+    """batch_p2p_ops of a send and a receive of 512 B each: one transfer of the larger of
+    its members' bytes (its inputs, the fourth argument: 1024 B) and its results' (the
+    received 512 B and the send's empty token), `alpha + B / beta`; its first arguments
+    (the lists of ops, peers and tags) are no bytes."""
+    ns = sim(backend)
+    p2p = torch.ops._c10d_functional
+    if not hasattr(p2p, "batch_p2p_ops"):
+        pytest.skip(f"torch {torch.__version__} has no functional batch_p2p_ops")
+
+    def program(x, y):
+        sent, received = p2p.batch_p2p_ops(["isend", "irecv"], [1, 3], [0, 0],
+                                           [x * 1, y * 2], "0")
+        return p2p.wait_tensor(sent), p2p.wait_tensor(received)
+
+    gm = make_fx(program, tracing_mode="fake")(torch.ones(8, 16), torch.ones(8, 16))
+    tl = ns.simulate(gm, ns.CostModel(_profile(ns)))
+    durations = [e.end_us - e.start_us for e in tl.events if e.stream != "compute"]
+    want = ALPHA[4] + 1024 / BETA[4]
+    assert durations == pytest.approx([want]), durations
+
+
 def _gather_matmul_wait(backend):
     """`all_gather` on group "0", a matmul, the gather's wait, traced: the graph and its
     (gather, matmul, wait) nodes."""
