@@ -318,6 +318,7 @@ def collective_family(node: torch.fx.Node) -> str | None:
     return row.family if row is not None and row.is_collective else None
 
 
+@functools.cache  # read per collective node by memory and the simulator
 def member_list_index(target) -> int | None:
     """The position of a coalesced op's list of member tensors: its first `Tensor[]`
     argument (3 for batch_p2p_ops, after its lists of ops, peers and tags; 0 for the

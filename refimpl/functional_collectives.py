@@ -449,11 +449,12 @@ class _Pending:
 
     __slots__ = ("work", "finish", "op", "group_name", "reads", "check", "peer")
 
-    def __init__(self, work, finish, op: str, group_name: str, reads=()):
+    def __init__(self, work, finish, op: str, group_name: str, reads=(), *, check=None,
+                 peer=None):
         self.work, self.finish, self.op, self.group_name = work, finish, op, group_name
         self.reads = reads
-        self.check = None  # a point-to-point op's pair check, with checks on (FC-53)
-        self.peer = None  # a point-to-point op's peer, a global rank (FC-29)
+        self.check = check  # a point-to-point op's pair check, with checks on (FC-53)
+        self.peer = peer  # a point-to-point op's peer, a global rank (FC-29)
 
     def wait(self) -> None:
         if self.check is not None:
@@ -499,10 +500,10 @@ def _register(tensor: torch.Tensor, pending: _Pending, *, pending_if_empty=False
     address to key the registry: its collective completes now (FC-7), but for a
     point-to-point op (`pending_if_empty`), which must not block before its peer comes:
     that one is keyed by its storage's identity (FC-52)."""
-    if tensor.untyped_storage().data_ptr() == 0 and not pending_if_empty:
+    key = _work_key(tensor)
+    if key < 0 and not pending_if_empty:  # no storage address
         pending.wait()
         return tensor
-    key = _work_key(tensor)
     _work_registry.setdefault(key, []).append((next(_versions), pending))
     return tensor
 
@@ -1617,14 +1618,20 @@ def _check_tag(tag, arg: str) -> int:
     return tag
 
 
-def _check_p2p(op: str, tensor, peer, tag, group_name, index: str = ""):
+def _check_p2p(op: str, tensor, peer, tag, group_name):
     """The group, after every check of one send or receive (FC-53, FC-30)."""
     pg = _process_group(group_name)
+    _check_member(op, tensor, peer, tag, pg, group_name)
+    return pg
+
+
+def _check_member(op: str, tensor, peer, tag, pg, group_name, index: str = "") -> None:
+    """The checks of one send or receive on `pg`; `index` ("[i]") names a batch's member
+    by its lists' arguments."""
     peer_arg = ("peer_list" if index else "dst" if op == "isend" else "src") + index
     _check_peer(peer, pg.size(), group_name, peer_arg)
     _check_tag(tag, ("tag_list" if index else "tag") + index)
     _check_has_data(tensor, ("tensors" if index else "tensor") + index)
-    return pg
 
 
 def _check_batch(op_list, peer_list, tag_list, tensors, group_name):
@@ -1638,9 +1645,11 @@ def _check_batch(op_list, peer_list, tag_list, tensors, group_name):
     for i, op in enumerate(op_list):
         if op not in _P2P_OPS:
             refuse(f"op_list[{i}]", "'isend' or 'irecv'", repr(op), "FC-53")
-    pgs = [_check_p2p(op, t, peer, tag, group_name, f"[{i}]") for i, (op, peer, tag, t)
-           in enumerate(zip(op_list, peer_list, tag_list, tensors, strict=True))]
-    return pgs[0]
+    pg = _process_group(group_name)
+    for i, (op, peer, tag, t) in enumerate(zip(op_list, peer_list, tag_list, tensors,
+                                               strict=True)):
+        _check_member(op, t, peer, tag, pg, group_name, f"[{i}]")
+    return pg
 
 
 def _length_text(values) -> str:
@@ -1698,18 +1707,16 @@ def _start_p2p(op: str, tensor, peer: int, tag: int, pg, group_name: str) -> tor
     if op == "isend":
         sent = tensor.contiguous()
         result = tensor.new_empty(0)
-        method, buffers = "send", [sent]
+        method, buffers, reads = "send", [sent], (sent,)
     else:
-        sent = None
         result = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-        method, buffers = "recv", [result]
+        method, buffers, reads = "recv", [result], ()
     serving = _backend_serving(pg, method, tensor.device) or pg
     what = f"{op} {'to' if op == 'isend' else 'from'} group rank {peer}"
-    pending = _Pending(None, None, what, group_name, reads=(sent,) if sent is not None else ())
-    pending.work = _communicate(what, group_name,
-                                lambda: getattr(serving, method)(buffers, peer, tag))
-    pending.check, pending.peer = (check.verify if check else None), \
-        dist.get_process_group_ranks(pg)[peer]
+    work = _communicate(what, group_name, lambda: getattr(serving, method)(buffers, peer, tag))
+    pending = _Pending(work, None, what, group_name, reads,
+                       check=check.verify if check else None,
+                       peer=dist.get_process_group_ranks(pg)[peer])
     return _register(result, pending, pending_if_empty=True)
 
 
@@ -1742,7 +1749,7 @@ def _batch_p2p_ops(op_list, peer_list, tag_list, tensors, group_name):
 
 def _batch_p2p_ops_fake(op_list, peer_list, tag_list, tensors, group_name):
     _check_batch(op_list, peer_list, tag_list, tensors, group_name)
-    return [_isend_fake(t, 0, 0, group_name) if op == "isend" else
+    return [t.new_empty(0) if op == "isend" else
             torch.empty_like(t, memory_format=torch.contiguous_format)
             for op, t in zip(op_list, tensors, strict=True)]
 
