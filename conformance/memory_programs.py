@@ -174,6 +174,23 @@ def symbolic_halves(ops, x):
     return _wait(ops, ops.all_reduce(half, "sum", G)) + x.sum()
 
 
+def point_to_point(ops, x, y):
+    """Each of 2 ranks sends to the other and receives from it, alone and in a batch
+    (FC-52). isend holds its input and its token (no elements) until its wait; irecv holds
+    only its result: its argument is a template it never writes (FC-53), free at the op;
+    batch_p2p_ops holds member i (its input i, from its fourth argument, and result i)
+    until result i's wait (MEM-5)."""
+    peer = 1 - dist.get_rank()
+    sent = ops.isend(x * 2, peer, 0, G)
+    received = _wait(ops, ops.irecv(torch.empty_like(x), peer, 0, G)) + 1
+    _wait(ops, sent)
+    got, token = ops.batch_p2p_ops(["irecv", "isend"], [peer, peer], [1, 1],
+                                   [torch.empty_like(y), y * 3], G)
+    first = _wait(ops, got) + 1
+    _wait(ops, token)
+    return received, first
+
+
 PROGRAMS = {
     "all_gather_copy_out": (all_gather_copy_out, [(12,)]),
     "out_variant": (out_variant, [(3, 4)]),
@@ -190,6 +207,7 @@ PROGRAMS = {
     "all_to_all_and_broadcast": (all_to_all_and_broadcast, [(4,)]),
     "dead_value": (dead_value, [(4,)]),
     "symbolic_halves": (symbolic_halves, [(6,)]),
+    "point_to_point": (point_to_point, [(4,), (2, 3)]),
 }
 
 
@@ -554,7 +572,7 @@ def verify_with_backend(spec: str, names: list[str]) -> list[str]:
         # group's worker thread lets go of just after a wait (MEM-12's grace).
         freed = [b for b in plan.buffers if b.free_node is not None
                  and "wait" not in str(b.free_node.target)]
-        if not freed:
+        if not freed or name in STOPS_BETWEEN_PAIRS:
             continue
         for what, doctor in WRONG.items():
             wrong = memory.plan_memory(gm)
@@ -588,5 +606,9 @@ def _output_freed(plan, freed):
     return output
 
 
+# A doctored run stops where the verifier finds the broken buffer, which in these programs
+# can fall between a send and its receive: the send left over would meet the next run's
+# receive, as gloo pairs them in issue order. Their plans are verified undoctored only.
+STOPS_BETWEEN_PAIRS = frozenset({"point_to_point"})
 WRONG = {"a free one node late": _free_later, "a buffer one byte larger": _one_byte_more,
          "an output freed": _output_freed}

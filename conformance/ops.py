@@ -31,7 +31,8 @@ from conformance import spec
 __all__ = ["Op", "UnknownOp", "FAMILIES", "KINDS", "COMPLETIONS", "FORMS", "IN_FLIGHT",
            "COST_BYTES", "ALGORITHMS", "LOWERINGS", "rows", "left_out", "namespaces",
            "collective_namespaces", "symm_mem_namespaces", "op_key", "row", "find",
-           "reason_left_out", "forget", "is_wait", "kind_of", "is_blocking", "member_list"]
+           "reason_left_out", "forget", "is_wait", "kind_of", "is_blocking", "member_list",
+           "member_in_flight"]
 
 # The words of the table's columns, as the appendix defines them ("" where it writes —).
 FAMILIES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast",
@@ -39,7 +40,7 @@ FAMILIES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadca
 KINDS = FAMILIES[:-1]  # a collective's family is its kind (RO-8)
 COMPLETIONS = ("wait", "blocking", "completes")
 FORMS = ("in place", "coalesced", "out", "returns argument")
-IN_FLIGHT = ("inputs", "result", "")
+IN_FLIGHT = ("inputs", "result", "per member", "")
 COST_BYTES = ("input", "output", "larger", "")
 ALGORITHMS = ("ring", "twice_ring", "pipeline", "one_shot", "direct", "")
 LOWERINGS = ("reinplace", "reinplace each", "in place", "in place each", "clone and in place",
@@ -259,6 +260,22 @@ def is_blocking(node: torch.fx.Node) -> bool:
     """A blocking kernel: a symmetric-memory op that completes before it returns."""
     op = find(node)
     return op is not None and op.is_blocking
+
+
+def member_in_flight(node: torch.fx.Node, i: int) -> str:
+    """What member `i` of a collective's node holds until its wait (MEM-5): its row's In
+    flight word, or for `per member` the word of the row of the op member `i` is (the
+    schema's first `str[]` argument names them: batch_p2p_ops's op_list), in the same
+    namespace."""
+    op = row(node)
+    if op.in_flight != "per member":
+        return op.in_flight
+    for k, argument in enumerate(node.target._schema.arguments):
+        if str(argument.type) == "List[str]":
+            names = node.args[k] if k < len(node.args) else node.kwargs.get(argument.name)
+            return row(f"{op.namespace}::{names[i]}").in_flight
+    raise UnknownOp(f"{op.qualified}: In flight `per member`, but its schema names no op "
+                    f"per member (no str[] argument)")
 
 
 def member_list(node: torch.fx.Node):

@@ -173,14 +173,17 @@ class _Buffers:
         """A collective's members: (its result's buffer, the buffers held until its wait)."""
         results = self.roots.get(node, [])
         members = ops.member_list(node)
-        op = ops.find(node)
-        held_all = op is not None and op.in_flight == "inputs"  # else its results only
+        known = ops.find(node) is not None
+
+        def holds_inputs(i: int) -> bool:  # else its result only (MEM-5's In flight words)
+            return known and ops.member_in_flight(node, i) == "inputs"
+
         if isinstance(members, (list, tuple)):
-            return [(results[i], (self.of(a) if held_all else []) + [results[i]])
+            return [(results[i], (self.of(a) if holds_inputs(i) else []) + [results[i]])
                     for i, a in enumerate(members) if i < len(results)]
         if not results:
             return []
-        inputs = self.of(node.args) + self.of(node.kwargs) if held_all else []
+        inputs = self.of(node.args) + self.of(node.kwargs) if holds_inputs(0) else []
         return [(results[0], inputs + [results[0]])]
 
 

@@ -77,7 +77,8 @@ class CommOp:
     coalesced: bool = False  # a list of tensors, one member per tensor
     out: bool = False  # writes an `out` argument and returns it
     # What it holds in flight until its wait (MEM-5): "inputs" (its tensor arguments and
-    # results) or "result" (it copied its input when issued: FC-2, CL-2); "" when nothing.
+    # results), "result" (it copied its input when issued: FC-2, CL-2) or "per member"
+    # (each member as the row of the op it is: member_in_flight); "" when nothing.
     in_flight: str = ""
     # The cost model (SIM-2): the bytes it moves ("input", "output" or "larger" of the
     # two) and the algorithm charged for them ("ring", "twice_ring", "pipeline",
@@ -182,6 +183,9 @@ def _rows() -> dict[tuple[str, str], CommOp]:
     # buffer it receives into (FC-53), the one thing it holds in flight (MEM-5).
     rows["refimpl_c10d", "irecv"] = CommOp("refimpl_c10d", "irecv",
                                            **dict(_P2P, in_flight="result"))
+    # A batch of them holds each member as its own op does (irecv's its result only).
+    rows["refimpl_c10d", "batch_p2p_ops"] = CommOp(
+        "refimpl_c10d", "batch_p2p_ops", **dict(_P2P, coalesced=True, in_flight="per member"))
     rows["refimpl_c10d", "wait_tensor_"] = CommOp("refimpl_c10d", "wait_tensor_", **_WAIT,
                                                   in_place=True)
     rows["_c10d_functional", "wait_tensor"] = CommOp("_c10d_functional", "wait_tensor",
@@ -327,6 +331,23 @@ def member_list_index(target) -> int | None:
         if str(argument.type) == "List[Tensor]":
             return i
     return None
+
+
+def member_in_flight(node, i: int) -> str:
+    """What member `i` of a collective's node holds until its wait (MEM-5): its row's
+    `in_flight`, or for "per member" that of the row of the op member `i` is, named by
+    the schema's first `str[]` argument (batch_p2p_ops's op_list), in the same namespace."""
+    row = node_op(node)
+    if row.in_flight != "per member":
+        return row.in_flight
+    names = node.args[_op_list_index(node.target)]
+    return ROWS[row.namespace, names[i]].in_flight
+
+
+@functools.cache
+def _op_list_index(target) -> int:
+    return next(i for i, argument in enumerate(target._schema.arguments)
+                if str(argument.type) == "List[str]")
 
 
 def targets(**fields) -> frozenset:

@@ -370,12 +370,12 @@ class MemoryModel:
 
     def _members(self, node) -> list[tuple[int, tuple[int, ...]]]:
         results = self.node_buffers.get(node, [])
-        result_only = comm_ops.node_op(node).in_flight == "result"  # MEM-5
         members = []
         for args, i in _collective_members(node):
             if i >= len(results):
                 continue
             done = results[i].index
+            result_only = comm_ops.member_in_flight(node, i) == "result"  # MEM-5
             held = [done] if result_only else \
                 [b.index for a in args for b in self.node_buffers.get(a, ())] + [done]
             members.append((done, tuple(dict.fromkeys(held))))

@@ -2176,6 +2176,18 @@ MEM = [
            "for i, a in enumerate(node_args(node.args[listed]))]\n",
            "each member of a coalesced collective holds every member's input",
            catch="test_coalesced_members_are_held_until_their_own_wait"),
+    Mutant("mem_batch_members_held_as_the_batch", "MEM-5", MEMORY,
+           '            result_only = comm_ops.member_in_flight(node, i) == "result"  # MEM-5\n',
+           '            result_only = comm_ops.node_op(node).in_flight == "result"  # MEM-5\n',
+           "a batch of point-to-point ops held by its own row, not each member by its op's: "
+           "an irecv member's template is held to its wait",
+           catch="test_point_to_point_ops_hold_what_each_member_sends"),
+    Mutant("comm_ops_every_member_as_the_first", "MEM-5", COMM_OPS,
+           "    return ROWS[row.namespace, names[i]].in_flight\n",
+           "    return ROWS[row.namespace, names[0]].in_flight\n",
+           "every member of a batch held as its first member's op is (an irecv first: the "
+           "isend member's input is let go at the batch)",
+           catch="test_point_to_point_ops_hold_what_each_member_sends"),
     Mutant("mem_dead_value_kept", "MEM-3", MEMORY,
            "        dying = [b for b in allocated if self.remaining[b] == 0]  # read by nobody\n",
            "        dying = []\n",

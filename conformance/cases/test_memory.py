@@ -258,6 +258,33 @@ def test_all_to_all_holds_its_input_broadcast_does_not(backend, fake_world):
 high-water 64 at %3""")
 
 
+# Point-to-point ops (FC-52), each rank's pair with the other: isend holds its input
+# (%2) and its token of no elements until its wait (MEM-5: inputs); refimpl's irecv holds
+# only its result, its argument (%4) is a template freed at the op (FC-53: result); the
+# batch holds each member as its op does: the irecv member's template (%9) is freed at
+# the batch, the isend member's input (%10) at its token's wait (MEM-5: per member).
+@pytest.mark.spec("MEM-5", "FC-52", "FC-53")
+def test_point_to_point_ops_hold_what_each_member_sends(backend, fake_world):
+    gm = mp.traced("point_to_point")
+    assert_expected_inline(plan_text(backend, gm), """\
+%0 input                           +16 %0                       live 16
+%1 input                           +24 %1                       live 40
+%2 aten.mul.Tensor                 +16 %2                       live 56
+%3 funcol.isend                    +0 %3                        live 56
+%4 aten.empty_like                 +16 %4                       live 72
+%5 funcol.irecv                    +16 %5 -16 %4                live 72
+%6 funcol.wait_tensor              +16 %6 -16 %5                live 72
+%7 aten.add.Tensor                 +16 %7 -16 %6                live 72
+%8 funcol.wait_tensor              +0 %8 -0 %8 -0 %3 -16 %2     live 56
+%9 aten.empty_like                 +24 %9                       live 80
+%10 aten.mul.Tensor                +24 %10                      live 104
+%11 funcol.batch_p2p_ops           +24 %11 +0 %11 -24 %9        live 104
+%14 funcol.wait_tensor             +24 %14 -24 %11              live 104
+%15 aten.add.Tensor                +24 %15 -24 %14              live 104
+%16 funcol.wait_tensor             +0 %16 -0 %16 -0 %11 -24 %10 live 80
+high-water 128 at %11""")
+
+
 # A value nobody reads is freed at the node that allocates it (MEM-3, MEM-9).
 # Live bytes reach 48 at %2, %3 and %4: `peak_node` is the first of them (MEM-1).
 @pytest.mark.spec("MEM-3", "MEM-9", "MEM-1")
