@@ -379,12 +379,49 @@ def ops_on_transposed_views(fc, dtype, group=WORLD):
     return step, xs
 
 
+def pipeline_exchange(fc, dtype, kind="all_gather", group=WORLD):
+    """Three collectives of `kind` on one group before, between and after a pipeline
+    exchange on it: each rank receives from the group rank before it and sends to the one
+    after, both issued before either wait (a ring completes, FC-52), by the op namespace
+    (`fc.ops`). The three merge into one bucket where the last stood (BK-7), past the send
+    and the receive, which are no candidates (BK-1) and keep their order: every rank
+    issues receive, send, bucket."""
+    ops_ = fc.ops
+    if not hasattr(ops_, "isend"):
+        from conformance.backends import NotImplementedConcept
+
+        raise NotImplementedConcept(f"torch {torch.__version__} has no functional isend")
+    pg = group_of(group)
+    n, me = pg.size(), dist.get_group_rank(pg, dist.get_rank())
+    xs = [rank_input(dist.get_rank(), (2 * n, 3), dtype, salt=140 + i) for i in range(3)]
+
+    def collective(x):
+        if kind == "all_gather":
+            return fc.all_gather_tensor(x, 0, pg)
+        if kind == "reduce_scatter":
+            return fc.reduce_scatter_tensor(x, "sum", 0, pg)
+        return fc.all_reduce(x, "sum", pg)
+
+    def step(a, b, c):
+        first = collective(a)
+        received = ops_.irecv(torch.empty_like(c), (me - 1) % n, 0, pg.group_name)
+        second = collective(b)
+        sent = ops_.isend(c * 2, (me + 1) % n, 0, pg.group_name)
+        third = collective(c)
+        got = ops_.wait_tensor(received)
+        ops_.wait_tensor(sent)
+        return first * 2, second + 1, third + got.sum(), got
+
+    return step, xs
+
+
 PROGRAMS = {f.__name__: f for f in (fsdp_all_gather, fsdp_reduce_scatter, interleaved, chain,
                                     mixed_dtypes, other_dims, all_reduces, keyed,
                                     cross_key_cycle, three_key_chain, with_out_variant,
                                     waited_through_a_view, ops_on_transposed_views,
                                     upstream_namespace, upstream_waited_together,
-                                    waited_twice, chain_of_waits, written_between_waits)}
+                                    waited_twice, chain_of_waits, written_between_waits,
+                                    pipeline_exchange)}
 
 
 # --------------------------------------------------------------------------------------

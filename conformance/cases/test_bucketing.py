@@ -334,6 +334,27 @@ def test_two_groups_interleaved(backend, pass_name):
     assert result["collectives"] == (12, 8)
 
 
+@pytest.mark.spec("BK-1", "BK-7", "FC-52")
+@pytest.mark.parametrize("pass_name", [AG, RS, AR])
+@pytest.mark.parametrize("world, group, dtype", [(2, "world", F32), (4, ROWS_2x2, BF16)],
+                         ids=["world_of_2_f32", "strided_of_4_bf16"])
+def test_point_to_point_ops_are_never_merged_and_keep_their_order(backend, pass_name, world,
+                                                                   group, dtype):
+    """Three collectives of the pass's kind around a ring's receive and send on one group
+    (the world, or each rank's row of [[0, 2], [1, 3]]: group ranks are not global ranks):
+    the three merge into one where the last stood; the receive and the send stay single
+    ops, in their order, before it, on every rank, with the same values as unbucketed."""
+    kind = {AG: "all_gather", RS: "reduce_scatter", AR: "all_reduce"}[pass_name]
+    for rank, result in enumerate(run_case(
+            backend, world, "pipeline_exchange", pass_name, dtype=dtype, every_rank=True,
+            program_args={"kind": kind, "group": group})):
+        assert result["collectives"] == (5, 3), f"rank {rank}: {result['collectives']}"
+        issued = [line.split()[0] for line in result["comm_trace"].splitlines()
+                  if not line.startswith("wait")]
+        assert issued[:2] == ["irecv", "isend"] and len(issued) == 3, \
+            f"rank {rank} issues {issued}:\n{result['comm_trace']}"
+
+
 W, OTHER = "world", [[0, 1]]  # on 2 ranks: two groups of the same ranks
 KEYS = {
     # name: (pass, members (group, dtype, reduce op), collectives after)
