@@ -395,8 +395,39 @@ def ar_beside_a_row_group(fc, x):
     return fc.all_reduce(x * 2, "sum", WORLD), fc.all_gather_tensor(x, 0, _row_group())
 
 
+def _ar_beside_a_ring(fc, x, step):
+    ops = fc.ops
+    if not hasattr(ops, "isend"):
+        from conformance.backends import NotImplementedConcept
+
+        raise NotImplementedConcept(f"torch {torch.__version__} has no functional isend")
+    me, n = dist.get_rank(), dist.get_world_size()
+    after, before = (me + step) % n, (me - step) % n
+    sent = ops.isend(x * 3, after, 0, WORLD)
+    received = ops.irecv(torch.empty_like(x), before, 0, WORLD)
+    reduced = fc.all_reduce(x * 2, "sum", WORLD)
+    got, token = ops.batch_p2p_ops(["irecv", "isend"], [before, after], [1, 1],
+                                   [torch.empty_like(x), x + 1], WORLD)
+    ops.wait_tensor(sent)
+    ops.wait_tensor(token)
+    return reduced, ops.wait_tensor(received) + ops.wait_tensor(got)
+
+
+def ar_beside_a_ring(fc, x):
+    """A one-shot all_reduce on WORLD beside a ring's send to the rank after and receive
+    from the one before, single and in a batch: the peers differ between the ranks, the
+    comm buffer's alloc_id must not (CL-12)."""
+    return _ar_beside_a_ring(fc, x, 1)
+
+
+def ar_beside_a_reversed_ring(fc, x):
+    """The ring of ar_beside_a_ring the other way round: on more than 2 ranks another
+    graph on every rank, so other alloc_ids (CL-12)."""
+    return _ar_beside_a_ring(fc, x, -1)
+
+
 PROGRAMS = {f.__name__: f for f in [
-    ar_beside_a_row_group,
+    ar_beside_a_row_group, ar_beside_a_ring, ar_beside_a_reversed_ring,
     ar_graph_input, ar_intermediate, ar_intermediate_shared, ar_inplace, ar_coalesced,
     ar_coalesced_inplace, ar_coalesced_waited_together, ar_coalesced_same_tensor_twice,
     ar_inplace_wait_result_written, ar_inplace_argument_written_after_wait,

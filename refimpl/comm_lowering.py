@@ -181,8 +181,10 @@ def graph_fingerprint(gm: torch.fx.GraphModule) -> str:
 
     It depends on nothing that varies between ranks, runs or processes (no node names,
     no addresses, no group names: a sub group's name differs between the ranks of
-    different rows, so each group is written as the order of its first use), so every
-    rank that lowers the same graph gets the same digest (CL-12).
+    different rows, so each group is written as the order of its first use; no peers of
+    point-to-point ops: a ring's differ between ranks, so each is written as its offset
+    from this rank's group rank), so every rank that lowers the same graph gets the same
+    digest (CL-12).
     """
     index = {n: i for i, n in enumerate(gm.graph.nodes)}
     groups: dict[str, str] = {}
@@ -196,9 +198,18 @@ def graph_fingerprint(gm: torch.fx.GraphModule) -> str:
         if not isinstance(node.target, torch._ops.OpOverload):
             return node.args, node.kwargs
         names = [a.name for a in node.target._schema.arguments]
-        args = tuple(group(a) if i < len(names) and names[i] == "group_name" else a
+        given = {**dict(zip(names, node.args, strict=False)), **node.kwargs}
+
+        def written(name, value):
+            if name == "group_name":
+                return group(value)
+            if name in _PEERS:
+                return _peer_offsets(value, given.get("group_name"))
+            return value
+
+        args = tuple(written(names[i] if i < len(names) else "", a)
                      for i, a in enumerate(node.args))
-        return args, {k: group(v) if k == "group_name" else v for k, v in node.kwargs.items()}
+        return args, {k: written(k, v) for k, v in node.kwargs.items()}
 
     def text(arg):
         if isinstance(arg, torch.fx.Node):
@@ -221,6 +232,23 @@ def graph_fingerprint(gm: torch.fx.GraphModule) -> str:
         args, kwargs = arguments(node)
         digest.update(f"{node.op} {target} {text(args)} {text(kwargs)} {shape}\n".encode())
     return digest.hexdigest()
+
+
+# The arguments of point-to-point ops that name a peer by its group rank (FC-52).
+_PEERS = frozenset({"dst", "src", "peer_list"})
+
+
+def _peer_offsets(peers, group_name):
+    """A peer (or list of them) as its offset from this rank's group rank, modulo the
+    group's size: equal on every rank of a ring, whose peers are not."""
+    try:
+        pg = torch.distributed.distributed_c10d._resolve_process_group(group_name)
+        me, size = pg.rank(), pg.size()
+    except (RuntimeError, ValueError, TypeError, KeyError):
+        return "a peer of a group this process does not know"
+    if isinstance(peers, (list, tuple)):
+        return [f"+{(p - me) % size}" for p in peers]
+    return f"+{(peers - me) % size}"
 
 
 def _alloc_id(fingerprint: str, namespace: str, index: int, group_name: str,

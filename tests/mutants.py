@@ -986,6 +986,18 @@ CL = [
            "",
            "the wait of a blocking one-shot kernel kept in the graph",
            catch="test_small_sum_all_reduce_goes_one_shot"),
+    Mutant("alloc_id_reads_a_batch_s_peers", "CL-12", _CL,
+           '_PEERS = frozenset({"dst", "src", "peer_list"})',
+           '_PEERS = frozenset({"dst", "src"})',
+           "the fingerprint writes a single op's peer as an offset but reads a batch's "
+           "peer_list as it is: a ring's batch gives every rank other alloc_ids",
+           catch="test_alloc_ids_are_equal_on_every_rank_of_a_ring[2]"),
+    Mutant("alloc_id_peer_not_an_offset", "CL-12", _CL,
+           '    return f"+{(peers - me) % size}"',
+           '    return f"+{peers % size}"',
+           "a single op's peer written as the group rank it names, not its offset from this "
+           "rank's: a ring's send differs between the ranks",
+           catch="test_alloc_ids_are_equal_on_every_rank_of_a_ring[2]"),
     Mutant("alloc_id_without_namespace", "CL-12", _CL,
            'key = f"{namespace}/{fingerprint}/{index}/{val.dtype}{list(val.shape)}/{group_name}"',
            'key = f"{fingerprint}/{index}/{val.dtype}{list(val.shape)}/{group_name}"',

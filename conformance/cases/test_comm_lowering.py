@@ -775,6 +775,25 @@ def test_one_graph_lowered_under_two_thresholds_runs_both(backend):
             torch.testing.assert_close(result, want, rtol=0, atol=0)
 
 
+@pytest.mark.spec("CL-12", "FC-52")
+@pytest.mark.parametrize("world", [2, 4])
+def test_alloc_ids_are_equal_on_every_rank_of_a_ring(backend, world):
+    """A one-shot all_reduce beside a ring's send and receive, whose peers (group ranks)
+    differ between the ranks: its comm buffer's alloc_id is the same on every rank; on 4
+    ranks the ring the other way round is another graph, with another alloc_id."""
+    backend.require("lowering", "lowered_graph")
+    lowerings = [("ar_beside_a_ring", ONE_SHOT, (4,)),
+                 ("ar_beside_a_reversed_ring", ONE_SHOT, (4,))]
+    ranks = harness.run(backend, alloc_ids_on_rank, world, lowerings)
+    for rank, ids in enumerate(ranks):
+        assert ids == ranks[0], f"alloc_ids differ between ranks 0 and {rank}: {ranks}"
+    forward, backward = ranks[0]
+    assert len(forward) == 1 and len(backward) == 1, ranks[0]
+    assert (forward == backward) == (world == 2), \
+        f"world {world}: the two rings {'share' if forward == backward else 'differ in'} " \
+        f"alloc_ids {forward}, {backward}"
+
+
 def _alloc_ids_by_gather_group_on_rank(spec: str) -> dict:
     """On one rank: {(gather's group, dtype): alloc_ids} of `all_reduce(x * 2, WORLD)`
     (one-shot: comm buffer 0) beside an all_gather of `x` on WORLD itself, on another

@@ -6,7 +6,9 @@ A *program* is a list of statements (`Stmt`) that renders to Python source
 generator writes FSDP- and TP-like sequences: collectives of several groups
 (WORLD and subgroups: a non-contiguous `[[0, 2], [1, 3]]` of 4 ranks, or on 2 ranks a
 second group of the same ranks), plain, coalesced, in place (`all_reduce_`) and into an
-`out=` buffer, each waited somewhere later; casts to bf16 or f16 before an all_gather, views,
+`out=` buffer, each waited somewhere later; pipeline stages' exchanges (a receive from
+the group rank before and a send to the one after, single or in one batch: a table `P`
+of peers per group, FC-52); casts to bf16 or f16 before an all_gather, views,
 compute of several shapes and dtypes, in-place ops and `out=` ops on buffers after their
 wait, one-shot candidates with chains of pointwise steps around them (CL-10, CL-17), and
 `refimpl_conformance::record_` (conformance/reorder_programs.py) as a barrier.

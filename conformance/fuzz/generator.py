@@ -2,8 +2,9 @@
 
 `_Builder` writes FSDP- and TP-like sequences: collectives of several groups (WORLD and
 subgroups), plain, coalesced, in place (`all_reduce_`) and into an `out=` buffer, each
-waited somewhere later; casts to bf16 or f16 before an all_gather, views, compute of
-several shapes and dtypes, in-place ops and `out=` ops on buffers after their wait,
+waited somewhere later; a pipeline stage's exchange on a ring of a group (FC-52); casts
+to bf16 or f16 before an all_gather, views, compute of several shapes and dtypes,
+in-place ops and `out=` ops on buffers after their wait,
 one-shot candidates with chains of pointwise steps around them (CL-10, CL-17), and
 `refimpl_conformance::record_` (conformance/reorder_programs.py) as a barrier (RO-6).
 Every value stays below the size its dtype holds exactly (CF-9). The order of the draws
@@ -15,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import torch
 from hypothesis import strategies as st
 
 from conformance.fuzz.vocabulary import (
@@ -115,7 +117,7 @@ class _Builder:
     # ---- steps -------------------------------------------------------------------------
     def step(self) -> None:
         kinds = ["compute", "collective", "compute", "fsdp", "tp", "record", "burst", "burst",
-                 "chain", "cross", "one_shot", "one_shot"]
+                 "chain", "cross", "one_shot", "one_shot", "pipeline"]
         if self.pending:
             kinds += ["wait", "wait"]
         getattr(self, "_" + self.draw(st.sampled_from(kinds)))()
@@ -332,9 +334,12 @@ class _Builder:
     def _wait(self) -> None:
         self._wait_for(self._pick(self.pending[::-1]))  # shrinks to the oldest
 
-    def _wait_for(self, p: Pending) -> Value:
+    def _wait_for(self, p: Pending) -> Value | None:
         self.pending.remove(p)
         self.busy.discard(p.writes)
+        if p.kind == "isend":  # its result has no elements: the wait completes the send
+            self._emit("wait", f"ops.wait_tensor({p.handle})")
+            return None
         if p.kind != "all_reduce_":
             out = self._new(p.result, buffer=p.result.buffer, owner=p.result.owner)
         else:
@@ -436,6 +441,38 @@ class _Builder:
         self._collective(out, ["all_reduce", "all_reduce", "reduce_scatter"], ("sum",),
                          group=group)
 
+
+    # ---- a pipeline stage's exchange (FC-52) --------------------------------------------
+    def _pipeline(self) -> None:
+        """A pipeline stage's exchange on one group: this rank sends a value to the group
+        rank after it and receives, from the one before, a tensor of that shape and dtype
+        (a ring: `P[group]` is (after, before) on each rank), as a receive and a send in
+        either order or one batch of both, each waited later; nothing blocks when issued,
+        so any order of the two completes (FC-52)."""
+        values = self._readable(lambda v: v.contiguous)
+        if not values:
+            return self._compute()
+        group = self.draw(st.sampled_from(["world", *self.groups]))
+        x = self._pick(values)
+        form = self.draw(st.sampled_from(["receive_first", "send_first", "batch"]))
+        tag = self.draw(st.sampled_from([0, 0, 1]))
+        received, token = self._name("h"), self._name("h")
+        g, after, before = f"G[{group!r}]", f"P[{group!r}][0]", f"P[{group!r}][1]"
+        receive = f"ops.irecv(torch.empty_like({x.name}), {before}, {tag}, {g})"
+        send = f"ops.isend({x.name}, {after}, {tag}, {g})"
+        if form == "batch":
+            self._emit("batch_p2p_ops", f"{received}, {token} = ops.batch_p2p_ops(['irecv', "
+                       f"'isend'], [{before}, {after}], [{tag}, {tag}], "
+                       f"[torch.empty_like({x.name}), {x.name}], {g})")
+        else:
+            lines = [f"{received} = {receive}", f"{token} = {send}"]
+            self._emit("p2p", *(lines if form == "receive_first" else lines[::-1]))
+        self._use(x)  # read by the send until its wait: nothing may write it afterwards
+        value = Value("", x.shape, x.dtype, x.bound, self._buffer(), True, True)
+        nothing = Value("", (0,), x.dtype, 0, self._buffer(), True, True)
+        batch = form == "batch"
+        self.pending += [Pending(received, value, "irecv", None, batch),
+                         Pending(token, nothing, "isend", None, batch)]
 
     # ---- one-shot all-reduce and the steps around it (CL-10, CL-17) -------------------
     def _one_shot(self) -> None:
@@ -545,7 +582,12 @@ def programs(draw) -> Program:
     for _ in range(steps):
         builder.step()
     program = builder.finish(world_size, inputs)
-    program = dataclasses.replace(program, upstream_ops=draw(st.booleans()),
+    # Upstream's namespace has no point-to-point ops before torch 2.12: such a program
+    # keeps the backend's there (the draw is made all the same, so that the rest is too).
+    upstream_ops = draw(st.booleans()) and (
+        not any(s.op in ("p2p", "batch_p2p_ops") for s in program.stmts)
+        or hasattr(torch.ops._c10d_functional, "isend"))
+    program = dataclasses.replace(program, upstream_ops=upstream_ops,
                                   dict_outputs=draw(st.booleans()))
     # Now and then the program also returns a value other nodes read: an output is kept to
     # the end whoever reads it (MEM-7), which an output nobody else reads never shows.

@@ -29,6 +29,16 @@ def _groups_on_rank(fc, world_size: int) -> dict[str, str]:
             for key, rows in GROUPS[world_size].items()}
 
 
+def _peers_on_rank(world_size: int) -> dict[str, tuple[int, int]]:
+    """P: group key -> (the group rank after this rank's, the one before): a ring's."""
+    rank, peers = dist.get_rank(), {}
+    for key, rows in GROUPS[world_size].items():
+        row = list(range(world_size)) if rows is None else next(r for r in rows if rank in r)
+        me, n = row.index(rank), len(row)
+        peers[key] = ((me + 1) % n, (me - 1) % n)
+    return peers
+
+
 def load_program(spec: str, source: str, inputs):
     """(backend, fn(*inputs) against the backend's ops, this rank's inputs, G)."""
     from conformance.harness import backend_in_rank
@@ -36,7 +46,7 @@ def load_program(spec: str, source: str, inputs):
     backend = backend_in_rank(spec)
     fc = backend.require("functional_collectives")
     groups = _groups_on_rank(fc, dist.get_world_size())
-    namespace = {"torch": torch, "G": groups}
+    namespace = {"torch": torch, "G": groups, "P": _peers_on_rank(dist.get_world_size())}
     exec(compile(source, "<fuzz program>", "exec"), namespace)
     rank = dist.get_rank()
     xs = [rank_input(rank, shape, DTYPES[dt], salt=i) for i, (shape, dt) in enumerate(inputs)]

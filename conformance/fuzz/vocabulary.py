@@ -121,7 +121,8 @@ class Program:
                                              f"this rank's row of {[list(r) for r in rows]}")
                            for k, rows in GROUPS[self.world_size].items())
         inputs = ", ".join(f"x{i} {dt}{list(shape)}" for i, (shape, dt) in enumerate(self.inputs))
-        return [f"# {self.world_size} gloo ranks; group names: {groups}",
+        return [f"# {self.world_size} gloo ranks; group names: {groups}; P[k]: (the group "
+                f"rank after this rank's in G[k], the one before)",
                 "# inputs[i] = conformance.oracle.rank_input(rank, shape, dtype, salt=i): "
                 + inputs]
 
