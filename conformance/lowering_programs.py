@@ -284,6 +284,19 @@ def ar_comm_buffer_escapes(fc, x):
     return fc.all_reduce(y, "sum", WORLD), y
 
 
+def ar_comm_buffer_escapes_as_a_view(fc, x):
+    """The comm buffer under a one-shot all_reduce escapes through a view of it, an
+    output the buffer itself is not (CL-13): found by the fuzzer."""
+    y = x * 3
+    return fc.all_reduce(y, "sum", WORLD), y.view(2, 2)
+
+
+def ar_comm_buffer_escapes_as_a_split(fc, x):
+    """... through the second piece of a split of it, a getitem of a view op (CL-13)."""
+    y = x * 3
+    return fc.all_reduce(y, "sum", WORLD), y.split(2)[1]
+
+
 # ---- CL-17: chains of add/sub/mul by a number around a one-shot all_reduce ----------------
 def ar_pointwise_chains(fc, x):
     """A prologue and an epilogue of three steps each, all fusable."""
@@ -413,6 +426,12 @@ def _ar_beside_a_ring(fc, x, step):
     return reduced, ops.wait_tensor(received) + ops.wait_tensor(got)
 
 
+def ar_beside_a_broadcast(fc, x):
+    """A one-shot all_reduce on WORLD beside a broadcast from group rank 0, whose `src`
+    (named as a receive's peer is) is the same on every rank: so is the alloc_id (CL-12)."""
+    return fc.all_reduce(x * 2, "sum", WORLD), fc.broadcast(x + 1, 0, WORLD)
+
+
 def ar_beside_a_ring(fc, x):
     """A one-shot all_reduce on WORLD beside a ring's send to the rank after and receive
     from the one before, single and in a batch: the peers differ between the ranks, the
@@ -427,7 +446,7 @@ def ar_beside_a_reversed_ring(fc, x):
 
 
 PROGRAMS = {f.__name__: f for f in [
-    ar_beside_a_row_group, ar_beside_a_ring, ar_beside_a_reversed_ring,
+    ar_beside_a_row_group, ar_beside_a_ring, ar_beside_a_reversed_ring, ar_beside_a_broadcast,
     ar_graph_input, ar_intermediate, ar_intermediate_shared, ar_inplace, ar_coalesced,
     ar_coalesced_inplace, ar_coalesced_waited_together, ar_coalesced_same_tensor_twice,
     ar_inplace_wait_result_written, ar_inplace_argument_written_after_wait,
@@ -440,6 +459,7 @@ PROGRAMS = {f.__name__: f for f in [
     broadcast_inplace_non_contiguous, all_gather_non_contiguous,
     reduce_scatter_non_contiguous, ar_small_max, ar_small_f64, ar_small_view,
     ar_of_one_result_of_two, ar_small_other_group, ar_two_small, ar_comm_buffer_escapes,
+    ar_comm_buffer_escapes_as_a_view, ar_comm_buffer_escapes_as_a_split,
     ar_pointwise_chains, ar_pointwise_shared_step, ar_pointwise_result_read_twice,
     ar_pointwise_epilogue_step_read_twice, ar_pointwise_alpha, ar_pointwise_bool,
     ar_pointwise_inexact_int, ar_pointwise_other_dtype, ar_pointwise_source_written,

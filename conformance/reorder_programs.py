@@ -302,6 +302,20 @@ def pipeline_stage(ops, ctx, x, w, s):
     return y, m
 
 
+def two_groups_by_cost(ops, ctx, a, b, w1, w2):
+    """A weight gathered on each group (world, then sub), each feeding a matmul whose
+    result is all-reduced on the same group: which all_reduce goes first follows which
+    gather ends first, that is the costs (RO-12), so ranks whose cost models differ
+    order the two groups' all_reduces differently unless they agree (RO-16)."""
+    g = _wait(ops, ops.all_gather_into_tensor(w1, ctx.n, ctx.world))
+    h = _wait(ops, ops.all_gather_into_tensor(w2, ctx.sub_n, ctx.sub))
+    x = a @ g.view(-1, 4)[:4]
+    y = b @ h.view(-1, 4)[:4]
+    rx = _wait(ops, ops.all_reduce(x, "sum", ctx.world))
+    ry = _wait(ops, ops.all_reduce(y, "sum", ctx.sub))
+    return rx + 1, ry + 1
+
+
 def wait_then_matmul(ops, ctx, x, a, b):
     """One all_reduce, its wait, an independent matmul whose result the end reads;
     upstream's ops (whose wait returns its argument, MEM-2), whatever `ops` is. Sinking
@@ -548,6 +562,7 @@ def _shapes(name: str, ctx: Ctx) -> list[tuple]:
         "refused_fill_behind_a_spread_block": [(2,), (30,), (100,)],
         "limit_broken_before_a_refused_raise": [(4 * r,), (4 * r,), (48,)],
         "pipeline_stage": [(4, 8), (r, 8), (4, 4)],
+        "two_groups_by_cost": [(4, 4), (4, 4), (4, 4), (4, 4)],
     }[name]
 
 
@@ -574,6 +589,7 @@ FUNCTIONS = {
     "refused_fill_behind_a_spread_block": refused_fill_behind_a_spread_block,
     "limit_broken_before_a_refused_raise": limit_broken_before_a_refused_raise,
     "pipeline_stage": pipeline_stage,
+    "two_groups_by_cost": two_groups_by_cost,
 }
 PROGRAMS = list(FUNCTIONS)
 
@@ -796,3 +812,43 @@ def values_on_rank(spec: str, cases: list[Case]) -> dict[str, str]:
         if checker.untrue and not found[case.id]:
             found[case.id] = f"untrue meta val: {checker.report()}"
     return found
+
+
+# --------------------------------------------------------------------------------------
+# On a rank: a cost model of its own (RO-16)
+# --------------------------------------------------------------------------------------
+# two_groups_by_cost's gathers (world's, sub's) in us: on even ranks world's is the slow
+# one, on odd ranks sub's, as profiles measured per rank may say.
+RANK_GATHER_US = ((50.0, 10.0), (10.0, 50.0))
+
+
+def collective_order_on_rank(spec: str, same_graph: bool = True) -> tuple:
+    """On a rank: two_groups_by_cost reordered with this rank's own cost model
+    (RANK_GATHER_US); ("order", [(kind, "world" or "sub") of each collective in the new
+    order]) or, if the backend refused, ("refused", its error's type, its message). With
+    `same_graph` False the odd ranks trace it with a first input of other rows: another
+    graph."""
+    from conformance.harness import backend_in_rank
+    from conformance.reorder_rules import group_of
+
+    backend = backend_in_rank(spec)
+    fc_ops = backend.require("functional_collectives").ops
+    ns = backend.require("reorder", "reorder", "ReorderConfig", "CostModel")
+    rank, ctx = dist.get_rank(), context()
+    inputs = inputs_for("two_groups_by_cost", ctx, rank)
+    if not same_graph and rank % 2:
+        inputs[0] = inputs[0][:2].clone()
+    gm = make_fx(lambda *xs: two_groups_by_cost(fc_ops, ctx, *xs), tracing_mode="fake")(
+        *inputs)
+    pins = pinned_costs(gm)
+    gathers = [n.name for n in gm.graph.nodes if ops.kind_of(n) == "all_gather"]
+    for name, us in zip(gathers, RANK_GATHER_US[rank % 2], strict=True):
+        pins[name] = us
+    config = ns.ReorderConfig(cost_model=ns.CostModel(pinned=pins), memory_budget=math.inf)
+    try:
+        new = ns.reorder(gm, config)
+    except Exception as exc:  # a refusal is a verdict, reported with its type
+        return ("refused", type(exc).__name__, str(exc))
+    labels = {ctx.world: "world", ctx.sub: "sub"}
+    return ("order", [(ops.kind_of(n), labels.get(group_of(n), group_of(n)))
+                      for n in new.graph.nodes if ops.kind_of(n) is not None])

@@ -176,8 +176,10 @@ def _replace(old: torch.fx.Node, new: torch.fx.Node) -> None:
 # --------------------------------------------------------------------------------------
 # Comm buffers and persistent allocation (CL-11 .. CL-13)
 # --------------------------------------------------------------------------------------
-def graph_fingerprint(gm: torch.fx.GraphModule) -> str:
-    """A digest of the graph's structure: ops, wiring, shapes, dtypes, constants.
+def graph_fingerprint(gm: torch.fx.GraphModule, constants: bool = True) -> str:
+    """A digest of the graph's structure: ops, wiring, shapes, dtypes, constants (unless
+    `constants` is False: then each is written "_", as reorder's agreement needs, RO-16,
+    for a bucketed gather's copy-in offset differs between the ranks, BK-8).
 
     It depends on nothing that varies between ranks, runs or processes (no node names,
     no addresses, no group names: a sub group's name differs between the ranks of
@@ -199,11 +201,14 @@ def graph_fingerprint(gm: torch.fx.GraphModule) -> str:
             return node.args, node.kwargs
         names = [a.name for a in node.target._schema.arguments]
         given = {**dict(zip(names, node.args, strict=False)), **node.kwargs}
+        # A broadcast's `src` is its root, the same on every rank: only point-to-point
+        # ops name peers.
+        peers = _PEERS if comm_ops.collective_family(node) == "point_to_point" else ()
 
         def written(name, value):
             if name == "group_name":
                 return group(value)
-            if name in _PEERS:
+            if name in peers:
                 return _peer_offsets(value, given.get("group_name"))
             return value
 
@@ -218,7 +223,7 @@ def graph_fingerprint(gm: torch.fx.GraphModule) -> str:
             return "[" + ",".join(text(a) for a in arg) + "]"
         if isinstance(arg, dict):
             return "{" + ",".join(f"{k}:{text(v)}" for k, v in arg.items()) + "}"
-        return repr(arg)
+        return repr(arg) if constants else "_"
 
     digest = hashlib.sha256()
     for node in gm.graph.nodes:
@@ -261,6 +266,36 @@ def _alloc_id(fingerprint: str, namespace: str, index: int, group_name: str,
     key = f"{namespace}/{fingerprint}/{index}/{val.dtype}{list(val.shape)}/{group_name}"
     raw = hashlib.sha256(key.encode()).digest()
     return int.from_bytes(raw[:8], "big") >> 1
+
+
+def _in_a_comm_buffer(node: torch.fx.Node) -> bool:
+    """Whether `node`'s value lives in a comm buffer: the buffer itself, or a view of it,
+    a getitem of a split of it or an in-place result on it, through any chain (CL-13)."""
+    import operator
+
+    from refimpl.memory import aliasing_of
+
+    while isinstance(node, torch.fx.Node):
+        if COMM_BUFFER_META in node.meta:
+            return True
+        if node.op != "call_function":
+            return False
+        index = 0
+        if node.target is operator.getitem:
+            node, index = node.args
+            if not isinstance(node, torch.fx.Node) or COMM_BUFFER_META in node.meta:
+                return isinstance(node, torch.fx.Node)
+            if not isinstance(node.target, torch._ops.OpOverload):
+                return False
+        elif not isinstance(node.target, torch._ops.OpOverload):
+            return False
+        sources = aliasing_of(node.target)
+        source = sources[0] if len(sources) == 1 else \
+            (sources[index] if index < len(sources) else None)
+        if source is None:
+            return False
+        node = node.args[source] if isinstance(source, int) else node.kwargs.get(source)
+    return False
 
 
 def _out_overload(target: torch._ops.OpOverload):
@@ -636,7 +671,7 @@ class _Lowering:
         output = next(n for n in self.graph.nodes if n.op == "output")
 
         def ordinary(arg):
-            if isinstance(arg, torch.fx.Node) and COMM_BUFFER_META in arg.meta:
+            if isinstance(arg, torch.fx.Node) and _in_a_comm_buffer(arg):
                 return self.build.call(aten.clone.default, [arg], before=output)
             return arg
 

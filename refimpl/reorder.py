@@ -15,7 +15,9 @@ until its wait, MEM-5), each group's issue order, barriers at the ops it does no
 understand, blocks contiguous, the in-flight limit per (group, kind), and a bound on the
 planned peak memory against the *original* order, which the result keeps in its `meta`.
 Every decision derives from the graph, the original order and the config, never from
-the order handed in, so reordering a reordered graph returns the same order (RO-2).
+the order handed in, so reordering a reordered graph returns the same order (RO-2); the
+ranks that share a group first agree on every node's duration, so that cost models
+that differ by rank still give one order of collectives (RO-16).
 `check_order(gm, order, config)` says whether a hand-written order keeps those rules and
 which one it breaks first (RO-15).
 
@@ -24,12 +26,13 @@ the memory test of a move is exact and O(log N), never a plan per candidate: it 
 refimpl/reorder_memory.py (`MemoryBound`: a tree of what the continuation, the nodes
 placed then the rest in original order, has live at each later position; MEM-10, RO-10).
 
-Implements SPEC.md section "Scheduler reorder": RO-1 .. RO-15.
+Implements SPEC.md section "Scheduler reorder": RO-1 .. RO-16.
 """
 
 from __future__ import annotations
 
 import heapq
+import json
 import math
 import operator
 from collections.abc import Mapping
@@ -81,11 +84,16 @@ class ReorderConfig:
         group's collectives of that kind may be issued and not yet waited at any point
         (RO-8); kinds not named are unlimited. "point_to_point" is refused: a send held
         back behind a receive's wait deadlocks an exchange whose peers do the same.
+    agree_across_ranks: every rank that shares a group with this one decides from the
+        same durations, the largest any of them estimated per node, so that ranks whose
+        cost models differ (a profile per rank) still issue their collectives in one
+        order (RO-16). False: this rank's cost model alone (give every rank the same one).
     """
 
     cost_model: CostModel | None = None
     memory_budget: float | None = 0.1
     max_in_flight: Mapping[str, int] = field(default_factory=dict)
+    agree_across_ranks: bool = True
 
     def __post_init__(self):
         require_type(self.cost_model, (CostModel, type(None)), "cost_model",
@@ -111,6 +119,7 @@ class ReorderConfig:
                 refuse(f"max_in_flight[{kind!r}]", "an int >= 1", repr(count), "RO-1", TypeError)
             require(count >= 1, f"max_in_flight[{kind!r}]", "an int >= 1", count, "RO-1")
         object.__setattr__(self, "max_in_flight", MappingProxyType(dict(self.max_in_flight)))
+        require_type(self.agree_across_ranks, bool, "agree_across_ranks", "a bool", "RO-16")
 
     def memory_limit(self, original_peak: int) -> float:
         """The largest planned peak the new order may have (RO-9), in whole bytes."""
@@ -188,6 +197,74 @@ def _is_prologue_op(node: torch.fx.Node) -> bool:
 
 
 # --------------------------------------------------------------------------------------
+# Ranks that decide alike (RO-16)
+# --------------------------------------------------------------------------------------
+# How many exchanges this process made with each set of ranks: the key of the next one.
+_EXCHANGES: dict[tuple[int, ...], int] = {}
+
+
+def agreed_durations(gm: torch.fx.GraphModule, body: list, durations: list[float]
+                     ) -> list[float]:
+    """The durations every rank that shares a group with this one decides from: each
+    node's largest estimate among them (RO-16). Ranks whose cost models differ would
+    otherwise order the collectives of different groups differently (RO-12 follows the
+    estimates; RO-5 keeps only each group's own order), which NCCL, needing one order
+    across communicators, does not survive. Unchanged outside a world of real ranks."""
+    ranks = _ranks_sharing_a_group(body)
+    if len(ranks) < 2:
+        return durations
+    import torch.distributed as dist
+
+    from refimpl.comm_lowering import graph_fingerprint
+    from refimpl.functional_collectives import PeerTimeout, _missing_peers, _peer_timeout_s
+
+    store, me = dist.distributed_c10d._get_default_store(), dist.get_rank()
+    count = _EXCHANGES[ranks] = _EXCHANGES.get(ranks, 0) + 1
+    base = f"refimpl-reorder/{','.join(map(str, ranks))}/{count}"
+    graph = graph_fingerprint(gm, constants=False)
+    store.set(f"{base}/{me}", json.dumps({"graph": graph, "durations": durations}))
+    keys = {r: f"{base}/{r}" for r in ranks}
+    timeout_s = _peer_timeout_s()
+    missing = _missing_peers(store, keys, timeout_s)
+    what = f"reorder's call #{count} among global ranks {list(ranks)}"
+    if missing:
+        raise PeerTimeout(
+            f"gm: {what}: global rank {me} waited {timeout_s:g} s for global ranks {missing} "
+            f"to post their durations, in vain: they reorder nothing, or fewer graphs; "
+            f"ranks that compile different graphs (a pipeline's stages) pass "
+            f"agree_across_ranks=False and one cost model on every rank [RO-16]")
+    posted = {r: json.loads(store.get(key)) for r, key in keys.items()}
+    other = [r for r in ranks if posted[r]["graph"] != graph]
+    if other:
+        raise ValueError(
+            f"gm: {what}: global ranks {other} reorder another graph than global rank {me} "
+            f"(ops, wiring, shapes or dtypes differ): their decisions cannot be made alike; "
+            f"pass agree_across_ranks=False and one cost model on every rank [RO-16]")
+    return [max(posted[r]["durations"][i] for r in ranks) for i in range(len(durations))]
+
+
+def _ranks_sharing_a_group(body: list) -> tuple[int, ...]:
+    """The global ranks of every group a collective of the graph (but point-to-point ones,
+    whose peers compile other graphs: a pipeline's stages) or a blocking kernel issues
+    on; () outside a world of real ranks (a fake one traces only)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() < 2 or dist.get_backend() == "fake":
+        return ()
+    ranks: set[int] = set()
+    for node in body:
+        if not _issues_on_group(node) or collective_kind(node) == "point_to_point":
+            continue
+        name = str(_fx.arguments(node, "RO-16")["group_name"])
+        try:
+            group = dist.distributed_c10d._resolve_process_group(name)
+        except (RuntimeError, ValueError, KeyError, TypeError):
+            continue  # a group this process does not know: nothing to agree with
+        ranks.update(dist.get_process_group_ranks(group))
+    return tuple(sorted(ranks))
+
+
+# --------------------------------------------------------------------------------------
 # The program in its original order: dependencies and blocks (RO-2 .. RO-7)
 # --------------------------------------------------------------------------------------
 RNG_STATE = -1  # the buffer every seeded random op writes (RO-4)
@@ -233,6 +310,8 @@ class _Program:
         cost_model = config.cost_model or CostModel()
         duration = cost_model.durations(gm)
         self.duration = [duration[n] for n in self.body]
+        if config.agree_across_ranks:
+            self.duration = agreed_durations(gm, self.body, self.duration)
         self.alloc = [self.model.alloc_bytes(n) for n in self.body]
         self.preds: list[set[int]] = [set() for _ in self.body]
         self.group: dict[int, str] = {}  # collectives and blocking kernels -> group name

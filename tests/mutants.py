@@ -986,6 +986,26 @@ CL = [
            "",
            "the wait of a blocking one-shot kernel kept in the graph",
            catch="test_small_sum_all_reduce_goes_one_shot"),
+    Mutant("escaping_view_of_a_comm_buffer_kept", "CL-13", _CL,
+           "            if isinstance(arg, torch.fx.Node) and _in_a_comm_buffer(arg):\n",
+           "            if isinstance(arg, torch.fx.Node) and COMM_BUFFER_META in arg.meta:\n",
+           "(found by the fuzzer) only an output that is the comm buffer itself is cloned: "
+           "a view of it escapes, and the next call's persistent allocation is refused",
+           catch="test_a_view_of_a_comm_buffer_escapes_as_a_clone"
+                 "[ar_comm_buffer_escapes_as_a_view]"),
+    Mutant("escaping_split_of_a_comm_buffer_kept", "CL-13", _CL,
+           "        if node.target is operator.getitem:\n            node, index = node.args\n",
+           "        if node.target is operator.getitem:\n            return False\n",
+           "a piece of a split of a comm buffer (a getitem) taken for a value of its own",
+           catch="test_a_view_of_a_comm_buffer_escapes_as_a_clone"
+                 "[ar_comm_buffer_escapes_as_a_split]"),
+    Mutant("alloc_id_takes_a_broadcast_root_for_a_peer", "CL-12", _CL,
+           '        peers = _PEERS if comm_ops.collective_family(node) == "point_to_point" '
+           'else ()\n',
+           "        peers = _PEERS\n",
+           "every argument named src written as an offset, a broadcast's root too: its "
+           "offset differs between the ranks, and so do the alloc_ids",
+           catch="test_alloc_ids_are_equal_on_every_rank_and_distinct_where_they_must_be"),
     Mutant("alloc_id_reads_a_batch_s_peers", "CL-12", _CL,
            '_PEERS = frozenset({"dst", "src", "peer_list"})',
            '_PEERS = frozenset({"dst", "src"})',
@@ -1580,6 +1600,30 @@ BK = [
 _RO = "refimpl/reorder.py"
 _RO_MEMORY = "refimpl/reorder_memory.py"  # the exact memory test of a move (RO-10)
 RO = [
+    Mutant("agreed_durations_left_unused", "RO-16", _RO,
+           "            self.duration = agreed_durations(gm, self.body, self.duration)\n",
+           "            agreed_durations(gm, self.body, self.duration)\n",
+           "the ranks exchange their durations and agree, but each still decides from its "
+           "own: a step left out",
+           catch="test_ranks_with_their_own_cost_models_issue_collectives_in_one_order[2]"),
+    Mutant("agreement_compares_constants", "RO-16", _RO,
+           "    graph = graph_fingerprint(gm, constants=False)\n",
+           "    graph = graph_fingerprint(gm)\n",
+           "the ranks' graphs compared with their constants: a bucketed gather's copy-in "
+           "offset differs between the ranks (BK-8), so a bucketed program is refused",
+           catch="test_reordered_values_are_the_original_ones"
+                 "[fsdp_forward_bucketed-budget=inf-all_gather=1-2]"),
+    Mutant("another_graph_not_refused", "RO-16", _RO,
+           '    other = [r for r in ranks if posted[r]["graph"] != graph]\n',
+           "    other = []\n",
+           "ranks that reorder graphs of other shapes agree on durations node by node as if "
+           "the graphs were one",
+           catch="test_a_rank_that_reorders_another_graph_is_refused_on_every_rank"),
+    Mutant("agreement_skipped_over_gloo", "RO-16", _RO,
+           'dist.get_backend() == "fake":\n',
+           'dist.get_backend() in ("fake", "gloo"):\n',
+           "the exchange left out for a world it takes for one that only traces: gloo's",
+           catch="test_ranks_with_their_own_cost_models_issue_collectives_in_one_order[2]"),
     Mutant("in_flight_limit_across_groups", "RO-8", _RO,
            "block.flight = (p.group[first], collective_kind(p.body[first]))",
            "block.flight = (\"every group\", collective_kind(p.body[first]))",
@@ -3440,7 +3484,8 @@ MUTANTS: list[Mutant] = [m for section in section_lists().values() for m in sect
 # quick catching case, where the rule has such a mutant), then fixed: a new rule's first
 # mutant joins it (a test checks every rule is here).
 FIRST_TIER: frozenset[str] = frozenset({
-    "reorder_wants_a_value_of_a_subgraph", "backend_broadcast_root_by_global_rank",
+    "reorder_wants_a_value_of_a_subgraph", "agreed_durations_left_unused",
+    "backend_broadcast_root_by_global_rank",
     "fake_empty_splits_read_as_no_rows", "reduce_scatter_avg_grad_divides_by_world",
     "one_byte_dtypes_not_viewed_back",
     "cast_to_an_integer_absorbed", "absorbed_casts_concatenated_as_the_first_source",

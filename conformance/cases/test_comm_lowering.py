@@ -746,11 +746,13 @@ def test_alloc_ids_are_equal_on_every_rank_and_distinct_where_they_must_be(backe
                  ("ar_small_intermediate", ONE_SHOT, (4,)), ("ar_inplace_small", ONE_SHOT, (4,)),
                  ("ar_two_small", ONE_SHOT, (6,)),
                  # a group whose name differs between the ranks, in the graph too
-                 ("ar_beside_a_row_group", ONE_SHOT, (4,))]
+                 ("ar_beside_a_row_group", ONE_SHOT, (4,)),
+                 # a broadcast's root (`src`, as a receive names its peer): one on every rank
+                 ("ar_beside_a_broadcast", ONE_SHOT, (4,))]
     ranks = harness.run(backend, alloc_ids_on_rank, 2, lowerings)
     assert ranks[0] == ranks[1], f"alloc_ids differ between ranks: {ranks}"
-    two, again, namespaced, one, other_graph, other_shape, beside = ranks[0]
-    assert len(beside) == 1
+    two, again, namespaced, one, other_graph, other_shape, beside, broadcast = ranks[0]
+    assert len(beside) == 1 and len(broadcast) == 1
     assert len(two) == 2 and len(set(two)) == 2, f"buffers of one graph share an id: {two}"
     assert again == two, "lowering the same graph again changed its alloc_ids"
     assert not set(namespaced) & set(two), "alloc_id_namespace did not change the ids"
@@ -922,6 +924,21 @@ return [%3, %4]""")  # noqa: E501
     # Two calls, the first one's outputs alive: the second reuses the same comm buffer.
     for rank, (want, first, second) in enumerate(harness.run(
             backend, called_twice, 2, "ar_comm_buffer_escapes", [(4,)], ONE_SHOT)):
+        torch.testing.assert_close(first, want, msg=lambda m, r=rank: f"rank {r}: {m}")
+        torch.testing.assert_close(second, want, msg=lambda m, r=rank: f"rank {r}: {m}")
+
+
+@pytest.mark.spec("CL-13", "CL-15")
+@pytest.mark.parametrize("program", ["ar_comm_buffer_escapes_as_a_view",
+                                     "ar_comm_buffer_escapes_as_a_split"])
+def test_a_view_of_a_comm_buffer_escapes_as_a_clone(backend, program):
+    """An output that is a view of the comm buffer under a one-shot all_reduce (a view op,
+    a piece of a split) holds the buffer as much as the buffer itself: it is returned as
+    an ordinary clone, so two calls, the first one's outputs alive, both run and give
+    eager's values on every rank."""
+    backend.require("lowering", "lowered_graph")
+    for rank, (want, first, second) in enumerate(harness.run(
+            backend, called_twice, 2, program, [(4,)], ONE_SHOT)):
         torch.testing.assert_close(first, want, msg=lambda m, r=rank: f"rank {r}: {m}")
         torch.testing.assert_close(second, want, msg=lambda m, r=rank: f"rank {r}: {m}")
 

@@ -265,6 +265,52 @@ def test_config_refuses_bad_fields(backend, fields, error, named):
         ns.ReorderConfig(**fields)
 
 
+# --------------------------------------------------------------------------------------
+# Ranks whose cost models differ (RO-16)
+# --------------------------------------------------------------------------------------
+@pytest.mark.spec("RO-16", "RO-5")
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_ranks_with_their_own_cost_models_issue_collectives_in_one_order(backend,
+                                                                        world_size):
+    """two_groups_by_cost on every rank with a cost model of its own (world's gather the
+    slow one on even ranks, sub's on odd ones: alone, each rank would all-reduce its other
+    group first): every rank issues the two groups' collectives in one order, or every
+    rank refuses."""
+    concept(backend)
+    found = harness.run(backend, rp.collective_order_on_rank, world_size)
+    if all(f[0] == "refused" for f in found):
+        return
+    orders = {rank: f[1] if f[0] == "order" else f for rank, f in enumerate(found)}
+    assert len({repr(o) for o in orders.values()}) == 1, \
+        "ranks issue their collectives in different orders (NCCL hangs):\n" + \
+        "\n".join(f"rank {r}: {o}" for r, o in orders.items())
+    assert sorted(orders[0]) == [("all_gather", "sub"), ("all_gather", "world"),
+                                 ("all_reduce", "sub"), ("all_reduce", "world")], orders[0]
+
+
+@pytest.mark.spec("RO-16")
+def test_a_rank_that_reorders_another_graph_is_refused_on_every_rank(backend):
+    """Odd ranks trace two_groups_by_cost with a first input of other rows: no decision can
+    be made alike, so every rank refuses with a ValueError naming the ranks whose graph
+    differs and RO-16 (never a hang)."""
+    concept(backend)
+    found = harness.run(backend, rp.collective_order_on_rank, 2, False)
+    for rank, result in enumerate(found):
+        assert result[0] == "refused", f"rank {rank} reordered: {result}"
+        _, error, message = result
+        other = 1 - rank
+        assert error == "ValueError" and "RO-16" in message and str([other]) in message, \
+            f"rank {rank}: {error}: {message}"
+
+
+@pytest.mark.spec("RO-16")
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_config_refuses_an_agreement_that_is_no_bool(backend, value):
+    ns = concept(backend)
+    with pytest.raises(TypeError, match=r"agree_across_ranks.*\[RO-16\]"):
+        ns.ReorderConfig(agree_across_ranks=value)
+
+
 @pytest.mark.spec("RO-1")
 def test_config_takes_the_boundary_values(backend):
     ns = concept(backend)
