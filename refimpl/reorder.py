@@ -16,8 +16,8 @@ understand, blocks contiguous, the in-flight limit per (group, kind), and a boun
 planned peak memory against the *original* order, which the result keeps in its `meta`.
 Every decision derives from the graph, the original order and the config, never from
 the order handed in, so reordering a reordered graph returns the same order (RO-2); the
-ranks that share a group first agree on every node's duration, so that cost models
-that differ by rank still give one order of collectives (RO-16).
+ranks of the world first agree on every node's duration, so that cost models that
+differ by rank still give one order of collectives (RO-16).
 `check_order(gm, order, config)` says whether a hand-written order keeps those rules and
 which one it breaks first (RO-15).
 
@@ -84,8 +84,8 @@ class ReorderConfig:
         group's collectives of that kind may be issued and not yet waited at any point
         (RO-8); kinds not named are unlimited. "point_to_point" is refused: a send held
         back behind a receive's wait deadlocks an exchange whose peers do the same.
-    agree_across_ranks: every rank that shares a group with this one decides from the
-        same durations, the largest any of them estimated per node, so that ranks whose
+    agree_across_ranks: every rank of the world decides from the same durations, the
+        largest any of them estimated per node, so that ranks whose
         cost models differ (a profile per rank) still issue their collectives in one
         order (RO-16). False: this rank's cost model alone (give every rank the same one).
     """
@@ -205,12 +205,12 @@ _EXCHANGES: dict[tuple[int, ...], int] = {}
 
 def agreed_durations(gm: torch.fx.GraphModule, body: list, durations: list[float]
                      ) -> list[float]:
-    """The durations every rank that shares a group with this one decides from: each
-    node's largest estimate among them (RO-16). Ranks whose cost models differ would
+    """The durations every rank of the world decides from: each node's largest estimate
+    among them (RO-16). Ranks whose cost models differ would
     otherwise order the collectives of different groups differently (RO-12 follows the
     estimates; RO-5 keeps only each group's own order), which NCCL, needing one order
     across communicators, does not survive. Unchanged outside a world of real ranks."""
-    ranks = _ranks_sharing_a_group(body)
+    ranks = _ranks_to_agree_with(body)
     if len(ranks) < 2:
         return durations
     import torch.distributed as dist
@@ -243,25 +243,20 @@ def agreed_durations(gm: torch.fx.GraphModule, body: list, durations: list[float
     return [max(posted[r]["durations"][i] for r in ranks) for i in range(len(durations))]
 
 
-def _ranks_sharing_a_group(body: list) -> tuple[int, ...]:
-    """The global ranks of every group a collective of the graph (but point-to-point ones,
-    whose peers compile other graphs: a pipeline's stages) or a blocking kernel issues
-    on; () outside a world of real ranks (a fake one traces only)."""
+def _ranks_to_agree_with(body: list) -> tuple[int, ...]:
+    """Every global rank of the world when the graph issues a collective (but a
+    point-to-point one, whose peer may be another pipeline stage with another graph) or a
+    blocking kernel; () outside a world of real ranks (a fake one traces only). The world,
+    not the ranks of this rank's own groups: a row of subgroups differs from rank to rank,
+    and an order across groups chains them all."""
     import torch.distributed as dist
 
     if not dist.is_initialized() or dist.get_world_size() < 2 or dist.get_backend() == "fake":
         return ()
-    ranks: set[int] = set()
-    for node in body:
-        if not _issues_on_group(node) or collective_kind(node) == "point_to_point":
-            continue
-        name = str(_fx.arguments(node, "RO-16")["group_name"])
-        try:
-            group = dist.distributed_c10d._resolve_process_group(name)
-        except (RuntimeError, ValueError, KeyError, TypeError):
-            continue  # a group this process does not know: nothing to agree with
-        ranks.update(dist.get_process_group_ranks(group))
-    return tuple(sorted(ranks))
+    if not any(_issues_on_group(node) and collective_kind(node) != "point_to_point"
+               for node in body):
+        return ()
+    return tuple(range(dist.get_world_size()))
 
 
 # --------------------------------------------------------------------------------------
