@@ -139,7 +139,28 @@ def _one_shot_refusal(inp, reduce_op: str, group: str, options: dict,
         return "symbolic"
     if val.numel() * val.element_size() > options["one_shot_all_reduce_threshold_bytes"]:
         return "one_shot_all_reduce_threshold_bytes"
-    return comm_buffer_refusal(inp)
+    return comm_buffer_refusal(inp) or _sent_by_upstream(inp)
+
+
+def _sent_by_upstream(node: torch.fx.Node) -> str | None:
+    """CL-10: "isend" when upstream's isend sends `node`, a view of it, or a batch's isend
+    member of it (upstream finding 25: it keeps the tensor alive past its wait)."""
+    readers, seen = [node], set()
+    while readers:
+        current = readers.pop()
+        seen.add(current)
+        for user in current.users:
+            key = _name(user)
+            if key == ("_c10d_functional", "isend") and user.args[0] is current:
+                return "isend"
+            if key == ("_c10d_functional", "batch_p2p_ops") and any(
+                    op == "isend" and t is current for op, t in zip(user.args[0], user.args[3],
+                                                                    strict=False)):
+                return "isend"
+            if key is not None and key[0] == "aten" and user not in seen and \
+                    _returns_alias(user.target) and user.args and user.args[0] is current:
+                readers.append(user)
+    return None
 
 
 # ---- pointwise steps (CL-17) -------------------------------------------------------------

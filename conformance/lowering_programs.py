@@ -426,6 +426,39 @@ def _ar_beside_a_ring(fc, x, step):
     return reduced, ops.wait_tensor(received) + ops.wait_tensor(got)
 
 
+def _upstream_p2p():
+    up = torch.ops._c10d_functional
+    if not hasattr(up, "isend"):
+        from conformance.backends import NotImplementedConcept
+
+        raise NotImplementedConcept(f"torch {torch.__version__} has no functional isend")
+    return up
+
+
+def ar_of_a_tensor_upstream_sends(fc, x):
+    """A small sum all_reduce of an intermediate that upstream's isend also sends to the
+    other rank: no one-shot (CL-10: upstream's isend keeps what it sends alive, finding 25;
+    a comm buffer there would outlive the call)."""
+    up, peer = _upstream_p2p(), 1 - dist.get_rank()
+    y = x * 3
+    received = up.irecv(torch.empty_like(y), peer, 0, WORLD)
+    sent = up.isend(y, peer, 0, WORLD)
+    reduced = fc.all_reduce(y, "sum", WORLD)
+    up.wait_tensor(sent)
+    return reduced, up.wait_tensor(received) + 0
+
+
+def ar_of_a_view_upstream_batch_sends(fc, x):
+    """The same with a view of the intermediate sent as a batch's isend member."""
+    up, peer = _upstream_p2p(), 1 - dist.get_rank()
+    y = x * 3
+    got, token = up.batch_p2p_ops(["irecv", "isend"], [peer, peer], [0, 0],
+                                  [torch.empty(2, 2), y.view(2, 2)], WORLD)
+    reduced = fc.all_reduce(y, "sum", WORLD)
+    up.wait_tensor(token)
+    return reduced, up.wait_tensor(got) + 0
+
+
 def ar_beside_a_broadcast(fc, x):
     """A one-shot all_reduce on WORLD beside a broadcast from group rank 0, whose `src`
     (named as a receive's peer is) is the same on every rank: so is the alloc_id (CL-12)."""
@@ -447,6 +480,7 @@ def ar_beside_a_reversed_ring(fc, x):
 
 PROGRAMS = {f.__name__: f for f in [
     ar_beside_a_row_group, ar_beside_a_ring, ar_beside_a_reversed_ring, ar_beside_a_broadcast,
+    ar_of_a_tensor_upstream_sends, ar_of_a_view_upstream_batch_sends,
     ar_graph_input, ar_intermediate, ar_intermediate_shared, ar_inplace, ar_coalesced,
     ar_coalesced_inplace, ar_coalesced_waited_together, ar_coalesced_same_tensor_twice,
     ar_inplace_wait_result_written, ar_inplace_argument_written_after_wait,

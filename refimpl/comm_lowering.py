@@ -411,7 +411,41 @@ def one_shot_refusal(inp: torch.fx.Node, reduce_op: str, group_name: str,
     if size > config.one_shot_all_reduce_threshold_bytes:
         return (f"{inp.name!r} has {size} bytes, over one_shot_all_reduce_threshold_bytes "
                 f"= {config.one_shot_all_reduce_threshold_bytes}")
-    return comm_buffer_refusal(inp)
+    return comm_buffer_refusal(inp) or _sent_by_upstream(inp)
+
+
+# Upstream's sends: they keep the tensor they send alive after their wait (upstream
+# finding 25), so a comm buffer sent would outlive the call and refuse the next (SM-4).
+_UPSTREAM_SENDS = ("isend", "batch_p2p_ops")
+
+
+def _sent_by_upstream(node: torch.fx.Node) -> str | None:
+    """Why `node` must not be a comm buffer because upstream's isend sends it (or a view
+    of it, or a batch's isend member), or None (CL-10)."""
+    from refimpl.memory import aliasing_of
+
+    pending, seen = [node], set()
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for user in current.users:
+            target = user.target
+            if not isinstance(target, torch._ops.OpOverload):
+                continue
+            name = target._schema.name
+            if name in (f"_c10d_functional::{op}" for op in _UPSTREAM_SENDS):
+                if name.endswith("::isend") and user.args[0] is current or \
+                        name.endswith("::batch_p2p_ops") and any(
+                            op == "isend" and t is current
+                            for op, t in zip(user.args[0], user.args[3], strict=False)):
+                    return (f"{node.name!r} is sent by {name}, which keeps what it sends "
+                            f"alive after its wait (upstream finding 25): a comm buffer "
+                            f"there would outlive the call")
+            elif aliasing_of(target)[:1] == [0] and user.args and user.args[0] is current:
+                pending.append(user)  # a view of it: sending that sends the buffer
+    return None
 
 
 # --------------------------------------------------------------------------------------

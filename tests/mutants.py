@@ -986,6 +986,19 @@ CL = [
            "",
            "the wait of a blocking one-shot kernel kept in the graph",
            catch="test_small_sum_all_reduce_goes_one_shot"),
+    Mutant("one_shot_of_a_tensor_upstream_sends", "CL-10", _CL,
+           "    return comm_buffer_refusal(inp) or _sent_by_upstream(inp)\n",
+           "    return comm_buffer_refusal(inp)\n",
+           "(found by the fuzzer) a tensor upstream's isend sends realized as the one-shot "
+           "comm buffer: upstream keeps it alive, and the next call's allocation is refused",
+           catch="test_a_tensor_upstream_sends_is_no_one_shot_comm_buffer"
+                 "[ar_of_a_tensor_upstream_sends]"),
+    Mutant("view_sent_by_a_batch_not_followed", "CL-10", _CL,
+           "                pending.append(user)  # a view of it: sending that sends the buffer\n",
+           "                pass\n",
+           "only the tensor itself looked for among upstream's sends, not a view of it",
+           catch="test_a_tensor_upstream_sends_is_no_one_shot_comm_buffer"
+                 "[ar_of_a_view_upstream_batch_sends]"),
     Mutant("escaping_view_of_a_comm_buffer_kept", "CL-13", _CL,
            "            if isinstance(arg, torch.fx.Node) and _in_a_comm_buffer(arg):\n",
            "            if isinstance(arg, torch.fx.Node) and COMM_BUFFER_META in arg.meta:\n",

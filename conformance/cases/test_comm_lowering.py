@@ -943,6 +943,35 @@ def test_a_view_of_a_comm_buffer_escapes_as_a_clone(backend, program):
         torch.testing.assert_close(second, want, msg=lambda m, r=rank: f"rank {r}: {m}")
 
 
+def _kernels_on_rank(spec: str, name: str) -> list[str]:
+    from conformance.harness import backend_in_rank
+
+    backend = backend_in_rank(spec)
+    gm = backend.require("lowering", "lowered_graph").lowered_graph(
+        functools.partial(PROGRAMS[name], backend.require("functional_collectives")),
+        inputs_for(dist.get_rank(), [(4,)]), dict(ONE_SHOT))
+    return [str(n.target) for n in gm.graph.nodes
+            if n.op == "call_function" and "all_reduce" in str(n.target)]
+
+
+@pytest.mark.spec("CL-10", "CL-13", "FC-52")
+@pytest.mark.parametrize("program", ["ar_of_a_tensor_upstream_sends",
+                                     "ar_of_a_view_upstream_batch_sends"])
+def test_a_tensor_upstream_sends_is_no_one_shot_comm_buffer(backend, program):
+    """A small sum all_reduce of an intermediate that upstream's isend also sends (itself,
+    or a view of it as a batch's member): upstream's send keeps the tensor alive after its
+    wait (finding 25), so it is no comm buffer: the all_reduce is not one-shot, and two
+    calls, the first one's outputs alive, give eager's values on every rank."""
+    backend.require("lowering", "lowered_graph")
+    for rank, kernels in enumerate(harness.run(backend, _kernels_on_rank, 2, program)):
+        assert kernels and not any("one_shot" in k for k in kernels), \
+            f"rank {rank}: {kernels} [CL-10]"
+    for rank, (want, first, second) in enumerate(harness.run(
+            backend, called_twice, 2, program, [(4,)], ONE_SHOT)):
+        torch.testing.assert_close(first, want, msg=lambda m, r=rank: f"rank {r}: {m}")
+        torch.testing.assert_close(second, want, msg=lambda m, r=rank: f"rank {r}: {m}")
+
+
 # ---- CL-1, CL-2: the pass's contract and the no_fuse mark -------------------------------
 @pytest.mark.spec("CL-1")
 def test_lower_returns_a_new_graph_and_leaves_its_input_alone(backend, fake_world):
