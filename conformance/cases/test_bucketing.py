@@ -335,9 +335,12 @@ def test_two_groups_interleaved(backend, pass_name):
 
 
 @pytest.mark.spec("BK-1", "BK-7", "FC-52")
-@pytest.mark.parametrize("pass_name", [AG, RS, AR])
-@pytest.mark.parametrize("world, group, dtype", [(2, "world", F32), (4, ROWS_2x2, BF16)],
-                         ids=["world_of_2_f32", "strided_of_4_bf16"])
+@pytest.mark.parametrize("pass_name, world, group, dtype", [
+    (AG, 2, "world", F32), (RS, 2, "world", F32), (AR, 2, "world", F32),
+    (AG, 4, ROWS_2x2, BF16)], ids=["bucket_all_gather-world_of_2_f32",
+                                   "bucket_reduce_scatter-world_of_2_f32",
+                                   "bucket_all_reduce-world_of_2_f32",
+                                   "bucket_all_gather-strided_of_4_bf16"])
 def test_point_to_point_ops_are_never_merged_and_keep_their_order(backend, pass_name, world,
                                                                    group, dtype):
     """Three collectives of the pass's kind around a ring's receive and send on one group
