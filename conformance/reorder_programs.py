@@ -307,12 +307,16 @@ def two_groups_by_cost(ops, ctx, a, b, w1, w2):
     result is all-reduced on the same group: which all_reduce goes first follows which
     gather ends first, that is the costs (RO-12), so ranks whose cost models differ
     order the two groups' all_reduces differently unless they agree (RO-16)."""
-    g = _wait(ops, ops.all_gather_into_tensor(w1, ctx.n, ctx.world))
-    h = _wait(ops, ops.all_gather_into_tensor(w2, ctx.sub_n, ctx.sub))
+    return _two_groups(ops, (ctx.world, ctx.n), (ctx.sub, ctx.sub_n), a, b, w1, w2)
+
+
+def _two_groups(ops, first, second, a, b, w1, w2):
+    g = _wait(ops, ops.all_gather_into_tensor(w1, first[1], first[0]))
+    h = _wait(ops, ops.all_gather_into_tensor(w2, second[1], second[0]))
     x = a @ g.view(-1, 4)[:4]
     y = b @ h.view(-1, 4)[:4]
-    rx = _wait(ops, ops.all_reduce(x, "sum", ctx.world))
-    ry = _wait(ops, ops.all_reduce(y, "sum", ctx.sub))
+    rx = _wait(ops, ops.all_reduce(x, "sum", first[0]))
+    ry = _wait(ops, ops.all_reduce(y, "sum", second[0]))
     return rx + 1, ry + 1
 
 
@@ -822,12 +826,15 @@ def values_on_rank(spec: str, cases: list[Case]) -> dict[str, str]:
 RANK_GATHER_US = ((50.0, 10.0), (10.0, 50.0))
 
 
-def collective_order_on_rank(spec: str, same_graph: bool = True) -> tuple:
+def collective_order_on_rank(spec: str, same_graph: bool = True,
+                             crossing_rows: bool = False) -> tuple:
     """On a rank: two_groups_by_cost reordered with this rank's own cost model
     (RANK_GATHER_US); ("order", [(kind, "world" or "sub") of each collective in the new
     order]) or, if the backend refused, ("refused", its error's type, its message). With
     `same_graph` False the odd ranks trace it with a first input of other rows: another
-    graph."""
+    graph. With `crossing_rows` (4 ranks) its first group is this rank's row of [[0, 2],
+    [1, 3]] instead of the world ("world" in the order all the same): no group holds
+    every rank, and the rows of two ranks differ."""
     from conformance.harness import backend_in_rank
     from conformance.reorder_rules import group_of
 
@@ -838,8 +845,14 @@ def collective_order_on_rank(spec: str, same_graph: bool = True) -> tuple:
     inputs = inputs_for("two_groups_by_cost", ctx, rank)
     if not same_graph and rank % 2:
         inputs[0] = inputs[0][:2].clone()
-    gm = make_fx(lambda *xs: two_groups_by_cost(fc_ops, ctx, *xs), tracing_mode="fake")(
-        *inputs)
+    first = (ctx.world, ctx.n)
+    if crossing_rows:
+        from conformance.bucketing_programs import group_of as made_group
+
+        strided = made_group([[0, 2], [1, 3]])
+        first = (strided.group_name, strided.size())
+    gm = make_fx(lambda *xs: _two_groups(fc_ops, first, (ctx.sub, ctx.sub_n), *xs),
+                 tracing_mode="fake")(*inputs)
     pins = pinned_costs(gm)
     gathers = [n.name for n in gm.graph.nodes if ops.kind_of(n) == "all_gather"]
     for name, us in zip(gathers, RANK_GATHER_US[rank % 2], strict=True):
@@ -849,6 +862,6 @@ def collective_order_on_rank(spec: str, same_graph: bool = True) -> tuple:
         new = ns.reorder(gm, config)
     except Exception as exc:  # a refusal is a verdict, reported with its type
         return ("refused", type(exc).__name__, str(exc))
-    labels = {ctx.world: "world", ctx.sub: "sub"}
+    labels = {first[0]: "world", ctx.sub: "sub"}
     return ("order", [(ops.kind_of(n), labels.get(group_of(n), group_of(n)))
                       for n in new.graph.nodes if ops.kind_of(n) is not None])

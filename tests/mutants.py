@@ -1619,6 +1619,14 @@ RO = [
            "the ranks exchange their durations and agree, but each still decides from its "
            "own: a step left out",
            catch="test_ranks_with_their_own_cost_models_issue_collectives_in_one_order[2]"),
+    Mutant("agreement_among_this_rank_s_groups", "RO-16", _RO,
+           "    return tuple(range(dist.get_world_size()))\n",
+           "    return tuple(sorted({r for node in body if _issues_on_group(node) for r in "
+           "dist.get_process_group_ranks(dist.distributed_c10d._resolve_process_group(str("
+           "_fx.arguments(node, 'RO-16')['group_name'])))}))\n",
+           "(found by the fuzzer) the ranks to agree with taken from this rank's own groups: "
+           "rows that cross give each rank another set, and each waits for the wrong ranks",
+           catch="test_ranks_of_crossing_rows_issue_collectives_in_one_order"),
     Mutant("agreement_compares_constants", "RO-16", _RO,
            "    graph = graph_fingerprint(gm, constants=False)\n",
            "    graph = graph_fingerprint(gm)\n",

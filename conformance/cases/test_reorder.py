@@ -274,18 +274,30 @@ def test_ranks_with_their_own_cost_models_issue_collectives_in_one_order(backend
                                                                         world_size):
     """two_groups_by_cost on every rank with a cost model of its own (world's gather the
     slow one on even ranks, sub's on odd ones: alone, each rank would all-reduce its other
-    group first): every rank issues the two groups' collectives in one order, or every
-    rank refuses."""
+    group first): every rank issues the two groups' collectives in one order (every rank
+    reorders the same graph at once: nothing to refuse)."""
     concept(backend)
     found = harness.run(backend, rp.collective_order_on_rank, world_size)
-    if all(f[0] == "refused" for f in found):
-        return
     orders = {rank: f[1] if f[0] == "order" else f for rank, f in enumerate(found)}
-    assert len({repr(o) for o in orders.values()}) == 1, \
-        "ranks issue their collectives in different orders (NCCL hangs):\n" + \
+    assert all(f[0] == "order" for f in found) and len({repr(o) for o in orders.values()}) == 1, \
+        "ranks issue their collectives in different orders (NCCL hangs), or refused:\n" + \
         "\n".join(f"rank {r}: {o}" for r, o in orders.items())
     assert sorted(orders[0]) == [("all_gather", "sub"), ("all_gather", "world"),
                                  ("all_reduce", "sub"), ("all_reduce", "world")], orders[0]
+
+
+@pytest.mark.spec("RO-16", "RO-5")
+def test_ranks_of_crossing_rows_issue_collectives_in_one_order(backend):
+    """The same on 4 ranks whose two groups are rows that cross ([[0, 2], [1, 3]] and
+    [[0, 1], [2, 3]]): no group holds every rank, each rank's groups hold other ranks than
+    its neighbour's, and the order across groups still has to be one on all four (every
+    rank reorders the same graph at once: nothing to refuse)."""
+    concept(backend)
+    found = harness.run(backend, rp.collective_order_on_rank, 4, True, True)
+    orders = {rank: f[1] if f[0] == "order" else f for rank, f in enumerate(found)}
+    assert all(f[0] == "order" for f in found) and len({repr(o) for o in orders.values()}) == 1, \
+        "ranks issue their collectives in different orders (NCCL hangs), or refused:\n" + \
+        "\n".join(f"rank {r}: {o}" for r, o in orders.items())
 
 
 @pytest.mark.spec("RO-16")
