@@ -200,16 +200,16 @@ def graph_fingerprint(gm: torch.fx.GraphModule, constants: bool = True) -> str:
         if not isinstance(node.target, torch._ops.OpOverload):
             return node.args, node.kwargs
         names = [a.name for a in node.target._schema.arguments]
-        given = {**dict(zip(names, node.args, strict=False)), **node.kwargs}
         # A broadcast's `src` is its root, the same on every rank: only point-to-point
         # ops name peers.
-        peers = _PEERS if comm_ops.collective_family(node) == "point_to_point" else ()
+        p2p = comm_ops.collective_family(node) == "point_to_point"
+        group_name = _fx.arguments(node, "CL-12")["group_name"] if p2p else None
 
         def written(name, value):
             if name == "group_name":
                 return group(value)
-            if name in peers:
-                return _peer_offsets(value, given.get("group_name"))
+            if p2p and name in _PEERS:
+                return _peer_offsets(value, group_name)
             return value
 
         args = tuple(written(names[i] if i < len(names) else "", a)
@@ -275,26 +275,24 @@ def _in_a_comm_buffer(node: torch.fx.Node) -> bool:
 
     from refimpl.memory import aliasing_of
 
+    index = 0  # the piece a getitem took of the next node's results
     while isinstance(node, torch.fx.Node):
         if COMM_BUFFER_META in node.meta:
             return True
         if node.op != "call_function":
             return False
-        index = 0
         if node.target is operator.getitem:
             node, index = node.args
-            if not isinstance(node, torch.fx.Node) or COMM_BUFFER_META in node.meta:
-                return isinstance(node, torch.fx.Node)
-            if not isinstance(node.target, torch._ops.OpOverload):
-                return False
-        elif not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        if not isinstance(node.target, torch._ops.OpOverload):
             return False
         sources = aliasing_of(node.target)
         source = sources[0] if len(sources) == 1 else \
             (sources[index] if index < len(sources) else None)
         if source is None:
             return False
-        node = node.args[source] if isinstance(source, int) else node.kwargs.get(source)
+        node, index = (node.args[source] if isinstance(source, int)
+                       else node.kwargs.get(source)), 0
     return False
 
 
@@ -414,9 +412,18 @@ def one_shot_refusal(inp: torch.fx.Node, reduce_op: str, group_name: str,
     return comm_buffer_refusal(inp) or _sent_by_upstream(inp)
 
 
-# Upstream's sends: they keep the tensor they send alive after their wait (upstream
-# finding 25), so a comm buffer sent would outlive the call and refuse the next (SM-4).
-_UPSTREAM_SENDS = ("isend", "batch_p2p_ops")
+def _upstream_sends(node: torch.fx.Node) -> list:
+    """The tensors `node` sends if it is one of upstream's sends (isend, or a batch's
+    isend members), which keep what they send alive after their wait (upstream finding
+    25); [] for any other node."""
+    row = comm_ops.node_op(node)
+    if row is None or row.namespace != "_c10d_functional":
+        return []
+    if row.name == "isend":
+        return [node.args[0]]
+    if row.name == "batch_p2p_ops":
+        return [t for op, t in zip(node.args[0], node.args[3], strict=False) if op == "isend"]
+    return []
 
 
 def _sent_by_upstream(node: torch.fx.Node) -> str | None:
@@ -431,19 +438,13 @@ def _sent_by_upstream(node: torch.fx.Node) -> str | None:
             continue
         seen.add(current)
         for user in current.users:
-            target = user.target
-            if not isinstance(target, torch._ops.OpOverload):
+            if not isinstance(user.target, torch._ops.OpOverload):
                 continue
-            name = target._schema.name
-            if name in (f"_c10d_functional::{op}" for op in _UPSTREAM_SENDS):
-                if name.endswith("::isend") and user.args[0] is current or \
-                        name.endswith("::batch_p2p_ops") and any(
-                            op == "isend" and t is current
-                            for op, t in zip(user.args[0], user.args[3], strict=False)):
-                    return (f"{node.name!r} is sent by {name}, which keeps what it sends "
-                            f"alive after its wait (upstream finding 25): a comm buffer "
-                            f"there would outlive the call")
-            elif aliasing_of(target)[:1] == [0] and user.args and user.args[0] is current:
+            if any(sent is current for sent in _upstream_sends(user)):
+                return (f"{node.name!r} is sent by {user.target._schema.name}, which keeps "
+                        f"what it sends alive after its wait (upstream finding 25): a comm "
+                        f"buffer there would outlive the call")
+            if aliasing_of(user.target)[:1] == [0] and user.args and user.args[0] is current:
                 pending.append(user)  # a view of it: sending that sends the buffer
     return None
 

@@ -32,6 +32,7 @@ Implements SPEC.md section "Scheduler reorder": RO-1 .. RO-16.
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import math
 import operator
@@ -199,8 +200,8 @@ def _is_prologue_op(node: torch.fx.Node) -> bool:
 # --------------------------------------------------------------------------------------
 # Ranks that decide alike (RO-16)
 # --------------------------------------------------------------------------------------
-# How many exchanges this process made with each set of ranks: the key of the next one.
-_EXCHANGES: dict[tuple[int, ...], int] = {}
+# The exchanges this process made, counted: the key of each.
+_EXCHANGES = itertools.count(1)
 
 
 def agreed_durations(gm: torch.fx.GraphModule, body: list, durations: list[float]
@@ -219,8 +220,8 @@ def agreed_durations(gm: torch.fx.GraphModule, body: list, durations: list[float
     from refimpl.functional_collectives import PeerTimeout, _missing_peers, _peer_timeout_s
 
     store, me = dist.distributed_c10d._get_default_store(), dist.get_rank()
-    count = _EXCHANGES[ranks] = _EXCHANGES.get(ranks, 0) + 1
-    base = f"refimpl-reorder/{','.join(map(str, ranks))}/{count}"
+    count = next(_EXCHANGES)
+    base = f"refimpl-reorder/{count}"
     graph = graph_fingerprint(gm, constants=False)
     store.set(f"{base}/{me}", json.dumps({"graph": graph, "durations": durations}))
     keys = {r: f"{base}/{r}" for r in ranks}

@@ -1013,9 +1013,8 @@ CL = [
            catch="test_a_view_of_a_comm_buffer_escapes_as_a_clone"
                  "[ar_comm_buffer_escapes_as_a_split]"),
     Mutant("alloc_id_takes_a_broadcast_root_for_a_peer", "CL-12", _CL,
-           '        peers = _PEERS if comm_ops.collective_family(node) == "point_to_point" '
-           'else ()\n',
-           "        peers = _PEERS\n",
+           '        p2p = comm_ops.collective_family(node) == "point_to_point"\n',
+           '        p2p = comm_ops.collective_family(node) in ("point_to_point", "broadcast")\n',
            "every argument named src written as an offset, a broadcast's root too: its "
            "offset differs between the ranks, and so do the alloc_ids",
            catch="test_alloc_ids_are_equal_on_every_rank_and_distinct_where_they_must_be"),

@@ -904,6 +904,16 @@ def test_a_fused_prologue_buffer_takes_the_next_alloc_id(backend):
     assert ranks[0] == ranks[1], f"alloc_ids differ between ranks [CL-12]: {ranks}"
 
 
+def two_calls_give_eagers_values(backend, program: str) -> None:
+    """On 2 ranks, `program` lowered under ONE_SHOT and called twice, the first call's
+    outputs alive during the second (a comm buffer reused, CL-13, SM-4): both give eager's
+    values on every rank."""
+    for rank, (want, first, second) in enumerate(harness.run(
+            backend, called_twice, 2, program, [(4,)], ONE_SHOT)):
+        torch.testing.assert_close(first, want, msg=lambda m, r=rank: f"rank {r}: {m}")
+        torch.testing.assert_close(second, want, msg=lambda m, r=rank: f"rank {r}: {m}")
+
+
 @pytest.mark.spec("CL-13", "CL-11", "CL-15")
 def test_a_comm_buffer_output_escapes_as_a_clone(backend, fake_world):
     ns = backend.require("lowering", "lowered_graph")
@@ -922,10 +932,7 @@ return [%3, %4]""")  # noqa: E501
         if node.op == "call_function" and "empty_strided_p2p" in str(node.target):
             assert node.meta.get("comm_buffer", {}).get("type") == "symm_mem"
     # Two calls, the first one's outputs alive: the second reuses the same comm buffer.
-    for rank, (want, first, second) in enumerate(harness.run(
-            backend, called_twice, 2, "ar_comm_buffer_escapes", [(4,)], ONE_SHOT)):
-        torch.testing.assert_close(first, want, msg=lambda m, r=rank: f"rank {r}: {m}")
-        torch.testing.assert_close(second, want, msg=lambda m, r=rank: f"rank {r}: {m}")
+    two_calls_give_eagers_values(backend, "ar_comm_buffer_escapes")
 
 
 @pytest.mark.spec("CL-13", "CL-15")
@@ -937,10 +944,7 @@ def test_a_view_of_a_comm_buffer_escapes_as_a_clone(backend, program):
     an ordinary clone, so two calls, the first one's outputs alive, both run and give
     eager's values on every rank."""
     backend.require("lowering", "lowered_graph")
-    for rank, (want, first, second) in enumerate(harness.run(
-            backend, called_twice, 2, program, [(4,)], ONE_SHOT)):
-        torch.testing.assert_close(first, want, msg=lambda m, r=rank: f"rank {r}: {m}")
-        torch.testing.assert_close(second, want, msg=lambda m, r=rank: f"rank {r}: {m}")
+    two_calls_give_eagers_values(backend, program)
 
 
 def _kernels_on_rank(spec: str, name: str) -> list[str]:
@@ -966,10 +970,7 @@ def test_a_tensor_upstream_sends_is_no_one_shot_comm_buffer(backend, program):
     for rank, kernels in enumerate(harness.run(backend, _kernels_on_rank, 2, program)):
         assert kernels and not any("one_shot" in k for k in kernels), \
             f"rank {rank}: {kernels} [CL-10]"
-    for rank, (want, first, second) in enumerate(harness.run(
-            backend, called_twice, 2, program, [(4,)], ONE_SHOT)):
-        torch.testing.assert_close(first, want, msg=lambda m, r=rank: f"rank {r}: {m}")
-        torch.testing.assert_close(second, want, msg=lambda m, r=rank: f"rank {r}: {m}")
+    two_calls_give_eagers_values(backend, program)
 
 
 # ---- CL-1, CL-2: the pass's contract and the no_fuse mark -------------------------------
