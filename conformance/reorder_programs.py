@@ -821,9 +821,12 @@ def values_on_rank(spec: str, cases: list[Case]) -> dict[str, str]:
 # --------------------------------------------------------------------------------------
 # On a rank: a cost model of its own (RO-16)
 # --------------------------------------------------------------------------------------
-# two_groups_by_cost's gathers (world's, sub's) in us: on even ranks world's is the slow
-# one, on odd ranks sub's, as profiles measured per rank may say.
-RANK_GATHER_US = ((50.0, 10.0), (10.0, 50.0))
+# two_groups_by_cost's gathers (world's, sub's) in us per rank, as profiles measured per
+# rank may say: alone, ranks 0 and 3 take world's for the slow one, ranks 1 and 2 sub's.
+# Rank 3 alone decides the largest of all four (world's): the largest among any three
+# ranks without it (sub's, over ranks 0, 1 and 2) orders the other way, so ranks that
+# agree with fewer than all (their own groups' ranks on crossing rows) disagree.
+RANK_GATHER_US = ((50.0, 10.0), (10.0, 70.0), (10.0, 50.0), (90.0, 10.0))
 
 
 def collective_order_on_rank(spec: str, same_graph: bool = True,
@@ -855,7 +858,7 @@ def collective_order_on_rank(spec: str, same_graph: bool = True,
                  tracing_mode="fake")(*inputs)
     pins = pinned_costs(gm)
     gathers = [n.name for n in gm.graph.nodes if ops.kind_of(n) == "all_gather"]
-    for name, us in zip(gathers, RANK_GATHER_US[rank % 2], strict=True):
+    for name, us in zip(gathers, RANK_GATHER_US[rank], strict=True):
         pins[name] = us
     config = ns.ReorderConfig(cost_model=ns.CostModel(pinned=pins), memory_budget=math.inf)
     try:

@@ -272,10 +272,11 @@ def test_config_refuses_bad_fields(backend, fields, error, named):
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_ranks_with_their_own_cost_models_issue_collectives_in_one_order(backend,
                                                                         world_size):
-    """two_groups_by_cost on every rank with a cost model of its own (world's gather the
-    slow one on even ranks, sub's on odd ones: alone, each rank would all-reduce its other
-    group first): every rank issues the two groups' collectives in one order (every rank
-    reorders the same graph at once: nothing to refuse)."""
+    """two_groups_by_cost on every rank with a cost model of its own (RANK_GATHER_US:
+    world's gather the slow one on ranks 0 and 3, sub's on ranks 1 and 2: alone, ranks 0
+    and 1 would all-reduce their groups in opposite orders): every rank issues the two
+    groups' collectives in one order (every rank reorders the same graph at once: nothing
+    to refuse)."""
     concept(backend)
     found = harness.run(backend, rp.collective_order_on_rank, world_size)
     orders = {rank: f[1] if f[0] == "order" else f for rank, f in enumerate(found)}
@@ -291,7 +292,9 @@ def test_ranks_of_crossing_rows_issue_collectives_in_one_order(backend):
     """The same on 4 ranks whose two groups are rows that cross ([[0, 2], [1, 3]] and
     [[0, 1], [2, 3]]): no group holds every rank, each rank's groups hold other ranks than
     its neighbour's, and the order across groups still has to be one on all four (every
-    rank reorders the same graph at once: nothing to refuse)."""
+    rank reorders the same graph at once: nothing to refuse). Rank 3's cost model alone
+    decides the largest estimates: a rank agreeing only with its own groups' three ranks
+    orders the other way."""
     concept(backend)
     found = harness.run(backend, rp.collective_order_on_rank, 4, True, True)
     orders = {rank: f[1] if f[0] == "order" else f for rank, f in enumerate(found)}
