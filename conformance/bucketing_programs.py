@@ -21,7 +21,13 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from conformance import ops
 from conformance.canonical import canonical_graph, op_name
-from conformance.comm_trace import comm_trace_of_graph, format_comm_trace, is_comm_op
+from conformance.comm_trace import (
+    _group_of,
+    _reduce_op_of,
+    comm_trace_of_graph,
+    format_comm_trace,
+    is_comm_op,
+)
 from conformance.oracle import rank_input
 from conformance.true_meta import MetaChecker
 
@@ -504,6 +510,14 @@ def trace_bucket_run(fc, bucketing, program: str, pass_name: str, cap_mb, dtype,
                      again_cap_mb=None) -> dict:
     """On a rank: trace `program`, bucket a copy, run both for real; report the outcome.
     With `again_cap_mb` the pass runs a second time on its own result, with that cap."""
+    traced = _trace_and_bucket(fc, bucketing, program, pass_name, cap_mb, dtype, options,
+                               program_args, again_cap_mb)
+    return _run_and_report(*traced)
+
+
+def _trace_and_bucket(fc, bucketing, program: str, pass_name: str, cap_mb, dtype,
+                      options: dict | None = None, program_args: dict | None = None,
+                      again_cap_mb=None) -> tuple:
     fn, inputs = PROGRAMS[program](fc, dtype, **(program_args or {}))
     original = trace(fn, inputs)
     bucketed = trace(fn, inputs)
@@ -511,6 +525,10 @@ def trace_bucket_run(fc, bucketing, program: str, pass_name: str, cap_mb, dtype,
     getattr(bucketing, pass_name)(bucketed, cap_fn(cap_mb, asked), **(options or {}))
     if again_cap_mb is not None:
         getattr(bucketing, pass_name)(bucketed, cap_fn(again_cap_mb), **(options or {}))
+    return original, bucketed, inputs, asked
+
+
+def _run_and_report(original, bucketed, inputs, asked) -> dict:
     before = original(*[t.clone() for t in inputs])
     recorder = _SlotRecorder(bucketed)
     after = recorder.run(*[t.clone() for t in inputs])
@@ -525,6 +543,73 @@ def trace_bucket_run(fc, bucketing, program: str, pass_name: str, cap_mb, dtype,
         "slots": recorder.slots,
         "untrue_meta": recorder.report(),
     }
+
+
+def issued_by_group(gm: torch.fx.GraphModule) -> dict[str, list[str]]:
+    """Each group's collectives in the order the graph issues them, as every rank of the
+    group must issue them to meet: op, reduce op, each tensor's dtype and shape."""
+    issued: dict[str, list[str]] = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not is_comm_op(node.target) or ops.is_wait(node):
+            continue
+        group = _group_of(node)
+        tensors = [a.meta.get("val") for a in node.all_input_nodes] + [node.meta.get("val")]
+        shapes = [f"{t.dtype}{list(t.shape)}" for t in torch.utils._pytree.tree_leaves(tensors)
+                  if isinstance(t, torch.Tensor)]
+        issued.setdefault(group, []).append(
+            " ".join([op_name(node.target), _reduce_op_of(node), *shapes]))
+    return issued
+
+
+def unmatched_issues(every: list[dict[str, list[str]]]) -> str:
+    """"" when the ranks of every group issue one sequence of collectives (`every`: each
+    rank's issued_by_group), else where they differ (ranks that bucketed differently: a
+    real run would hang, or fail in the backend)."""
+    found = []
+    for group in sorted({g for issued in every for g in issued}):
+        if not group.startswith("ranks["):  # a group the rank cannot resolve
+            continue
+        ranks = [int(r) for r in group[len("ranks["):-1].split(",")]
+        sequences = {r: every[r].get(group, []) for r in ranks}
+        if len({repr(seq) for seq in sequences.values()}) > 1:
+            found.append(f"group {group}: " + "; ".join(
+                f"rank {r} issues {seq}" for r, seq in sequences.items()))
+    return "\n".join(found)
+
+
+def per_rank_caps_case(spec: str, program: str, pass_name: str, caps_by_rank, dtype,
+                       program_args_by_rank=None) -> dict:
+    """On a rank: `program` bucketed with this rank's own caps (caps_by_rank[rank] in MiB,
+    a tuple as cap_fn's, or "raise": a cap function that raises), run for real only when
+    every rank bucketed and every group's ranks issue one sequence (BK-24). Else
+    {"refused": (error type, message)} where the backend's pass raised, {"unmatched": ...}
+    or {"peers_refused": ranks} elsewhere (nothing runs: it would hang)."""
+    from conformance.harness import backend_in_rank
+
+    backend = backend_in_rank(spec)
+    fc = backend.require("functional_collectives")
+    bucketing = backend.require("bucketing", pass_name)
+    me = dist.get_rank()
+    caps = caps_by_rank[me]
+    if caps == "raise":
+        def caps(index):
+            raise LookupError(f"no profile of global rank {me} for bucket {index}")
+    program_args = program_args_by_rank[me] if program_args_by_rank else None
+    try:
+        traced, refused = _trace_and_bucket(fc, bucketing, program, pass_name, caps, dtype,
+                                            program_args=program_args), None
+    except Exception as exc:  # a refusal is a verdict, reported with its type
+        traced, refused = None, (type(exc).__name__, str(exc))
+    every: list = [None] * dist.get_world_size()  # every rank comes, even one that raised
+    dist.all_gather_object(every, None if refused else issued_by_group(traced[1]))
+    if refused:
+        return {"refused": refused}
+    if None in every:
+        return {"peers_refused": [r for r, issued in enumerate(every) if issued is None]}
+    unmatched = unmatched_issues(every)
+    if unmatched:
+        return {"unmatched": unmatched, "asked": traced[3]}
+    return {**_run_and_report(*traced), "issued": every[me]}
 
 
 class _SlotRecorder(MetaChecker):
@@ -664,6 +749,7 @@ BAD_ARGUMENTS = {
     "cap_string": ("bucket_all_reduce", "ValueError", "bucket_cap_mb_by_bucket_idx"),
     "mixed_dtypes_reduce_scatter": ("bucket_reduce_scatter", "ValueError", "mixed_dtypes"),
     "mixed_dtypes_all_reduce": ("bucket_all_reduce", "ValueError", "mixed_dtypes"),
+    "agreement_not_a_bool": ("bucket_all_reduce", "TypeError", "agree_across_ranks"),
 }
 
 
@@ -683,6 +769,7 @@ def bad_arguments(spec: str) -> dict:
         "cap_string": lambda gm: (gm, cap_fn("25")),
         "mixed_dtypes_reduce_scatter": lambda gm: (gm, cap_fn(25)),
         "mixed_dtypes_all_reduce": lambda gm: (gm, cap_fn(25)),
+        "agreement_not_a_bool": lambda gm: (gm, cap_fn(25)),
     }
     outcomes = {}
     for name, (pass_name, _, _) in BAD_ARGUMENTS.items():
@@ -691,6 +778,8 @@ def bad_arguments(spec: str) -> dict:
             program = "all_reduces"
         fn, inputs = PROGRAMS[program](fc, torch.float32)
         options = {"mixed_dtypes": True} if name.startswith("mixed") else {}
+        if name == "agreement_not_a_bool":  # a name where a bool belongs (BK-24)
+            options = {"agree_across_ranks": "yes"}
         try:
             getattr(bucketing, pass_name)(*calls[name](trace(fn, inputs)), **options)
             outcomes[name] = ("no error", "")

@@ -18,12 +18,17 @@ its FSDP block (BK-17). Both passes cost O(N log N) in graph size. Candidates wi
 arguments are refused before anything is rewritten (BK-16). `deduplicate_waits` removes
 the repeated waits of one value, so a collective waited twice becomes a candidate (BK-18).
 
-Implements SPEC.md section "Bucketing": BK-1 .. BK-23.
+In a world of real ranks the ranks agree on each bucket's cap (the smallest among them), so
+cap functions that differ by rank (a profile per rank) still make one set of buckets
+(BK-24).
+
+Implements SPEC.md section "Bucketing": BK-1 .. BK-24.
 """
 
 from __future__ import annotations
 
 import heapq
+import json
 import logging
 import math
 import operator
@@ -36,6 +41,7 @@ import torch.fx
 import refimpl.functional_collectives as fc
 from refimpl import _fx, comm_ops
 from refimpl._errors import InternalError, require, require_type
+from refimpl._world import Agreement, real_world
 
 __all__ = ["bucket_all_gather", "bucket_reduce_scatter", "bucket_all_reduce", "plan_buckets",
            "deduplicate_waits", "Bucket", "KINDS", "BLOCK_META"]
@@ -205,13 +211,37 @@ def _cap_bytes(cap_fn: CapFn, index: int) -> int:
     return int(cap * MiB)
 
 
+class _Caps:
+    """The cap of each bucket slot (its key's family, its index within the key): this
+    rank's own, asked once per slot (BK-3), or the smallest among the ranks of its group
+    once they agreed on it (BK-24)."""
+
+    def __init__(self, cap_fn: CapFn):
+        self.cap_fn = cap_fn
+        self.own: dict[tuple[str, int], int] = {}
+        self.agreed: dict[tuple[str, int], int] = {}
+        self.used: dict[tuple[str, int], int] = {}  # the cap each slot had in the last plan
+
+    def __call__(self, slot: tuple[str, int]) -> int:
+        cap = self.agreed[slot] if slot in self.agreed else self.mine(slot)
+        self.used[slot] = cap
+        return cap
+
+    def mine(self, slot: tuple[str, int]) -> int:
+        if slot not in self.own:
+            self.own[slot] = _cap_bytes(self.cap_fn, slot[1])
+        return self.own[slot]
+
+
 class _Planner:
     """The single forward pass that decides the buckets of one kind (BK-3, BK-4)."""
 
-    def __init__(self, kind: Kind, cap_fn: CapFn, mixed_dtypes: bool):
-        self.kind, self.cap_fn, self.mixed_dtypes = kind, cap_fn, mixed_dtypes
+    def __init__(self, kind: Kind, caps: _Caps, mixed_dtypes: bool):
+        self.kind, self.caps, self.mixed_dtypes = kind, caps, mixed_dtypes
         self.groups = _Groups()
         self.open: dict[tuple, Bucket] = {}
+        self.families: dict[tuple, str] = {}  # key -> its family (_family)
+        self.sizes: dict[str, list[int]] = {}  # family -> its candidates' sizes, in order
         self.buckets: list[Bucket] = []
         self.skipped = 0
 
@@ -232,6 +262,7 @@ class _Planner:
         call = _check_call(node, self.kind, self.groups)
         key = _bucket_key(node, call, self.mixed_dtypes)
         size = _size_bytes(node, call)
+        self.sizes.setdefault(self._family(key, call), []).append(size)
         bucket = self.open.get(key)
         if bucket is not None and upstream & (bucket.bit | bucket.reaches):
             # Merging would make the bucket wait for itself (BK-4).
@@ -258,19 +289,137 @@ class _Planner:
                     other.reaches |= gained
         return bucket
 
+    def _family(self, key: tuple, call: _Call) -> str:
+        """What names a key alike on every rank of its group: the group's global ranks
+        and the rest of the key, then its place among this graph's keys that share them
+        (two groups of the same ranks). Not the group name: a row of subgroups has
+        another on each rank."""
+        if key not in self.families:
+            alike = f"ranks {list(call.ranks)} {' '.join(map(str, key[1:]))}".strip()
+            place = sum(f.startswith(alike + " #") for f in self.families.values())
+            self.families[key] = f"{alike} #{place}"
+        return self.families[key]
+
     def _new_bucket(self, key: tuple, index: int) -> Bucket:
-        bucket = Bucket(key, index, _cap_bytes(self.cap_fn, index), 1 << len(self.buckets))
+        bucket = Bucket(key, index, self.caps((self.families[key], index)),
+                        1 << len(self.buckets))
         self.buckets.append(bucket)
         self.open[key] = bucket
         return bucket
 
 
 def plan_buckets(gm: torch.fx.GraphModule, kind: str, bucket_cap_mb_by_bucket_idx: CapFn,
-                 *, mixed_dtypes: bool = False) -> list[Bucket]:
-    """The buckets (two or more candidates each) that the pass of `kind` would merge."""
+                 *, mixed_dtypes: bool = False, agree_across_ranks: bool = True
+                 ) -> list[Bucket]:
+    """The buckets (two or more candidates each) that the pass of `kind` would merge; in a
+    world of real ranks every rank calls it on its graph, as the pass (BK-24)."""
     require(kind in KINDS, "kind", f"one of {sorted(KINDS)}", repr(kind), "BK-2")
-    planner = _Planner(KINDS[kind], bucket_cap_mb_by_bucket_idx, mixed_dtypes)
-    return [b for b in planner.plan(gm.graph) if len(b.members) > 1]
+    planner = _plan(gm, KINDS[kind], bucket_cap_mb_by_bucket_idx, mixed_dtypes,
+                    agree_across_ranks)
+    return [b for b in planner.buckets if len(b.members) > 1]
+
+
+def _plan(gm: torch.fx.GraphModule, kind: Kind, cap_fn: CapFn, mixed_dtypes: bool,
+          agree_across_ranks: bool) -> _Planner:
+    """The planner that decided gm's buckets of `kind`: from this rank's caps, or, in a
+    world of real ranks and a graph with collectives, from caps its ranks agreed on
+    (BK-24)."""
+    require_type(gm, torch.fx.GraphModule, "gm", "a torch.fx.GraphModule", "BK-19")
+    if not callable(cap_fn):
+        raise TypeError("bucket_cap_mb_by_bucket_idx: expected a callable bucket index -> "
+                        "MiB [BK-3]")
+    require_type(agree_across_ranks, bool, "agree_across_ranks", "a bool", "BK-24")
+    ranks = real_world() if agree_across_ranks and _issues_collectives(gm) else ()
+    if len(ranks) > 1:
+        return _agreed_plan(gm, kind, _Caps(cap_fn), mixed_dtypes, ranks)
+    planner = _Planner(kind, _Caps(cap_fn), mixed_dtypes)
+    planner.plan(gm.graph)
+    return planner
+
+
+def _issues_collectives(gm: torch.fx.GraphModule) -> bool:
+    """A graph any collective of which (but a point-to-point one, whose peer may be
+    another pipeline stage) makes its rank take part in the world's agreement (BK-24):
+    the same on every rank that runs one program, whatever its groups."""
+    return any(comm_ops.collective_family(n) not in (None, "point_to_point")
+               for n in gm.graph.nodes)
+
+
+def _agreed_plan(gm: torch.fx.GraphModule, kind: Kind, caps: _Caps, mixed_dtypes: bool,
+                 ranks: tuple[int, ...]) -> _Planner:
+    """Plan until every rank's plan used the caps the ranks agreed on: per slot, the
+    smallest among the ranks of its group (BK-24). Each round, every rank posts its
+    candidates' sizes per family, its own cap of each slot its plan opened or another
+    rank of the slot's group asked for, and the caps its plan used; a slot that every
+    rank of its group posted is agreed. When every rank's plan used agreed caps only,
+    every group's ranks hold one plan (one candidate sequence, one cap per slot). Smaller
+    caps open more slots: a round per cascade, few in all."""
+    agreement = Agreement(f"bucket_{kind.name}", ranks, "BK-24",
+                          "ranks whose programs differ pass agree_across_ranks=False and "
+                          "one cap function on every rank")
+    asked: set[tuple[str, int]] = set()
+    while True:
+        planner = _Planner(kind, caps, mixed_dtypes)
+        caps.used = {}
+        try:
+            planner.plan(gm.graph)
+            own = {_slot_text(s): caps.mine(s) for s in sorted(asked | set(caps.used))
+                   if s not in caps.agreed}
+        except Exception as exc:  # every rank learns why this one cannot agree
+            agreement.round({"error": f"{type(exc).__name__}: {exc}"})
+            raise
+        posts = agreement.round({"sizes": planner.sizes, "own": own,
+                                 "used": {_slot_text(s): c for s, c in caps.used.items()}})
+        _refuse_failed_ranks(agreement, posts)
+        _refuse_other_candidates(agreement, posts)
+        if all(_used_agreed_caps(post, caps.agreed) for post in posts.values()):
+            return planner
+        asked = {_slot(t) for post in posts.values() for t in post["own"]}
+        for slot in asked:
+            group = [posts[r] for r in _family_ranks(slot[0])]
+            if all(_slot_text(slot) in post["own"] for post in group):
+                caps.agreed[slot] = min(post["own"][_slot_text(slot)] for post in group)
+        asked = {s for s in asked - set(caps.agreed) if agreement.me in _family_ranks(s[0])}
+
+
+def _slot_text(slot: tuple[str, int]) -> str:
+    return f"{slot[0]} bucket {slot[1]}"
+
+
+def _slot(text: str) -> tuple[str, int]:
+    family, index = text.rsplit(" bucket ", 1)
+    return family, int(index)
+
+
+def _family_ranks(family: str) -> list[int]:
+    """The global ranks of a family's group: what `_family` wrote first."""
+    return json.loads(family[len("ranks "):family.index("]") + 1])
+
+
+def _used_agreed_caps(post: dict, agreed: dict[tuple[str, int], int]) -> bool:
+    return all(agreed.get(_slot(t)) == cap for t, cap in post["used"].items())
+
+
+def _refuse_failed_ranks(agreement: Agreement, posts: dict[int, dict]) -> None:
+    failed = {r: post["error"] for r, post in posts.items() if "error" in post}
+    if failed:
+        rank, error = next(iter(failed.items()))
+        raise ValueError(
+            f"bucket_cap_mb_by_bucket_idx: {agreement.what}: global ranks {list(failed)} "
+            f"could not plan (global rank {rank}: {error}); every rank refuses, as the "
+            f"others cannot bucket alike without their caps [BK-24]")
+
+
+def _refuse_other_candidates(agreement: Agreement, posts: dict[int, dict]) -> None:
+    """ValueError on every rank when ranks of one group hold other candidates of a key
+    (other sizes, or none): no cap makes their buckets one."""
+    for family in sorted({f for post in posts.values() for f in post["sizes"]}):
+        seen = {r: posts[r]["sizes"].get(family) for r in _family_ranks(family)}
+        if len({repr(sizes) for sizes in seen.values()}) > 1:
+            raise ValueError(
+                f"gm: {agreement.what}: the ranks of one group hold other candidates of "
+                f"{family} (sizes in bytes by global rank: {seen}): their buckets cannot "
+                f"be made alike; {agreement.remedy} [BK-24]")
 
 
 # --------------------------------------------------------------------------------------
@@ -406,6 +555,7 @@ class _MergeOptions:
     mixed_dtypes: bool = False
     use_out_variant: bool = True
     batch_casts: bool = True
+    agree_across_ranks: bool = True
 
 
 def _absorbs_cast(inp: torch.fx.Node, opts: _MergeOptions) -> bool:
@@ -683,12 +833,8 @@ def _replace_uses(replacement: dict[torch.fx.Node, torch.fx.Node]) -> None:
 
 def _bucket(gm: torch.fx.GraphModule, kind: Kind, cap_fn: CapFn, opts: _MergeOptions,
             recompile: bool) -> None:
-    require_type(gm, torch.fx.GraphModule, "gm", "a torch.fx.GraphModule", "BK-19")
-    if not callable(cap_fn):
-        raise TypeError("bucket_cap_mb_by_bucket_idx: expected a callable bucket index -> "
-                        "MiB [BK-3]")
-    planner = _Planner(kind, cap_fn, opts.mixed_dtypes)
-    buckets = [b for b in planner.plan(gm.graph) if len(b.members) > 1]
+    planner = _plan(gm, kind, cap_fn, opts.mixed_dtypes, opts.agree_across_ranks)
+    buckets = [b for b in planner.buckets if len(b.members) > 1]
     merged = sum(len(b.members) for b in buckets)
     candidates = sum(len(b.members) for b in planner.buckets) + planner.skipped
     logger.info("%s: %d candidates, %d merged into %d buckets, %d left alone as dependent",
@@ -706,7 +852,8 @@ def _bucket(gm: torch.fx.GraphModule, kind: Kind, cap_fn: CapFn, opts: _MergeOpt
 # --------------------------------------------------------------------------------------
 def bucket_all_gather(gm: torch.fx.GraphModule, bucket_cap_mb_by_bucket_idx: CapFn, *,
                       mixed_dtypes: bool = False, use_out_variant: bool = True,
-                      batch_casts: bool = True, recompile: bool = True) -> None:
+                      batch_casts: bool = True, agree_across_ranks: bool = True,
+                      recompile: bool = True) -> None:
     """Merge all_gathers of one (group, dtype) into buckets, in place (BK-1..BK-9, BK-12).
 
     `bucket_cap_mb_by_bucket_idx(i)` is the cap in MiB of the i-th bucket of a key.
@@ -714,11 +861,16 @@ def bucket_all_gather(gm: torch.fx.GraphModule, bucket_cap_mb_by_bucket_idx: Cap
     `use_out_variant` copies the inputs into this rank's slot of the gathered buffer and
     gathers in place (FSDP's layout; needs the process group), else concatenates and
     gathers out of place (BK-8). `batch_casts` folds the casts feeding the gathers into
-    the bucket's one copy (BK-9). `recompile=False` leaves regenerating gm's code to the
-    caller (one `gm.recompile()` after several passes); the graph itself is complete.
+    the bucket's one copy (BK-9). `agree_across_ranks`: in a world of real ranks, every
+    rank plans from the smallest cap among the ranks for each bucket, so all make the
+    same buckets whatever their cap functions say (BK-24); False for ranks whose graphs
+    differ (each then needs a cap function giving what the others' give).
+    `recompile=False` leaves regenerating gm's code to the caller (one `gm.recompile()`
+    after several passes); the graph itself is complete.
     """
     _bucket(gm, KINDS["all_gather"], bucket_cap_mb_by_bucket_idx,
-            _MergeOptions(mixed_dtypes, use_out_variant, batch_casts), recompile)
+            _MergeOptions(mixed_dtypes, use_out_variant, batch_casts, agree_across_ranks),
+            recompile)
 
 
 def _refuse_mixed(mixed_dtypes: bool, what: str) -> None:
@@ -728,19 +880,23 @@ def _refuse_mixed(mixed_dtypes: bool, what: str) -> None:
 
 
 def bucket_reduce_scatter(gm: torch.fx.GraphModule, bucket_cap_mb_by_bucket_idx: CapFn, *,
-                          mixed_dtypes: bool = False, recompile: bool = True) -> None:
-    """Merge reduce_scatters of one (group, reduce op, dtype), in place (BK-1..BK-7, BK-10)."""
+                          mixed_dtypes: bool = False, agree_across_ranks: bool = True,
+                          recompile: bool = True) -> None:
+    """Merge reduce_scatters of one (group, reduce op, dtype), in place (BK-1..BK-7, BK-10);
+    `agree_across_ranks` as bucket_all_gather's (BK-24)."""
     _refuse_mixed(mixed_dtypes, "reduce_scatter")
-    _bucket(gm, KINDS["reduce_scatter"], bucket_cap_mb_by_bucket_idx, _MergeOptions(),
-            recompile)
+    _bucket(gm, KINDS["reduce_scatter"], bucket_cap_mb_by_bucket_idx,
+            _MergeOptions(agree_across_ranks=agree_across_ranks), recompile)
 
 
 def bucket_all_reduce(gm: torch.fx.GraphModule, bucket_cap_mb_by_bucket_idx: CapFn, *,
-                      mixed_dtypes: bool = False, recompile: bool = True) -> None:
-    """Merge all_reduces of one (group, reduce op, dtype), in place (BK-1..BK-7, BK-11)."""
+                      mixed_dtypes: bool = False, agree_across_ranks: bool = True,
+                      recompile: bool = True) -> None:
+    """Merge all_reduces of one (group, reduce op, dtype), in place (BK-1..BK-7, BK-11);
+    `agree_across_ranks` as bucket_all_gather's (BK-24)."""
     _refuse_mixed(mixed_dtypes, "all_reduce")
-    _bucket(gm, KINDS["all_reduce"], bucket_cap_mb_by_bucket_idx, _MergeOptions(),
-            recompile)
+    _bucket(gm, KINDS["all_reduce"], bucket_cap_mb_by_bucket_idx,
+            _MergeOptions(agree_across_ranks=agree_across_ranks), recompile)
 
 
 # --------------------------------------------------------------------------------------

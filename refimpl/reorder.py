@@ -32,8 +32,6 @@ Implements SPEC.md section "Scheduler reorder": RO-1 .. RO-16.
 from __future__ import annotations
 
 import heapq
-import itertools
-import json
 import math
 import operator
 from collections.abc import Mapping
@@ -45,6 +43,7 @@ import torch.fx
 
 from refimpl import _fx, comm_ops
 from refimpl._errors import InternalError, refuse, require, require_type
+from refimpl._world import Agreement, real_world
 from refimpl.bucketing import BLOCK_META
 from refimpl.memory import MemoryModel, collector_paused
 from refimpl.reorder_memory import MemoryBound
@@ -200,10 +199,6 @@ def _is_prologue_op(node: torch.fx.Node) -> bool:
 # --------------------------------------------------------------------------------------
 # Ranks that decide alike (RO-16)
 # --------------------------------------------------------------------------------------
-# The exchanges this process made, counted: the key of each.
-_EXCHANGES = itertools.count(1)
-
-
 def agreed_durations(gm: torch.fx.GraphModule, body: list, durations: list[float]
                      ) -> list[float]:
     """The durations every rank of the world decides from: each node's largest estimate
@@ -214,50 +209,25 @@ def agreed_durations(gm: torch.fx.GraphModule, body: list, durations: list[float
     ranks = _ranks_to_agree_with(body)
     if len(ranks) < 2:
         return durations
-    import torch.distributed as dist
-
     from refimpl.comm_lowering import graph_fingerprint
-    from refimpl.functional_collectives import PeerTimeout, _missing_peers, _peer_timeout_s
 
-    store, me = dist.distributed_c10d._get_default_store(), dist.get_rank()
-    count = next(_EXCHANGES)
-    base = f"refimpl-reorder/{count}"
+    agreement = Agreement("reorder", ranks, "RO-16",
+                          "ranks that compile different graphs (a pipeline's stages) pass "
+                          "agree_across_ranks=False and one cost model on every rank")
     graph = graph_fingerprint(gm, constants=False)
-    store.set(f"{base}/{me}", json.dumps({"graph": graph, "durations": durations}))
-    keys = {r: f"{base}/{r}" for r in ranks}
-    timeout_s = _peer_timeout_s()
-    missing = _missing_peers(store, keys, timeout_s)
-    what = f"reorder's call #{count} among global ranks {list(ranks)}"
-    if missing:
-        raise PeerTimeout(
-            f"gm: {what}: global rank {me} waited {timeout_s:g} s for global ranks {missing} "
-            f"to post their durations, in vain: they reorder nothing, or fewer graphs; "
-            f"ranks that compile different graphs (a pipeline's stages) pass "
-            f"agree_across_ranks=False and one cost model on every rank [RO-16]")
-    posted = {r: json.loads(store.get(key)) for r, key in keys.items()}
-    other = [r for r in ranks if posted[r]["graph"] != graph]
-    if other:
-        raise ValueError(
-            f"gm: {what}: global ranks {other} reorder another graph than global rank {me} "
-            f"(ops, wiring, shapes or dtypes differ): their decisions cannot be made alike; "
-            f"pass agree_across_ranks=False and one cost model on every rank [RO-16]")
+    posted = agreement.round({"graph": graph, "durations": durations})
+    agreement.refuse_other_graphs(posted, graph, "reorder")
     return [max(posted[r]["durations"][i] for r in ranks) for i in range(len(durations))]
 
 
 def _ranks_to_agree_with(body: list) -> tuple[int, ...]:
-    """Every global rank of the world when the graph issues a collective (but a
-    point-to-point one, whose peer may be another pipeline stage with another graph) or a
-    blocking kernel; () outside a world of real ranks (a fake one traces only). The world,
-    not the ranks of this rank's own groups: a row of subgroups differs from rank to rank,
-    and an order across groups chains them all."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized() or dist.get_world_size() < 2 or dist.get_backend() == "fake":
-        return ()
+    """Every global rank of the world (_world.real_world) when the graph issues a
+    collective (but a point-to-point one, whose peer may be another pipeline stage with
+    another graph) or a blocking kernel."""
     if not any(_issues_on_group(node) and collective_kind(node) != "point_to_point"
                for node in body):
         return ()
-    return tuple(range(dist.get_world_size()))
+    return real_world()
 
 
 # --------------------------------------------------------------------------------------

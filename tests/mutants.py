@@ -1604,6 +1604,47 @@ BK = [
            "placeholders as never writing, instead of as calls whose schema is unknown and"
            " may write in place. (red team)",
            catch="test_a_wait_stays_where_a_call_without_a_schema_may_write[method_call]"),
+    Mutant("caps_never_agreed", "BK-24", _BK,
+           "    ranks = real_world() if agree_across_ranks and _issues_collectives(gm) else ()\n",
+           "    ranks = ()\n",
+           "each rank buckets by its own cap function: the option taken and left unused",
+           catch="test_ranks_with_their_own_caps_make_one_set_of_buckets[all_gather_f32]"),
+    Mutant("largest_cap_agreed", "BK-24", _BK,
+           '                caps.agreed[slot] = min(post["own"][_slot_text(slot)] '
+           'for post in group)\n',
+           '                caps.agreed[slot] = max(post["own"][_slot_text(slot)] '
+           'for post in group)\n',
+           "the ranks agree on the largest cap: alike, but past the cap a rank set",
+           catch="test_ranks_with_their_own_caps_make_one_set_of_buckets[reduce_scatter_bf16]"),
+    Mutant("caps_agreed_over_the_world", "BK-24", _BK,
+           "            group = [posts[r] for r in _family_ranks(slot[0])]\n",
+           "            group = list(posts.values())\n",
+           "a slot's cap is the smallest over the world, not over its group's ranks: a row "
+           "takes another row's cap",
+           catch="test_each_group_takes_the_smallest_caps_of_its_own_ranks"),
+    Mutant("other_candidates_not_refused", "BK-24", _BK,
+           "        _refuse_other_candidates(agreement, posts)\n",
+           "",
+           "ranks holding gathers of other shapes agree on caps slot by slot as if the "
+           "candidates were one",
+           catch="test_ranks_holding_other_candidates_are_refused_on_every_rank"),
+    Mutant("one_round_of_agreement", "BK-24", _BK,
+           "        if all(_used_agreed_caps(post, caps.agreed) for post in posts.values()):\n",
+           "        if True:\n",
+           "the ranks post their caps once and each keeps the plan of its own: a step left out",
+           catch="test_ranks_with_their_own_caps_make_one_set_of_buckets[all_reduce_int32]"),
+    Mutant("failure_kept_to_its_rank", "BK-24", _BK,
+           '            agreement.round({"error": f"{type(exc).__name__}: {exc}"})\n',
+           "",
+           "a rank whose cap function raises leaves without a word: the others wait for its "
+           "post until the timeout",
+           catch="test_a_rank_whose_caps_fail_is_named_on_every_rank"),
+    Mutant("caps_asked_each_round", "BK-3", _BK,
+           "        if slot not in self.own:\n"
+           "            self.own[slot] = _cap_bytes(self.cap_fn, slot[1])\n",
+           "        self.own[slot] = _cap_bytes(self.cap_fn, slot[1])\n",
+           "the cap function asked again in every round of the agreement, not once per slot",
+           catch="test_ranks_with_their_own_caps_make_one_set_of_buckets[all_gather_f32]"),
 ]
 
 # --------------------------------------------------------------------------------------
@@ -1611,6 +1652,7 @@ BK = [
 # --------------------------------------------------------------------------------------
 _RO = "refimpl/reorder.py"
 _RO_MEMORY = "refimpl/reorder_memory.py"  # the exact memory test of a move (RO-10)
+_WORLD = "refimpl/_world.py"  # the ranks' agreement, shared with bucketing (BK-24)
 RO = [
     Mutant("agreed_durations_left_unused", "RO-16", _RO,
            "            self.duration = agreed_durations(gm, self.body, self.duration)\n",
@@ -1619,10 +1661,11 @@ RO = [
            "own: a step left out",
            catch="test_ranks_with_their_own_cost_models_issue_collectives_in_one_order[2]"),
     Mutant("agreement_among_this_rank_s_groups", "RO-16", _RO,
-           "    return tuple(range(dist.get_world_size()))\n",
+           "    return real_world()\n",
+           "    import torch.distributed as dist\n"
            "    return tuple(sorted({r for node in body if _issues_on_group(node) for r in "
            "dist.get_process_group_ranks(dist.distributed_c10d._resolve_process_group(str("
-           "_fx.arguments(node, 'RO-16')['group_name'])))}))\n",
+           "_fx.arguments(node, 'RO-16')['group_name'])))})) if real_world() else ()\n",
            "(found by the fuzzer) the ranks to agree with taken from this rank's own groups: "
            "rows that cross give each rank another set, and each waits for the wrong ranks",
            catch="test_ranks_of_crossing_rows_issue_collectives_in_one_order"),
@@ -1633,13 +1676,13 @@ RO = [
            "offset differs between the ranks (BK-8), so a bucketed program is refused",
            catch="test_reordered_values_are_the_original_ones"
                  "[fsdp_forward_bucketed-budget=inf-all_gather=1-2]"),
-    Mutant("another_graph_not_refused", "RO-16", _RO,
-           '    other = [r for r in ranks if posted[r]["graph"] != graph]\n',
-           "    other = []\n",
+    Mutant("another_graph_not_refused", "RO-16", _WORLD,
+           '        other = [r for r in self.ranks if posts[r]["graph"] != graph]\n',
+           "        other = []\n",
            "ranks that reorder graphs of other shapes agree on durations node by node as if "
            "the graphs were one",
            catch="test_a_rank_that_reorders_another_graph_is_refused_on_every_rank"),
-    Mutant("agreement_skipped_over_gloo", "RO-16", _RO,
+    Mutant("agreement_skipped_over_gloo", "RO-16", _WORLD,
            'dist.get_backend() == "fake":\n',
            'dist.get_backend() in ("fake", "gloo"):\n',
            "the exchange left out for a world it takes for one that only traces: gloo's",

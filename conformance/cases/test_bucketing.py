@@ -29,6 +29,7 @@ from conformance.bucketing_programs import (
     deduplicated,
     log_records,
     padded_reduce_scatter,
+    per_rank_caps_case,
     symbolic_candidates,
 )
 
@@ -766,7 +767,7 @@ def _bad_argument_outcomes(spec: str) -> tuple:
     return tuple(harness.run(get_backend(spec), bad_arguments, 2))
 
 
-@pytest.mark.spec("BK-19", "BK-3", "BK-12")
+@pytest.mark.spec("BK-19", "BK-3", "BK-12", "BK-24")
 @pytest.mark.parametrize("name", list(BAD_ARGUMENTS))
 def test_bad_arguments_are_refused_naming_them(backend, name):
     backend.require("functional_collectives")
@@ -1303,3 +1304,86 @@ def test_a_wait_stays_where_an_op_returning_nothing_writes(backend, writer, worl
                           rows)
     for rank, problems in enumerate(results):
         assert problems == [], f"rank {rank}: {problems} [BK-18]"
+
+
+# --------------------------------------------------------------------------------------
+# BK-24: buckets alike on every rank of a group, whatever each rank's caps
+# --------------------------------------------------------------------------------------
+def _per_rank_caps(backend, world_size, program, pass_name, caps_by_rank, dtype,
+                   program_args_by_rank=None) -> list[dict]:
+    backend.require("functional_collectives")
+    backend.require("bucketing", pass_name)
+    return harness.run(backend, per_rank_caps_case, world_size, program, pass_name,
+                       caps_by_rank, dtype, program_args_by_rank)
+
+
+# (pass, program, dtype, each rank's caps, collectives before and after): the smallest
+# caps alone make the buckets (sizes in bytes: AG 72 120 | 24 96 48 | 144; RS bf16
+# 8 24 | 16 8; AR int32 12 16 | 20), the largest would merge all in one.
+ONE_SET_OF_BUCKETS = {
+    "all_gather_f32": (AG, "fsdp_all_gather", torch.float32, (25, byte_caps(200)), (6, 3)),
+    "reduce_scatter_bf16": (RS, "fsdp_reduce_scatter", torch.bfloat16, (byte_caps(32), 25),
+                            (4, 2)),
+    "all_reduce_int32": (AR, "all_reduces", torch.int32, (25, byte_caps(28)), (3, 2)),
+}
+
+
+@pytest.mark.spec("BK-24", "BK-3")
+@pytest.mark.parametrize("name", list(ONE_SET_OF_BUCKETS))
+def test_ranks_with_their_own_caps_make_one_set_of_buckets(backend, name):
+    """Each rank buckets with a cap function of its own (a profile per rank): both ranks
+    make the buckets the smaller caps make, and the bucketed program runs to eager's
+    values (never a hang: the ranks' issued collectives are compared before it runs)."""
+    pass_name, program, dtype, caps, counts = ONE_SET_OF_BUCKETS[name]
+    for rank, result in enumerate(_per_rank_caps(backend, 2, program, pass_name, caps, dtype)):
+        assert "refused" not in result and "peers_refused" not in result, f"rank {rank}: {result}"
+        assert "unmatched" not in result, \
+            f"ranks bucketed differently (a real run hangs):\n{result['unmatched']}"
+        assert result["mismatch"] == "", f"rank {rank}: {result['mismatch']}"
+        assert result["collectives"] == counts, \
+            f"rank {rank}: {result['collectives']}, the smaller caps make {counts} [BK-24]"
+        assert sorted(result["asked"]) == sorted(set(result["asked"])), \
+            f"rank {rank}: cap asked for bucket indices {result['asked']}: once each [BK-3]"
+
+
+@pytest.mark.spec("BK-24", "BK-6")
+def test_each_group_takes_the_smallest_caps_of_its_own_ranks(backend):
+    """interleaved on 4 ranks (world's gathers of 64 bytes, rows [[0, 2], [1, 3]]'s of 32):
+    only rank 2 caps at 64 bytes. The world's gathers stay single on every rank, row
+    [0, 2] merges two of its three, row [1, 3], whose ranks both cap at 25 MiB, all three:
+    a group agrees among its own ranks (group rank is not global rank), and every group's
+    ranks issue one sequence."""
+    caps = (25, 25, byte_caps(64), 25)
+    results = _per_rank_caps(backend, 4, "interleaved", AG, caps, torch.float32)
+    for rank, result in enumerate(results):
+        assert "refused" not in result and "peers_refused" not in result, f"rank {rank}: {result}"
+        assert "unmatched" not in result, \
+            f"ranks bucketed differently (a real run hangs):\n{result['unmatched']}"
+        assert result["mismatch"] == "", f"rank {rank}: {result['mismatch']}"
+        row_gathers = 2 if rank in (0, 2) else 1
+        assert result["collectives"] == (12, 3 + row_gathers + 6), \
+            f"rank {rank}: {result['collectives']}; world's gathers single (rank 2's cap), " \
+            f"its row's in {row_gathers} [BK-24]"
+
+
+@pytest.mark.spec("BK-24")
+def test_a_rank_whose_caps_fail_is_named_on_every_rank(backend):
+    """Rank 1's cap function raises: rank 1 raises its error, rank 0 a ValueError naming
+    global rank 1 and BK-24 (never a hang, never buckets made without rank 1's caps)."""
+    results = _per_rank_caps(backend, 2, "fsdp_all_gather", AG, (25, "raise"), torch.float32)
+    assert results[1].get("refused", ("",))[0] == "LookupError", f"rank 1: {results[1]}"
+    error, message = results[0].get("refused", ("no error", str(results[0])[:300]))
+    assert error == "ValueError" and "BK-24" in message and "[1]" in message, \
+        f"rank 0: {error}: {message}"
+
+
+@pytest.mark.spec("BK-24")
+def test_ranks_holding_other_candidates_are_refused_on_every_rank(backend):
+    """Rank 1's last parameter has 7 rows where rank 0's has 6: no caps make one set of
+    buckets, so every rank refuses with a ValueError naming BK-24."""
+    rows = ({"rows": (3, 5, 1, 4, 2, 6)}, {"rows": (3, 5, 1, 4, 2, 7)})
+    results = _per_rank_caps(backend, 2, "fsdp_all_gather", AG, (25, 25), torch.float32,
+                             rows)
+    for rank, result in enumerate(results):
+        error, message = result.get("refused", ("no error", str(result)[:300]))
+        assert error == "ValueError" and "BK-24" in message, f"rank {rank}: {error}: {message}"
