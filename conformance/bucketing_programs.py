@@ -22,11 +22,11 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from conformance import ops
 from conformance.canonical import canonical_graph, op_name
 from conformance.comm_trace import (
-    _group_of,
-    _reduce_op_of,
     comm_trace_of_graph,
     format_comm_trace,
+    group_of_node,
     is_comm_op,
+    reduce_op_of_node,
 )
 from conformance.oracle import rank_input
 from conformance.true_meta import MetaChecker
@@ -552,12 +552,12 @@ def issued_by_group(gm: torch.fx.GraphModule) -> dict[str, list[str]]:
     for node in gm.graph.nodes:
         if node.op != "call_function" or not is_comm_op(node.target) or ops.is_wait(node):
             continue
-        group = _group_of(node)
+        group = group_of_node(node)
         tensors = [a.meta.get("val") for a in node.all_input_nodes] + [node.meta.get("val")]
         shapes = [f"{t.dtype}{list(t.shape)}" for t in torch.utils._pytree.tree_leaves(tensors)
                   if isinstance(t, torch.Tensor)]
         issued.setdefault(group, []).append(
-            " ".join([op_name(node.target), _reduce_op_of(node), *shapes]))
+            " ".join([op_name(node.target), reduce_op_of_node(node), *shapes]))
     return issued
 
 

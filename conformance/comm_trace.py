@@ -40,8 +40,8 @@ import torch.fx
 from conformance import ops
 from conformance.canonical import group_label, op_name, tensor_label
 
-__all__ = ["CommEvent", "BufferLabels", "comm_trace_of_graph", "format_comm_trace",
-           "is_comm_op"]
+__all__ = ["CommEvent", "BufferLabels", "comm_trace_of_graph", "group_of_node",
+           "reduce_op_of_node", "format_comm_trace", "is_comm_op"]
 
 
 @dataclass
@@ -206,7 +206,7 @@ class _GraphBuffers(BufferLabels):
         return self.label(node, tensor_label(node.meta.get("val")), as_input)
 
 
-def _group_of(node: torch.fx.Node) -> str:
+def group_of_node(node: torch.fx.Node) -> str:
     schema = node.target._schema
     for i, a in enumerate(schema.arguments):
         if a.name == "group_name":
@@ -215,7 +215,7 @@ def _group_of(node: torch.fx.Node) -> str:
     return ""
 
 
-def _reduce_op_of(node: torch.fx.Node) -> str:
+def reduce_op_of_node(node: torch.fx.Node) -> str:
     schema = node.target._schema
     for i, a in enumerate(schema.arguments):
         if a.name == "reduce_op" and i < len(node.args):
@@ -267,8 +267,8 @@ def _collective_event(node, name, buffers: _GraphBuffers) -> CommEvent:
             inputs.extend(nodes)
             if i in mutated:
                 written.extend(nodes)
-    event = CommEvent(name, group=_group_of(node), inplace=bool(written) and not any(
-        schema_args[i].kwarg_only for i in mutated), extra=_reduce_op_of(node))
+    event = CommEvent(name, group=group_of_node(node), inplace=bool(written) and not any(
+        schema_args[i].kwarg_only for i in mutated), extra=reduce_op_of_node(node))
     event.inputs = [buffers.node_label(n, as_input=True) for n in inputs]
     if written:
         ids = [buffers.id(n) for n in written]

@@ -1446,8 +1446,8 @@ BK = [
            "the last rank's chunk keeps the padding rows",
            catch="test_padded_reduce_scatter_gives_each_rank_its_chunk[2]"),
     Mutant("single_buckets_rewritten", "BK-5", _BK,
-           "    buckets = [b for b in planner.plan(gm.graph) if len(b.members) > 1]",
-           "    buckets = [b for b in planner.plan(gm.graph) if len(b.members) >= 1]",
+           "    buckets = [b for b in planner.buckets if len(b.members) > 1]\n    merged",
+           "    buckets = [b for b in planner.buckets if len(b.members) >= 1]\n    merged",
            "a bucket of one is rewritten too",
            catch="test_a_member_larger_than_the_cap_sits_alone_between_buckets"),
     Mutant("cast_with_two_readers_absorbed", "BK-9", _BK,
@@ -2380,6 +2380,19 @@ MEM = [
 # 6. Symmetric memory (SM), C kernels included
 # --------------------------------------------------------------------------------------
 SM = [
+    Mutant("rendezvous_keyed_by_size", "SM-5", "refimpl/symmetric_memory.py",
+           '        key = f"rdzv{info.rendezvous_count}"\n',
+           '        key = f"rdzv{alloc.nbytes}"\n',
+           "the store keys of a rendezvous named by the allocation's size, not by the "
+           "group's count of rendezvous: a later rendezvous of a buffer of the same size "
+           "meets the records of the first (the wrong identity for a key)",
+           catch="test_the_nth_rendezvous_maps_every_peers_nth_allocation[2]"),
+    Mutant("put_signal_marks_the_destination_s_slot", "SM-9", "refimpl/symmetric_memory.py",
+           "        return self._c.rsm_put_signal(self.signal_pad_ptrs[dst_rank], self.rank, ",
+           "        return self._c.rsm_put_signal(self.signal_pad_ptrs[dst_rank], dst_rank, ",
+           "a signal set in the destination's own slot of its pad, not in the sender's: the "
+           "destination waits on the sender's slot, which never fills",
+           catch="test_signals_order_every_write_of_a_ring_handshake[4]"),
     Mutant("rendezvous_keys_numbered_per_process", "SM-12", "refimpl/symmetric_memory.py",
            "        info.rendezvous_count += 1\n        key = f\"rdzv{info.rendezvous_count}\"",
            "        info.rendezvous_count += 1\n"
@@ -3584,6 +3597,7 @@ FIRST_TIER: frozenset[str] = frozenset({
     "log_candidates_without_left_alone", "padding_meta_keeps_the_first_dim",
     "static_size_checked_on_any_dim", "cap_type_check_and", "key_by_group_size",
     "slot_at_rank_modulo", "unpad_keeps_padding", "single_buckets_rewritten",
+    "caps_never_agreed",
     "unknown_reduce_op_accepted", "wait_of_a_wait_not_followed", "wait_block_not_opened",
     "cast_from_an_integer_absorbed", "prologue_user_check_all_instead_of_any",
     "original_order_from_meta_unchecked", "last_resort_takes_a_block_of_another_queue",

@@ -2302,3 +2302,98 @@ def test_a_failed_rendezvous_unlinks_the_names_of_a_stopped_peer(backend, sizes_
     if sizes_differ:
         assert peer_outcome == "ValueError", peer_outcome
     assert mine == [] and peer_mine == [], (mine, peer_mine)
+
+
+# --------------------------------------------------------------------------------------
+# Invariants from upstream's own bug reports (issue 47)
+# --------------------------------------------------------------------------------------
+def _nth_rendezvous_maps_nth_allocations(spec: str, numel: int):
+    """Every rank allocates five buffers of one size, each filled with (its rank, its
+    number), drops the second before the fifth is made (an allocator may hand its place
+    out again) and rendezvouses the other four in the order it made them. Rank 0 alone
+    first makes and drops one more buffer and keeps a spare: its allocator starts in
+    another state than its peers' (pytorch/pytorch#190977: a rank that used more memory
+    first); it also comes late to each rendezvous, so its peers wait there first and
+    must meet what it posts for this one, not for an earlier one. For each handle, the
+    number found in every peer's buffer."""
+    sm, group, device = _setup(spec, "empty", "rendezvous")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    spare = []
+    if rank == 0:
+        dropped = sm.empty(numel, dtype=torch.float32, device=device)
+        del dropped
+        spare.append(sm.empty(numel, dtype=torch.float32, device=device))
+    made = {}
+    for number in range(5):
+        if number == 4:
+            del made[1]  # its place is free before the fifth is made
+        t = sm.empty(numel, dtype=torch.float32, device=device)
+        t.fill_(100.0 * rank + number)
+        made[number] = t
+    found = []
+    for number in sorted(made):
+        if rank == 0:  # late to each: its peers wait first, and must meet this one's post
+            time.sleep(0.05)
+        h = sm.rendezvous(made[number], group)
+        h.barrier()
+        found.append([h.get_buffer(peer, (numel,), torch.float32).cpu().unique().tolist()
+                      for peer in range(world)])
+        h.barrier()
+    return found
+
+
+@pytest.mark.spec("SM-5")
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_nth_rendezvous_maps_every_peers_nth_allocation(backend, world):
+    """pytorch/pytorch#190977, #198024: ranks rendezvous their allocations in one order,
+    and the n-th handle MUST map, on every rank, every peer's buffer of that n-th
+    rendezvous, whatever each rank's allocator did before (a dropped buffer's place given
+    out again, a rank whose allocator started elsewhere): no handle may map a peer's
+    other buffer of the same size (silent wrong sums)."""
+    backend.require(CONCEPT, "empty", "rendezvous")
+    numbers = [0, 2, 3, 4]
+    for rank, found in enumerate(run(backend, _nth_rendezvous_maps_nth_allocations, world,
+                                     1024)):
+        want = [[[100.0 * peer + n] for peer in range(world)] for n in numbers]
+        assert found == want, f"rank {rank}: handle n maps, per peer, {found}; want {want}"
+
+
+def _ring_of_signals(spec: str, rounds: int, numel: int):
+    """A ring handshake: each round, every rank writes the round's values into its right
+    neighbour's buffer through get_buffer, signals it, waits for its left neighbour's
+    signal and reads what that neighbour wrote, then signals back that it read (so the
+    next round's write cannot overtake the read). The rounds whose read was not exactly
+    the left neighbour's write."""
+    sm, group, device = _setup(spec, "empty", "rendezvous")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = sm.empty(numel, dtype=torch.int64, device=device)
+    t.zero_()
+    h = sm.rendezvous(t, group)
+    h.barrier()
+    right, left = (rank + 1) % world, (rank - 1) % world
+    target = h.get_buffer(right, (numel,), torch.int64)
+    steps = torch.arange(numel, dtype=torch.int64, device=device)
+    wrong = []
+    for round_ in range(rounds):
+        target.copy_(steps + (round_ * world + rank) * numel)
+        h.put_signal(right, channel=0)
+        h.wait_signal(left, channel=0)
+        want = steps + (round_ * world + left) * numel
+        if not torch.equal(t, want):
+            wrong.append(round_)
+        h.put_signal(left, channel=1)  # read: the left neighbour may write again
+        h.wait_signal(right, channel=1)
+    h.barrier()
+    return wrong
+
+
+@pytest.mark.spec("SM-9")
+@pytest.mark.parametrize("world", [2, 4])
+def test_signals_order_every_write_of_a_ring_handshake(backend, world):
+    """pytorch/pytorch#191858's invariant, as a ring: every write a rank makes into its
+    neighbour's buffer before put_signal is seen, all of it (64 KiB, past one cache
+    line or page), by the neighbour's read after the matching wait_signal, in each of 200
+    rounds, on every rank."""
+    backend.require(CONCEPT, "empty", "rendezvous")
+    for rank, wrong in enumerate(run(backend, _ring_of_signals, world, 200, 8192)):
+        assert wrong == [], f"rank {rank}: rounds whose read missed the write: {wrong[:10]}"
