@@ -612,6 +612,37 @@ def per_rank_caps_case(spec: str, program: str, pass_name: str, caps_by_rank, dt
     return {**_run_and_report(*traced), "issued": every[me]}
 
 
+def point_to_point_stage_alone(spec: str) -> tuple:
+    """On a rank: rank 0 alone buckets a pipeline stage's graph that only sends (its peer
+    compiles another graph, or none): ("bucketed", collectives after) or the error it
+    raised; the other ranks do nothing. No collective of a group is in it, so nothing
+    is there to agree on with other ranks (BK-24)."""
+    from conformance.harness import backend_in_rank
+
+    backend = backend_in_rank(spec)
+    fc = backend.require("functional_collectives")
+    bucketing = backend.require("bucketing", "bucket_all_gather")
+    if dist.get_rank() != 0:
+        return ("idle",)
+    if not hasattr(fc.ops, "isend"):
+        from conformance.backends import NotImplementedConcept
+
+        raise NotImplementedConcept(f"torch {torch.__version__} has no functional isend")
+    world = dist.group.WORLD.group_name
+
+    def stage(a, b):
+        first = fc.ops.isend(a * 2, 1, 0, world)
+        second = fc.ops.isend(b + 1, 1, 1, world)
+        return fc.ops.wait_tensor(first), fc.ops.wait_tensor(second)
+
+    gm = trace(stage, [torch.ones(4), torch.ones(4)])
+    try:
+        bucketing.bucket_all_gather(gm, cap_fn(25))
+    except Exception as exc:  # the case judges it
+        return (type(exc).__name__, str(exc))
+    return ("bucketed", collective_count(gm))
+
+
 class _SlotRecorder(MetaChecker):
     """Runs a graph and records where each `all_gather_into_tensor_out` reads its input
     within `out`: (offset in elements, elements), this rank's slot (BK-8); and each node

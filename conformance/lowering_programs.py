@@ -297,6 +297,14 @@ def ar_comm_buffer_escapes_as_a_split(fc, x):
     return fc.all_reduce(y, "sum", WORLD), y.split(2)[1]
 
 
+def ar_inplace_comm_buffer_escapes(fc, x):
+    """all_reduce_ in place on a small intermediate that is itself returned: the comm
+    buffer escapes as the result of the in-place copy back (CL-14, CL-13): a red team's."""
+    y = x * 3
+    fc.ops.wait_tensor(fc.ops.all_reduce_(y, "sum", WORLD))
+    return y, x + 1
+
+
 # ---- CL-17: chains of add/sub/mul by a number around a one-shot all_reduce ----------------
 def ar_pointwise_chains(fc, x):
     """A prologue and an epilogue of three steps each, all fusable."""
@@ -494,6 +502,7 @@ PROGRAMS = {f.__name__: f for f in [
     reduce_scatter_non_contiguous, ar_small_max, ar_small_f64, ar_small_view,
     ar_of_one_result_of_two, ar_small_other_group, ar_two_small, ar_comm_buffer_escapes,
     ar_comm_buffer_escapes_as_a_view, ar_comm_buffer_escapes_as_a_split,
+    ar_inplace_comm_buffer_escapes,
     ar_pointwise_chains, ar_pointwise_shared_step, ar_pointwise_result_read_twice,
     ar_pointwise_epilogue_step_read_twice, ar_pointwise_alpha, ar_pointwise_bool,
     ar_pointwise_inexact_int, ar_pointwise_other_dtype, ar_pointwise_source_written,

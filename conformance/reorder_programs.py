@@ -868,3 +868,29 @@ def collective_order_on_rank(spec: str, same_graph: bool = True,
     labels = {first[0]: "world", ctx.sub: "sub"}
     return ("order", [(ops.kind_of(n), labels.get(group_of(n), group_of(n)))
                       for n in new.graph.nodes if ops.kind_of(n) is not None])
+
+
+def reorder_of_another_blocking_graph_on_rank(spec: str) -> tuple:
+    """On a rank: a small sum all_reduce lowered one-shot by refimpl (a graph whose only
+    communication is a blocking kernel), of 4 elements on even ranks and 2 on odd ones
+    (another graph), reordered by the backend with every default: ("refused", its
+    error's type, its message) or ("reordered",)."""
+    from conformance.harness import backend_in_rank
+    from refimpl.comm_lowering import CommLoweringConfig, lower
+    from refimpl.symmetric_memory import enable_symm_mem_for_group
+
+    backend = backend_in_rank(spec)
+    ns = backend.require("reorder", "reorder", "ReorderConfig")
+    rank, ctx = dist.get_rank(), context()
+    fc_ops = refimpl_ops()
+    x = rank_input(rank, (4,) if rank % 2 == 0 else (2,), torch.float32)
+    gm = make_fx(lambda t: _wait(fc_ops, fc_ops.all_reduce(t * 2, "sum", ctx.world)) + 1,
+                 tracing_mode="fake")(x)
+    enable_symm_mem_for_group(ctx.world)
+    gm = lower(gm, CommLoweringConfig(auto_select=True))
+    assert any(ops.is_blocking(n) for n in gm.graph.nodes), "no blocking kernel"
+    try:
+        ns.reorder(gm, ns.ReorderConfig())
+    except Exception as exc:  # a refusal is a verdict, reported with its type
+        return ("refused", type(exc).__name__, str(exc))
+    return ("reordered",)

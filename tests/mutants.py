@@ -842,6 +842,26 @@ FC = [
 # --------------------------------------------------------------------------------------
 _CL = "refimpl/comm_lowering.py"
 CL = [
+    Mutant("cl12_alloc_id_ignores_buffer_bytes", "CL-12", _CL,
+           '    key = f"{namespace}/{fingerprint}/{index}/'
+           '{val.dtype}{list(val.shape)}/{group_name}"\n',
+           '    key = f"{namespace}/{fingerprint}/{index}/{group_name}"\n',
+           "The alloc_id omits the buffer's size and dtype, so the same graph lowered under "
+           'another threshold gives the same alloc_id to a buffer of other bytes at that '
+           'index, and the persistent allocation is refused (SM-4). (red team)',
+           catch="test_small_sum_all_reduce_goes_one_shot"),
+    Mutant("cl13_in_place_result_escapes", "CL-13", _CL,
+           '        sources = aliasing_of(node.target)\n'
+           '        source = sources[0] if len(sources) == 1 else \\\n',
+           '        if node.target._schema.is_mutable:\n'
+           "            return False  # an in-place op's result is its own value\n"
+           '        sources = aliasing_of(node.target)\n'
+           '        source = sources[0] if len(sources) == 1 else \\\n',
+           '_in_a_comm_buffer follows views and getitems but not in-place results, so a '
+           'graph output that is an in-place result on a comm buffer (the copy_ of a one- '
+           'shot all_reduce_, CL-14) is not cloned and escapes the graph, and the next '
+           "call's allocation of that alloc_id is refused. (red team)",
+           catch="test_a_view_of_a_comm_buffer_escapes_as_a_clone[ar_inplace_comm_buffer_escapes]"),
     Mutant("wait_in_place_though_written_later", "CL-20", _CL,
            "                    and not row.in_place\n"
            "                    and not {node, _base(node.args[0])} & written_later):",
@@ -1275,6 +1295,56 @@ CL = [
 # --------------------------------------------------------------------------------------
 _BK = "refimpl/bucketing.py"
 BK = [
+    Mutant("bk24_only_own_plan_checked", "BK-24", _BK,
+           '        if all(_used_agreed_caps(post, caps.agreed) for post in posts.values()):\n',
+           '        if _used_agreed_caps(posts[agreement.me], caps.agreed):\n',
+           "The implementer stops when this rank's own plan used agreed caps only, not every "
+           "rank's: a rank whose groups settle sooner leaves the rounds while a rank of "
+           'another group (a row of subgroups with a longer cap cascade) posts a next round '
+           'and times out (PeerTimeout) instead of agreeing. (red team)',
+           catch="test_rows_whose_agreement_takes_more_rounds_keep_the_others_in_step"),
+    Mutant("bk24_absent_family_not_refused", "BK-24", _BK,
+           '        seen = {r: posts[r]["sizes"].get(family) for r in _family_ranks(family)}\n',
+           '        seen = {r: posts[r]["sizes"][family] for r in _family_ranks(family)\n'
+           '                if family in posts[r]["sizes"]}\n',
+           'Only ranks of the group that posted the family are compared, so a rank of the '
+           'group holding none of its candidates is no longer refused: one rank merges '
+           'buckets its peer never issues (no ValueError naming BK-24). (red team)',
+           catch="test_a_rank_missing_a_key_its_group_holds_is_refused_on_every_rank"),
+    Mutant("bk24_slot_agreed_before_group_posted", "BK-24", _BK,
+           '            if all(_slot_text(slot) in post["own"] for post in group):\n'
+           '                caps.agreed[slot] = min(post["own"][_slot_text(slot)] '
+           'for post in group)\n',
+           '            posted = [post["own"][_slot_text(slot)] for post in group\n'
+           '                      if _slot_text(slot) in post["own"]]\n'
+           '            if posted:\n'
+           '                caps.agreed[slot] = min(posted)\n',
+           'A slot is agreed as soon as any rank of its group posted a cap for it, not when '
+           'every rank did: a rank that never opened that bucket is never asked its cap for '
+           'it (BK-3) and its smaller cap is left out of the minimum, so the agreed cap '
+           "isn't the group's smallest. (red team)",
+           catch="test_ranks_with_their_own_caps_make_one_set_of_buckets[all_gather_caps_by_index]"),
+    Mutant("bk3_cap_cached_per_index", "BK-3", _BK,
+           '        if slot not in self.own:\n'
+           '            self.own[slot] = _cap_bytes(self.cap_fn, slot[1])\n'
+           '        return self.own[slot]\n',
+           '        if slot[1] not in self.own:\n'
+           '            self.own[slot[1]] = _cap_bytes(self.cap_fn, slot[1])\n'
+           '        return self.own[slot[1]]\n',
+           'The own-cap cache is keyed by the bucket index alone rather than by (family, '
+           'index), so bucket_cap_mb_by_bucket_idx is asked once per index across all keys '
+           'instead of once per bucket index of each key. (red team)',
+           catch="test_bucket_indices_count_within_their_own_key[all_gather_dtype]"),
+    Mutant("bk24_p2p_only_graph_agrees", "BK-24", _BK,
+           '    return any(comm_ops.collective_family(n) not in (None, "point_to_point")\n'
+           '               for n in gm.graph.nodes)\n',
+           '    return any(comm_ops.collective_family(n) is not None\n'
+           '               for n in gm.graph.nodes)\n',
+           'Point-to-point ops are not excepted when deciding whether the world must agree, '
+           'so a pipeline stage whose graph only sends/receives joins the store exchange and '
+           'waits for ranks that never run it (PeerTimeout) instead of planning alone. (red '
+           'team)',
+           catch="test_a_stage_of_point_to_point_ops_alone_is_bucketed_without_waiting"),
     Mutant("candidate_whose_first_user_is_a_wait", "BK-1", _BK,
            "    if len(node.users) != 1:\n        return False\n    (user,) = node.users\n",
            "    if not node.users:\n        return False\n    user = next(iter(node.users))\n",
@@ -1654,6 +1724,16 @@ _RO = "refimpl/reorder.py"
 _RO_MEMORY = "refimpl/reorder_memory.py"  # the exact memory test of a move (RO-10)
 _WORLD = "refimpl/_world.py"  # the ranks' agreement, shared with bucketing (BK-24)
 RO = [
+    Mutant("ro16_blocking_kernel_not_agreed", "RO-16", _RO,
+           '    if not any(_issues_on_group(node) and collective_kind(node) != "point_to_point"\n'
+           '               for node in body):\n',
+           '    if not any(collective_kind(node) not in (None, "point_to_point")\n'
+           '               for node in body):\n',
+           'Only collectives trigger the agreement and blocking symmetric-memory kernels are '
+           'forgotten, so a lowered graph whose only communication is one-shot all-reduce '
+           "kernels is reordered from each rank's own cost model, with no refusal of "
+           'differing graphs. (red team)',
+           catch="test_ranks_with_other_graphs_of_blocking_kernels_only_are_refused"),
     Mutant("agreed_durations_left_unused", "RO-16", _RO,
            "            self.duration = agreed_durations(gm, self.body, self.duration)\n",
            "            agreed_durations(gm, self.body, self.duration)\n",

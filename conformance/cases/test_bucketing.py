@@ -23,6 +23,7 @@ from conformance import harness, oracle
 from conformance.bucketing_programs import (
     BAD_ARGUMENTS,
     BAD_GRAPHS,
+    WORLD,
     bad_arguments,
     bad_graph,
     conformance_case,
@@ -30,6 +31,7 @@ from conformance.bucketing_programs import (
     log_records,
     padded_reduce_scatter,
     per_rank_caps_case,
+    point_to_point_stage_alone,
     symbolic_candidates,
 )
 
@@ -1325,6 +1327,11 @@ ONE_SET_OF_BUCKETS = {
     "reduce_scatter_bf16": (RS, "fsdp_reduce_scatter", torch.bfloat16, (byte_caps(32), 25),
                             (4, 2)),
     "all_reduce_int32": (AR, "all_reduces", torch.int32, (25, byte_caps(28)), (3, 2)),
+    # caps by bucket index: rank 0's bucket 0 small, rank 1's later ones; rank 1 never
+    # opens bucket 1 with its own caps, and its cap there still counts: 72 | 120 24 |
+    # 96 48 | 144, not 72 | the rest
+    "all_gather_caps_by_index": (AG, "fsdp_all_gather", torch.float32,
+                                 ((72 / MiB, 25), (25, 150 / MiB)), (6, 4)),
 }
 
 
@@ -1387,3 +1394,46 @@ def test_ranks_holding_other_candidates_are_refused_on_every_rank(backend):
     for rank, result in enumerate(results):
         error, message = result.get("refused", ("no error", str(result)[:300]))
         assert error == "ValueError" and "BK-24" in message, f"rank {rank}: {error}: {message}"
+
+
+@pytest.mark.spec("BK-24")
+def test_rows_whose_agreement_takes_more_rounds_keep_the_others_in_step(backend):
+    """fsdp_all_gather on the rows [[0, 2], [1, 3]] of 4 ranks: only rank 2 caps at 200
+    bytes. Row [0, 2] needs rounds to agree (72 120 | 24 96 48 | 144), row [1, 3], both at
+    25 MiB, agrees at once (one bucket): the ranks of the quick row stay in the rounds
+    until every rank's plan is settled, never leaving the others waiting."""
+    caps = (25, 25, byte_caps(200), 25)
+    results = _per_rank_caps(backend, 4, "fsdp_all_gather", AG, caps, torch.float32,
+                             ({"group": ROWS_2x2},) * 4)
+    for rank, result in enumerate(results):
+        assert "refused" not in result and "peers_refused" not in result, f"rank {rank}: {result}"
+        assert "unmatched" not in result, \
+            f"ranks bucketed differently (a real run hangs):\n{result['unmatched']}"
+        assert result["mismatch"] == "", f"rank {rank}: {result['mismatch']}"
+        want = (6, 3) if rank in (0, 2) else (6, 1)
+        assert result["collectives"] == want, f"rank {rank}: {result['collectives']} [BK-24]"
+
+
+@pytest.mark.spec("BK-24")
+def test_a_rank_missing_a_key_its_group_holds_is_refused_on_every_rank(backend):
+    """keyed on 2 ranks: rank 0 all-gathers two float32 tensors, rank 1 two float16 ones
+    on the same group: each key is held by one rank of its group only, so no caps make
+    the ranks' buckets meet, and every rank refuses with a ValueError naming BK-24."""
+    members = ({"members": ((WORLD, torch.float32, "sum"),) * 2},
+               {"members": ((WORLD, torch.float16, "sum"),) * 2})
+    results = _per_rank_caps(backend, 2, "keyed", AG, (25, 25), torch.float32, members)
+    for rank, result in enumerate(results):
+        error, message = result.get("refused", ("no error", str(result)[:300]))
+        assert error == "ValueError" and "BK-24" in message, f"rank {rank}: {error}: {message}"
+
+
+@pytest.mark.spec("BK-24")
+def test_a_stage_of_point_to_point_ops_alone_is_bucketed_without_waiting(backend):
+    """Rank 0 alone buckets a pipeline stage that only sends (its peer compiles another
+    graph, or none): point-to-point ops are no collectives of a group, so there is
+    nothing to agree on, and the pass returns at once with the graph as it was (never a
+    timeout waiting for ranks that do not come)."""
+    backend.require("functional_collectives")
+    backend.require("bucketing", AG)
+    outcome = harness.run(backend, point_to_point_stage_alone, 2)[0]
+    assert outcome == ("bucketed", 2), f"rank 0: {outcome} [BK-24]"

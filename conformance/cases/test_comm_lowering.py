@@ -937,12 +937,13 @@ return [%3, %4]""")  # noqa: E501
 
 @pytest.mark.spec("CL-13", "CL-15")
 @pytest.mark.parametrize("program", ["ar_comm_buffer_escapes_as_a_view",
-                                     "ar_comm_buffer_escapes_as_a_split"])
+                                     "ar_comm_buffer_escapes_as_a_split",
+                                     "ar_inplace_comm_buffer_escapes"])
 def test_a_view_of_a_comm_buffer_escapes_as_a_clone(backend, program):
     """An output that is a view of the comm buffer under a one-shot all_reduce (a view op,
-    a piece of a split) holds the buffer as much as the buffer itself: it is returned as
-    an ordinary clone, so two calls, the first one's outputs alive, both run and give
-    eager's values on every rank."""
+    a piece of a split, the in-place copy back of an all_reduce_) holds the buffer as much
+    as the buffer itself: it is returned as an ordinary clone, so two calls, the first
+    one's outputs alive, both run and give eager's values on every rank."""
     backend.require("lowering", "lowered_graph")
     two_calls_give_eagers_values(backend, program)
 

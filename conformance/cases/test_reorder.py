@@ -319,6 +319,21 @@ def test_a_rank_that_reorders_another_graph_is_refused_on_every_rank(backend):
 
 
 @pytest.mark.spec("RO-16")
+def test_ranks_with_other_graphs_of_blocking_kernels_only_are_refused(backend):
+    """Odd ranks reorder a graph whose only communication is a one-shot kernel (blocking,
+    SM-15) of another size than the even ranks': blocking kernels keep their group's
+    order as collectives do (RO-5), so the ranks must agree as for collectives, and every
+    rank refuses with a ValueError naming RO-16 and the other ranks."""
+    concept(backend)
+    found = harness.run(backend, rp.reorder_of_another_blocking_graph_on_rank, 2)
+    for rank, result in enumerate(found):
+        assert result[0] == "refused", f"rank {rank} reordered: {result}"
+        _, error, message = result
+        assert error == "ValueError" and "RO-16" in message and str([1 - rank]) in message, \
+            f"rank {rank}: {error}: {message}"
+
+
+@pytest.mark.spec("RO-16")
 @pytest.mark.parametrize("value", ["yes", 1, None])
 def test_config_refuses_an_agreement_that_is_no_bool(backend, value):
     ns = concept(backend)
