@@ -28,7 +28,7 @@ from conformance.comm_trace import (
     is_comm_op,
     reduce_op_of_node,
 )
-from conformance.oracle import rank_input
+from conformance.oracle import rank_input, spread_input
 from conformance.true_meta import MetaChecker
 
 WORLD = "world"
@@ -87,12 +87,15 @@ def fsdp_all_gather(fc, dtype, rows=(3, 5, 1, 4, 2, 6), cast=False, group=WORLD,
     return step, shards
 
 
-def fsdp_reduce_scatter(fc, dtype, rows_per_rank=(1, 3, 2, 1), reduce_op="sum", group=WORLD):
-    """Gradients computed one after another, each reduce-scattered on dim 0."""
+def fsdp_reduce_scatter(fc, dtype, rows_per_rank=(1, 3, 2, 1), reduce_op="sum", group=WORLD,
+                        spread=False):
+    """Gradients computed one after another, each reduce-scattered on dim 0; with
+    `spread`, of values whose sums round differently in another order (spread_input)."""
     pg = group_of(group)
     n = pg.size()
     me = dist.get_rank()
-    grads = [rank_input(me, (r * n, 2), dtype, salt=10 + i) for i, r in enumerate(rows_per_rank)]
+    draw = spread_input if spread else rank_input
+    grads = [draw(me, (r * n, 2), dtype, salt=10 + i) for i, r in enumerate(rows_per_rank)]
 
     def step(*grads):
         return [fc.reduce_scatter_tensor(g * 3, reduce_op, 0, pg) + 1 for g in grads]
@@ -164,10 +167,12 @@ def other_dims(fc, dtype, group=WORLD):
     return step, xs
 
 
-def all_reduces(fc, dtype, reduce_op="sum", group=WORLD):
+def all_reduces(fc, dtype, reduce_op="sum", group=WORLD, spread=False):
+    """Three all_reduces of small tensors; with `spread`, as fsdp_reduce_scatter's."""
     pg = group_of(group)
     me = dist.get_rank()
-    xs = [rank_input(me, shape, dtype, 60 + i) for i, shape in enumerate([(3,), (2, 2), (5, 1)])]
+    draw = spread_input if spread else rank_input
+    xs = [draw(me, shape, dtype, 60 + i) for i, shape in enumerate([(3,), (2, 2), (5, 1)])]
 
     def step(*xs):
         return [fc.all_reduce(x + 1, reduce_op, pg) * 2 for x in xs]

@@ -21,6 +21,16 @@ def rank_input(rank: int, shape, dtype=torch.float32, salt: int = 0) -> torch.Te
     return values.to(torch.get_default_device())
 
 
+def spread_input(rank: int, shape, dtype=torch.float32, salt: int = 0) -> torch.Tensor:
+    """An input whose sums round differently in another order: normal draws scaled by
+    10**k, k in [-3, 3], in `dtype` (float32, bfloat16). Where a rule promises a value
+    bit for bit, these tell a change of summation order; small integers cannot."""
+    gen = torch.Generator().manual_seed(7919 * salt + 104729 * len(shape) + rank + 31)
+    values = torch.randn(tuple(shape), generator=gen, dtype=torch.float64) * \
+        10.0 ** torch.randint(-3, 4, tuple(shape), generator=gen)
+    return values.to(dtype).to(torch.get_default_device())
+
+
 def _wide(t: torch.Tensor) -> torch.Tensor:
     if t.dtype.is_floating_point:
         return t.to(torch.float64)

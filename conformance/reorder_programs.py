@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from conformance import ops
-from conformance.oracle import rank_input
+from conformance.oracle import rank_input, spread_input
 from conformance.true_meta import MetaChecker
 
 RECORDED: list[float] = []  # what record_ saw, in this process
@@ -599,7 +599,10 @@ PROGRAMS = list(FUNCTIONS)
 
 
 def inputs_for(name: str, ctx: Ctx, rank: int = 0) -> list[torch.Tensor]:
-    return [rank_input(rank, s, torch.float32, salt=i) for i, s in enumerate(_shapes(name, ctx))]
+    """Values whose sums round differently in another order (spread_input): RO-13's bit
+    for bit then tells a reordered accumulation, which small integers add up exactly."""
+    return [spread_input(rank, s, torch.float32, salt=i)
+            for i, s in enumerate(_shapes(name, ctx))]
 
 
 def refimpl_ops():

@@ -140,6 +140,7 @@ def test_help_says_what_backend_accepts():
         assert phrase in text, text
 
 
+@pytest.mark.slow  # second tier: four and two listings of the suite, each a fresh interpreter
 def test_first_orders_named_cases_then_rules_then_the_rest(tmp_path):
     """`--first` takes a case's name (with or without its parameters) or a SPEC ID, and
     repeated orders by the first value that names a case; the suite's order otherwise."""
@@ -169,6 +170,7 @@ def test_first_orders_named_cases_then_rules_then_the_rest(tmp_path):
     assert listed(function) == params + [c for c in suite if c not in params]
 
 
+@pytest.mark.slow  # second tier: four and two listings of the suite, each a fresh interpreter
 def test_case_selects_a_case_by_its_name_with_or_without_parameters(tmp_path):
     """`--case NAME[params]` keeps that one case, `--case NAME` every parametrization of
     it (what the first tier of the mutation tests runs); nothing else is collected."""

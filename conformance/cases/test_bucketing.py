@@ -1437,3 +1437,23 @@ def test_a_stage_of_point_to_point_ops_alone_is_bucketed_without_waiting(backend
     backend.require("bucketing", AG)
     outcome = harness.run(backend, point_to_point_stage_alone, 2)[0]
     assert outcome == ("bucketed", 2), f"rank 0: {outcome} [BK-24]"
+
+
+# --------------------------------------------------------------------------------------
+# BK-10, BK-11: bit for bit, with values that tell a summation order
+# --------------------------------------------------------------------------------------
+@pytest.mark.spec("BK-10", "BK-11")
+@pytest.mark.parametrize("pass_name, program", [(RS, "fsdp_reduce_scatter"),
+                                                (AR, "all_reduces")], ids=["rs", "ar"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_merged_reductions_keep_every_bit_on_two_ranks(backend, pass_name, program, dtype):
+    """Inputs of magnitudes spread over seven decades (spread_input), where another
+    order or another precision of a sum changes the bits (small integers add up exactly
+    in any order): on 2 ranks each element of a merged reduce_scatter or all_reduce is
+    one sum of two values, so the bucketed program gives the original's bits on every
+    rank (a bucket reduced in another dtype, or through a scaled or padded copy that
+    rounds, does not)."""
+    results = run_case(backend, 2, program, pass_name, dtype=dtype,
+                       program_args={"spread": True}, every_rank=True)
+    for rank, result in enumerate(results):
+        assert result["collectives"][1] == 1, f"rank {rank}: {result['collectives']}"
