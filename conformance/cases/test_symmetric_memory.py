@@ -133,14 +133,20 @@ def test_rendezvous_gives_one_handle_over_every_peers_buffer(backend, world):
         assert got == [50.0 + (rank - 1) % world]
 
 
-def _signals(spec: str):
+def _zeroed_ring(spec: str, numel, dtype):
+    """A zeroed buffer of `numel` (None: the world size) rendezvoused on the world, past
+    a barrier: (buffer, handle, rank, world, right neighbour, left neighbour)."""
     sm, group, device = _setup(spec, "empty", "rendezvous")
     rank, world = dist.get_rank(), dist.get_world_size()
-    t = sm.empty(world, dtype=torch.int32, device=device)
+    t = sm.empty(numel or world, dtype=dtype, device=device)
     t.zero_()
     h = sm.rendezvous(t, group)
     h.barrier()
-    right, left = (rank + 1) % world, (rank - 1) % world
+    return t, h, rank, world, (rank + 1) % world, (rank - 1) % world
+
+
+def _signals(spec: str):
+    t, h, rank, world, right, left = _zeroed_ring(spec, None, torch.int32)
     h.get_buffer(right, (world,), torch.int32)[rank] = 40 + rank
     h.put_signal(right, channel=2)
     h.put_signal(right, channel=1)
@@ -2364,15 +2370,9 @@ def _ring_of_signals(spec: str, rounds: int, numel: int):
     signal and reads what that neighbour wrote, then signals back that it read (so the
     next round's write cannot overtake the read). The rounds whose read was not exactly
     the left neighbour's write."""
-    sm, group, device = _setup(spec, "empty", "rendezvous")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    t = sm.empty(numel, dtype=torch.int64, device=device)
-    t.zero_()
-    h = sm.rendezvous(t, group)
-    h.barrier()
-    right, left = (rank + 1) % world, (rank - 1) % world
+    t, h, rank, world, right, left = _zeroed_ring(spec, numel, torch.int64)
     target = h.get_buffer(right, (numel,), torch.int64)
-    steps = torch.arange(numel, dtype=torch.int64, device=device)
+    steps = torch.arange(numel, dtype=torch.int64, device=t.device)
     wrong = []
     for round_ in range(rounds):
         target.copy_(steps + (round_ * world + rank) * numel)
