@@ -786,6 +786,7 @@ BAD_ARGUMENTS = {
     "mixed_dtypes_reduce_scatter": ("bucket_reduce_scatter", "ValueError", "mixed_dtypes"),
     "mixed_dtypes_all_reduce": ("bucket_all_reduce", "ValueError", "mixed_dtypes"),
     "agreement_not_a_bool": ("bucket_all_reduce", "TypeError", "agree_across_ranks"),
+    "coalesced_not_a_bool": ("bucket_reduce_scatter", "TypeError", "coalesced"),
 }
 
 
@@ -806,6 +807,7 @@ def bad_arguments(spec: str) -> dict:
         "mixed_dtypes_reduce_scatter": lambda gm: (gm, cap_fn(25)),
         "mixed_dtypes_all_reduce": lambda gm: (gm, cap_fn(25)),
         "agreement_not_a_bool": lambda gm: (gm, cap_fn(25)),
+        "coalesced_not_a_bool": lambda gm: (gm, cap_fn(25)),
     }
     outcomes = {}
     for name, (pass_name, _, _) in BAD_ARGUMENTS.items():
@@ -816,6 +818,8 @@ def bad_arguments(spec: str) -> dict:
         options = {"mixed_dtypes": True} if name.startswith("mixed") else {}
         if name == "agreement_not_a_bool":  # a name where a bool belongs (BK-24)
             options = {"agree_across_ranks": "yes"}
+        if name == "coalesced_not_a_bool":  # BK-25
+            options = {"coalesced": "yes"}
         try:
             getattr(bucketing, pass_name)(*calls[name](trace(fn, inputs)), **options)
             outcomes[name] = ("no error", "")

@@ -22,7 +22,7 @@ In a world of real ranks the ranks agree on each bucket's cap (the smallest amon
 cap functions that differ by rank (a profile per rank) still make one set of buckets
 (BK-24).
 
-Implements SPEC.md section "Bucketing": BK-1 .. BK-24.
+Implements SPEC.md section "Bucketing": BK-1 .. BK-25.
 """
 
 from __future__ import annotations
@@ -556,6 +556,7 @@ class _MergeOptions:
     use_out_variant: bool = True
     batch_casts: bool = True
     agree_across_ranks: bool = True
+    coalesced: bool = False
 
 
 def _absorbs_cast(inp: torch.fx.Node, opts: _MergeOptions) -> bool:
@@ -646,7 +647,21 @@ def _padded_rows(rows: int, group_size: int) -> int:
     return -(-rows // group_size) * group_size
 
 
+def _padded_input(b: _LayoutBuilder, inp: torch.fx.Node, group_size: int) -> torch.fx.Node:
+    """`inp` with dim 0 padded to a multiple of the group size, so every rank's chunk
+    lines up (BK-23); `inp` itself where it needs none."""
+    val = _val(inp)
+    rows = _padded_rows(val.shape[0], group_size)
+    if rows == val.shape[0]:
+        return inp
+    pad = [0, 0] * (val.dim() - 1) + [0, rows - val.shape[0]]
+    return b.call(aten.constant_pad_nd.default, (inp, pad, 0.0),
+                  val=b.fake([rows, *val.shape[1:]], val.dtype))
+
+
 def _merge_reduce_scatter(b: _LayoutBuilder, bucket: Bucket, opts: _MergeOptions) -> list:
+    if opts.coalesced:
+        return _merge_reduce_scatter_coalesced(b, bucket)
     call = bucket.call
     reduce_op, group_size, name = call.reduce_op, call.group_size, call.group_name
     dtype = _val(bucket.members[0]).dtype
@@ -654,11 +669,7 @@ def _merge_reduce_scatter(b: _LayoutBuilder, bucket: Bucket, opts: _MergeOptions
     for inp in bucket.inputs:
         val = _val(inp)
         rows = _padded_rows(val.shape[0], group_size)
-        if rows != val.shape[0]:
-            # Pad dim 0 to a multiple of the group size so every rank's chunk lines up.
-            pad = [0, 0] * (val.dim() - 1) + [0, rows - val.shape[0]]
-            inp = b.call(aten.constant_pad_nd.default, (inp, pad, 0.0),
-                         val=b.fake([rows, *val.shape[1:]], val.dtype))
+        inp = _padded_input(b, inp, group_size)
         if not inp.meta["val"].is_contiguous():
             inp = b.call(aten.clone.default, (inp,), {"memory_format": torch.contiguous_format},
                          val=b.fake(inp.meta["val"].shape, val.dtype))
@@ -680,6 +691,27 @@ def _merge_reduce_scatter(b: _LayoutBuilder, bucket: Bucket, opts: _MergeOptions
         if rows % group_size:
             out = _unpad(b, out, rows, bucket)
         outs.append(out)
+    return outs
+
+
+def _merge_reduce_scatter_coalesced(b: _LayoutBuilder, bucket: Bucket) -> list:
+    """One `reduce_scatter_tensor_coalesced` of the members' own inputs (no copy into a
+    bucket buffer), then a getitem and a wait per member (BK-25): upstream 2.15's
+    "coalesced" mode. An input whose dim 0 the group size does not divide is padded and
+    its chunk cut as in BK-23."""
+    call = bucket.call
+    group_size = call.group_size
+    inputs = [_padded_input(b, inp, group_size) for inp in bucket.inputs]
+    results = tuple(b.fake([_val(i).shape[0] // group_size, *_val(i).shape[1:]], _val(i).dtype)
+                    for i in inputs)
+    scattered = b.call(refimpl_ops.reduce_scatter_tensor_coalesced.default,
+                       (inputs, call.reduce_op, group_size, call.group_name), val=results)
+    pieces = [b.call(operator.getitem, (scattered, i), val=v) for i, v in enumerate(results)]
+    outs = []
+    for piece, inp in zip(pieces, bucket.inputs, strict=True):
+        out = b.wait(piece)
+        rows = _val(inp).shape[0]
+        outs.append(_unpad(b, out, rows, bucket) if rows % group_size else out)
     return outs
 
 
@@ -881,12 +913,16 @@ def _refuse_mixed(mixed_dtypes: bool, what: str) -> None:
 
 def bucket_reduce_scatter(gm: torch.fx.GraphModule, bucket_cap_mb_by_bucket_idx: CapFn, *,
                           mixed_dtypes: bool = False, agree_across_ranks: bool = True,
-                          recompile: bool = True) -> None:
+                          coalesced: bool = False, recompile: bool = True) -> None:
     """Merge reduce_scatters of one (group, reduce op, dtype), in place (BK-1..BK-7, BK-10);
-    `agree_across_ranks` as bucket_all_gather's (BK-24)."""
+    `agree_across_ranks` as bucket_all_gather's (BK-24). `coalesced` makes a bucket one
+    `reduce_scatter_tensor_coalesced` of the members' own inputs, a getitem and a wait
+    each, instead of one reduce_scatter of a chunk-cat copy (BK-25)."""
     _refuse_mixed(mixed_dtypes, "reduce_scatter")
+    require_type(coalesced, bool, "coalesced", "a bool", "BK-25")
     _bucket(gm, KINDS["reduce_scatter"], bucket_cap_mb_by_bucket_idx,
-            _MergeOptions(agree_across_ranks=agree_across_ranks), recompile)
+            _MergeOptions(agree_across_ranks=agree_across_ranks, coalesced=coalesced),
+            recompile)
 
 
 def bucket_all_reduce(gm: torch.fx.GraphModule, bucket_cap_mb_by_bucket_idx: CapFn, *,

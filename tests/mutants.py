@@ -1295,6 +1295,18 @@ CL = [
 # --------------------------------------------------------------------------------------
 _BK = "refimpl/bucketing.py"
 BK = [
+    Mutant("coalesced_option_left_unused", "BK-25", _BK,
+           "            _MergeOptions(agree_across_ranks=agree_across_ranks, "
+           "coalesced=coalesced),\n",
+           "            _MergeOptions(agree_across_ranks=agree_across_ranks),\n",
+           "the option checked and dropped: a coalesced bucket still copied into one buffer",
+           catch="test_a_coalesced_bucket_is_one_coalesced_reduce_scatter[2-bf16]"),
+    Mutant("coalesced_results_taken_in_one_place", "BK-25", _BK,
+           "    for piece, inp in zip(pieces, bucket.inputs, strict=True):\n",
+           "    for piece, inp in zip(pieces[:1] * len(pieces), bucket.inputs, strict=True):\n",
+           "every member waits for the coalesced collective's first result (the wrong getitem "
+           "for a member: shapes differ, values too)",
+           catch="test_a_coalesced_bucket_is_one_coalesced_reduce_scatter[4-f32]"),
     Mutant("bk24_only_own_plan_checked", "BK-24", _BK,
            '        if all(_used_agreed_caps(post, caps.agreed) for post in posts.values()):\n',
            '        if _used_agreed_caps(posts[agreement.me], caps.agreed):\n',
@@ -1394,8 +1406,8 @@ BK = [
            "count, so only a cap in a fraction of a MiB shows it",
            catch="test_a_cap_in_mib_counts_2_to_the_20_bytes[one_row_over]"),
     Mutant("padding_meta_keeps_the_first_dim", "BK-7", "refimpl/bucketing.py",
-           "                         val=b.fake([rows, *val.shape[1:]], val.dtype))",
-           "                         val=b.fake([rows, *val.shape[:]], val.dtype))",
+           "                  val=b.fake([rows, *val.shape[1:]], val.dtype))",
+           "                  val=b.fake([rows, *val.shape[:]], val.dtype))",
            "[:] for [1:]: the padded input's meta val has the padded rows and then every "
            "dim of the input again",
            catch="test_padded_reduce_scatter_gives_each_rank_its_chunk[2]"),
@@ -3677,7 +3689,7 @@ FIRST_TIER: frozenset[str] = frozenset({
     "log_candidates_without_left_alone", "padding_meta_keeps_the_first_dim",
     "static_size_checked_on_any_dim", "cap_type_check_and", "key_by_group_size",
     "slot_at_rank_modulo", "unpad_keeps_padding", "single_buckets_rewritten",
-    "caps_never_agreed",
+    "caps_never_agreed", "coalesced_option_left_unused",
     "unknown_reduce_op_accepted", "wait_of_a_wait_not_followed", "wait_block_not_opened",
     "cast_from_an_integer_absorbed", "prologue_user_check_all_instead_of_any",
     "original_order_from_meta_unchecked", "last_resort_takes_a_block_of_another_queue",

@@ -1,8 +1,9 @@
 """The `bucketing` concept of the `torch` backend: `torch._inductor.fx_passes.bucketing`.
 
-Upstream's passes take the same graph and cap callback. The only option mapped is
+Upstream's passes take the same graph and cap callback. The options mapped are
 `mixed_dtypes=True`, which is upstream's "custom_ops_multidtype" bucket mode for
-all_gather; any other refimpl option is reported as not implemented.
+all_gather, and `coalesced=True` for reduce_scatter, upstream's "coalesced" mode (BK-25);
+any other refimpl option is reported as not implemented.
 
 `deduplicate_waits` is 2.15's post-grad pass `deduplicate_wait_tensors` (BK-18), which
 returns nothing: the adapter counts the waits it removed. Older releases have none.
@@ -15,6 +16,9 @@ the adapter does the same, so the graph it returns is the one Inductor goes on w
 from __future__ import annotations
 
 import types
+import typing
+
+import torch
 
 from conformance import ops
 from conformance.backends import NotImplementedConcept
@@ -45,9 +49,17 @@ def concept():
         upstream.bucket_all_gather(gm, bucket_cap_mb_by_bucket_idx, mode=mode)
         _sorted(gm)
 
-    def bucket_reduce_scatter(gm, bucket_cap_mb_by_bucket_idx, **options):
+    def bucket_reduce_scatter(gm, bucket_cap_mb_by_bucket_idx, *, coalesced=False, **options):
         _refuse(options, "bucket_reduce_scatter")
-        upstream.bucket_reduce_scatter(gm, bucket_cap_mb_by_bucket_idx, mode="default")
+        # BK-25: upstream's mode="coalesced", one coalesced reduce_scatter a bucket; a
+        # value that is no bool goes to upstream as the mode it would be there
+        mode = ("coalesced" if coalesced else "default") if isinstance(coalesced, bool) \
+            else coalesced
+        if mode == "coalesced" and \
+                "coalesced" not in typing.get_args(getattr(upstream, "BucketMode", None)):
+            raise NotImplementedConcept(
+                f"torch {torch.__version__}: bucketing has no coalesced mode")
+        upstream.bucket_reduce_scatter(gm, bucket_cap_mb_by_bucket_idx, mode=mode)
         _sorted(gm)
 
     def bucket_all_reduce(gm, bucket_cap_mb_by_bucket_idx, **options):

@@ -769,7 +769,7 @@ def _bad_argument_outcomes(spec: str) -> tuple:
     return tuple(harness.run(get_backend(spec), bad_arguments, 2))
 
 
-@pytest.mark.spec("BK-19", "BK-3", "BK-12", "BK-24")
+@pytest.mark.spec("BK-19", "BK-3", "BK-12", "BK-24", "BK-25")
 @pytest.mark.parametrize("name", list(BAD_ARGUMENTS))
 def test_bad_arguments_are_refused_naming_them(backend, name):
     backend.require("functional_collectives")
@@ -1457,3 +1457,29 @@ def test_merged_reductions_keep_every_bit_on_two_ranks(backend, pass_name, progr
                        program_args={"spread": True}, every_rank=True)
     for rank, result in enumerate(results):
         assert result["collectives"][1] == 1, f"rank {rank}: {result['collectives']}"
+
+
+# --------------------------------------------------------------------------------------
+# BK-25: the coalesced mode (upstream 2.15's mode="coalesced" for reduce_scatter)
+# --------------------------------------------------------------------------------------
+@pytest.mark.spec("BK-25", "BK-10")
+@pytest.mark.parametrize("world_size, dtype", [(2, torch.bfloat16), (4, torch.float32)],
+                         ids=["2-bf16", "4-f32"])
+def test_a_coalesced_bucket_is_one_coalesced_reduce_scatter(backend, world_size, dtype):
+    """fsdp_reduce_scatter's four gradients merged with `coalesced=True`: one
+    reduce_scatter_tensor_coalesced of the members' own inputs, no copy into a bucket
+    buffer, then a wait per member; the values are the original's bit for bit on every
+    rank (each element keeps its offset in its own input, so even a backend whose sums
+    follow offsets adds it as before)."""
+    results = run_case(backend, world_size, "fsdp_reduce_scatter", RS, dtype=dtype,
+                       options={"coalesced": True}, program_args={"spread": True},
+                       every_rank=True)
+    for rank, result in enumerate(results):
+        issued = [line for line in result["comm_trace"].splitlines()
+                  if not line.startswith("wait")]
+        assert len(issued) == 1 and issued[0].startswith("reduce_scatter_tensor_coalesced"), \
+            f"rank {rank}: issued {issued} [BK-25]"
+        waits = [line for line in result["comm_trace"].splitlines() if line.startswith("wait")]
+        assert len(waits) == 4, f"rank {rank}: {len(waits)} waits, one per member [BK-25]"
+        assert not re.search(r"= (cat|view)\(", result["canonical"]), \
+            f"rank {rank}: a copy into a bucket buffer [BK-25]:\n{result['canonical']}"
