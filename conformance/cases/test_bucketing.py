@@ -1319,6 +1319,23 @@ def _per_rank_caps(backend, world_size, program, pass_name, caps_by_rank, dtype,
                        caps_by_rank, dtype, program_args_by_rank)
 
 
+def _ran_alike(results: list[dict]) -> None:
+    """Every rank bucketed, the ranks of every group issued one sequence, and the real
+    run gave the original's values on every rank (BK-24)."""
+    for rank, result in enumerate(results):
+        assert "refused" not in result and "peers_refused" not in result, f"rank {rank}: {result}"
+        assert "unmatched" not in result, \
+            f"ranks bucketed differently (a real run hangs):\n{result['unmatched']}"
+        assert result["mismatch"] == "", f"rank {rank}: {result['mismatch']}"
+
+
+def _refused_on_every_rank(results: list[dict]) -> None:
+    """Every rank's pass raised a ValueError naming BK-24."""
+    for rank, result in enumerate(results):
+        error, message = result.get("refused", ("no error", str(result)[:300]))
+        assert error == "ValueError" and "BK-24" in message, f"rank {rank}: {error}: {message}"
+
+
 # (pass, program, dtype, each rank's caps, collectives before and after): the smallest
 # caps alone make the buckets (sizes in bytes: AG 72 120 | 24 96 48 | 144; RS bf16
 # 8 24 | 16 8; AR int32 12 16 | 20), the largest would merge all in one.
@@ -1342,11 +1359,9 @@ def test_ranks_with_their_own_caps_make_one_set_of_buckets(backend, name):
     make the buckets the smaller caps make, and the bucketed program runs to eager's
     values (never a hang: the ranks' issued collectives are compared before it runs)."""
     pass_name, program, dtype, caps, counts = ONE_SET_OF_BUCKETS[name]
-    for rank, result in enumerate(_per_rank_caps(backend, 2, program, pass_name, caps, dtype)):
-        assert "refused" not in result and "peers_refused" not in result, f"rank {rank}: {result}"
-        assert "unmatched" not in result, \
-            f"ranks bucketed differently (a real run hangs):\n{result['unmatched']}"
-        assert result["mismatch"] == "", f"rank {rank}: {result['mismatch']}"
+    results = _per_rank_caps(backend, 2, program, pass_name, caps, dtype)
+    _ran_alike(results)
+    for rank, result in enumerate(results):
         assert result["collectives"] == counts, \
             f"rank {rank}: {result['collectives']}, the smaller caps make {counts} [BK-24]"
         assert sorted(result["asked"]) == sorted(set(result["asked"])), \
@@ -1362,11 +1377,8 @@ def test_each_group_takes_the_smallest_caps_of_its_own_ranks(backend):
     ranks issue one sequence."""
     caps = (25, 25, byte_caps(64), 25)
     results = _per_rank_caps(backend, 4, "interleaved", AG, caps, torch.float32)
+    _ran_alike(results)
     for rank, result in enumerate(results):
-        assert "refused" not in result and "peers_refused" not in result, f"rank {rank}: {result}"
-        assert "unmatched" not in result, \
-            f"ranks bucketed differently (a real run hangs):\n{result['unmatched']}"
-        assert result["mismatch"] == "", f"rank {rank}: {result['mismatch']}"
         row_gathers = 2 if rank in (0, 2) else 1
         assert result["collectives"] == (12, 3 + row_gathers + 6), \
             f"rank {rank}: {result['collectives']}; world's gathers single (rank 2's cap), " \
@@ -1391,9 +1403,7 @@ def test_ranks_holding_other_candidates_are_refused_on_every_rank(backend):
     rows = ({"rows": (3, 5, 1, 4, 2, 6)}, {"rows": (3, 5, 1, 4, 2, 7)})
     results = _per_rank_caps(backend, 2, "fsdp_all_gather", AG, (25, 25), torch.float32,
                              rows)
-    for rank, result in enumerate(results):
-        error, message = result.get("refused", ("no error", str(result)[:300]))
-        assert error == "ValueError" and "BK-24" in message, f"rank {rank}: {error}: {message}"
+    _refused_on_every_rank(results)
 
 
 @pytest.mark.spec("BK-24")
@@ -1405,11 +1415,8 @@ def test_rows_whose_agreement_takes_more_rounds_keep_the_others_in_step(backend)
     caps = (25, 25, byte_caps(200), 25)
     results = _per_rank_caps(backend, 4, "fsdp_all_gather", AG, caps, torch.float32,
                              ({"group": ROWS_2x2},) * 4)
+    _ran_alike(results)
     for rank, result in enumerate(results):
-        assert "refused" not in result and "peers_refused" not in result, f"rank {rank}: {result}"
-        assert "unmatched" not in result, \
-            f"ranks bucketed differently (a real run hangs):\n{result['unmatched']}"
-        assert result["mismatch"] == "", f"rank {rank}: {result['mismatch']}"
         want = (6, 3) if rank in (0, 2) else (6, 1)
         assert result["collectives"] == want, f"rank {rank}: {result['collectives']} [BK-24]"
 
@@ -1422,9 +1429,7 @@ def test_a_rank_missing_a_key_its_group_holds_is_refused_on_every_rank(backend):
     members = ({"members": ((WORLD, torch.float32, "sum"),) * 2},
                {"members": ((WORLD, torch.float16, "sum"),) * 2})
     results = _per_rank_caps(backend, 2, "keyed", AG, (25, 25), torch.float32, members)
-    for rank, result in enumerate(results):
-        error, message = result.get("refused", ("no error", str(result)[:300]))
-        assert error == "ValueError" and "BK-24" in message, f"rank {rank}: {error}: {message}"
+    _refused_on_every_rank(results)
 
 
 @pytest.mark.spec("BK-24")
