@@ -426,13 +426,57 @@ def pipeline_exchange(fc, dtype, kind="all_gather", group=WORLD):
     return step, xs
 
 
+# How the last summand of `summed_reduce_scatters` differs from the others, if it does.
+SUMMAND_CHANGES = ("shape_broadcasts", "other_group", "max", "sum_and_avg", "other_dtype",
+                   "read_again", "alpha")
+
+
+def summed_reduce_scatters(fc, dtype, count=2, reduce_op="sum", group=WORLD, rows=2,
+                           change=None, nan=False):
+    """A gradient of `count` uses (FSDP's sum of partial gradients): each part
+    reduce-scattered on its own, the waited results summed left to right (BK-26). `rows`
+    per rank of every part (0: empty parts); `nan` puts a NaN in the first part of rank 0.
+    `change` (SUMMAND_CHANGES) makes the last part a sum that one reduce_scatter of the
+    summed parts would not give (BK-27): results that broadcast on dim 0 (parts of shape
+    (n,) before one of (n, n), n the group size: the summed parts would broadcast on
+    another dim), a group of other
+    ranks (rows [[0, 2], [1, 3]] of 4 against [[0, 1], [2, 3]]), reduce op max on every
+    part, avg beside sum, another dtype, a wait read again, an add with alpha 2."""
+    pg = group_of(group)
+    other = group_of([[0, 2], [1, 3]]) if change == "other_group" else pg
+    me, n = dist.get_rank(), pg.size()
+    shapes = [(rows * n, 3)] * count
+    if change == "shape_broadcasts":  # results of shapes (1,) and (1, n): (1, n) summed
+        shapes = [(n,)] * (count - 1) + [(n, n)]
+    parts = [rank_input(me, shape, dtype, salt=200 + i) for i, shape in enumerate(shapes)]
+    if change == "shape_broadcasts":  # each element its own sum: no two alike by chance
+        parts[0] = parts[0] + 8 * torch.arange(n).to(dtype)
+    if change == "other_dtype":
+        parts[-1] = parts[-1].to(torch.float64 if dtype != torch.float64 else torch.float32)
+    if nan and me == 0 and parts[0].numel():
+        parts[0][0, 0] = float("nan")
+    last_op = {"max": "max", "sum_and_avg": "avg"}.get(change, reduce_op)
+    op_of = ["max" if change == "max" else reduce_op] * (count - 1) + [last_op]
+    group_of_part = [pg] * (count - 1) + [other]
+
+    def step(*xs):
+        results = [fc.reduce_scatter_tensor(x, op, 0, g)
+                   for x, op, g in zip(xs, op_of, group_of_part, strict=True)]
+        total = results[0]
+        for result in results[1:]:
+            total = torch.add(total, result, alpha=2) if change == "alpha" else total + result
+        return (total, results[0] * 1) if change == "read_again" else (total,)
+
+    return step, parts
+
+
 PROGRAMS = {f.__name__: f for f in (fsdp_all_gather, fsdp_reduce_scatter, interleaved, chain,
                                     mixed_dtypes, other_dims, all_reduces, keyed,
                                     cross_key_cycle, three_key_chain, with_out_variant,
                                     waited_through_a_view, ops_on_transposed_views,
                                     upstream_namespace, upstream_waited_together,
                                     waited_twice, chain_of_waits, written_between_waits,
-                                    pipeline_exchange)}
+                                    pipeline_exchange, summed_reduce_scatters)}
 
 
 # --------------------------------------------------------------------------------------
@@ -850,6 +894,89 @@ def deduplicated(spec: str, program: str) -> dict:
     return {"mismatch": compare(before, after), "removed": removed,
             "waits": (wait_count(original), wait_count(deduped)),
             "collectives": (collective_count(original), collective_count(deduped))}
+
+
+def nan_aware_compare(before, after) -> str:
+    """'' if every output is bit-identical, NaNs where NaNs were, else where they differ."""
+    a, b = _flat(before), _flat(after)
+    if len(a) != len(b):
+        return f"{len(a)} outputs before, {len(b)} after"
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        same_nan = torch.equal(x.isnan(), y.isnan()) if x.is_floating_point() else True
+        if x.dtype != y.dtype or x.shape != y.shape or not same_nan or \
+                not torch.equal(x.nan_to_num(0.0), y.nan_to_num(0.0)):
+            return f"output {i}: {x.dtype}{list(x.shape)} {x.tolist()} != " \
+                   f"{y.dtype}{list(y.shape)} {y.tolist()}"
+    return ""
+
+
+def reduce_scatter_count(gm: torch.fx.GraphModule) -> int:
+    return sum(1 for n in gm.graph.nodes
+               if n.op == "call_function" and op_name(n.target).split(".")[1:2] == [
+                   "reduce_scatter_tensor"])
+
+
+def summed_once(spec: str, dtype, program_args: dict) -> dict:
+    """On a rank: trace `summed_reduce_scatters`, run the backend's
+    `dedup_fsdp_reduce_scatter` on a copy, run both for real (BK-26, BK-27): whether the
+    values are bit for bit the original's (NaN where NaN), the reduce_scatters before and
+    after, what the pass returned and the collectives each group issues after it."""
+    from conformance.harness import backend_in_rank
+
+    backend = backend_in_rank(spec)
+    fc = backend.require("functional_collectives")
+    bucketing = backend.require("bucketing", "dedup_fsdp_reduce_scatter")
+    fn, inputs = summed_reduce_scatters(fc, dtype, **program_args)
+    original, summed = trace(fn, inputs), trace(fn, inputs)
+    removed = bucketing.dedup_fsdp_reduce_scatter(summed)
+    before = original(*[t.clone() for t in inputs])
+    after = summed(*[t.clone() for t in inputs])
+    return {"mismatch": nan_aware_compare(before, after), "removed": removed,
+            "reduce_scatters": (reduce_scatter_count(original), reduce_scatter_count(summed)),
+            "issued": issued_by_group(summed)}
+
+
+# The graphs of 2.15's modes (BK-25, BK-26): a program and the pass that makes the mode's
+# graph of it, on the backend's bucketing concept.
+MODES = {
+    "coalesced": ("fsdp_reduce_scatter", {},
+                  lambda passes, gm: passes.bucket_reduce_scatter(gm, cap_fn(25), coalesced=True)),
+    "dedup": ("summed_reduce_scatters", {"count": 3},
+              lambda passes, gm: passes.dedup_fsdp_reduce_scatter(gm)),
+}
+
+
+def through_later_stages(spec: str, mode: str, dtype) -> dict:
+    """On a rank: the mode's graph through the backend's lowering (its default config),
+    then its reorder (no memory bound), run for real against the traced program; and the
+    memory plan and the simulated timeline of the final graph: what each holds of the
+    issued collectives."""
+    from conformance.harness import backend_in_rank
+
+    backend = backend_in_rank(spec)
+    fc = backend.require("functional_collectives")
+    passes = backend.require("bucketing", "dedup_fsdp_reduce_scatter" if mode == "dedup"
+                             else "bucket_reduce_scatter")
+    lowering = backend.require("lowering", "lower")
+    reorder = backend.require("reorder")
+    memory, simulator = backend.require("memory"), backend.require("simulator")
+    program, args, make_mode = MODES[mode]
+    fn, inputs = PROGRAMS[program](fc, dtype, **args)
+    original, gm = trace(fn, inputs), trace(fn, inputs)
+    make_mode(passes, gm)
+    moded = canonical_graph(gm)
+    gm = lowering.lower(gm, lowering.Config())
+    gm = reorder.reorder(gm, reorder.ReorderConfig(memory_budget=None))
+    issued = [n.name for n in gm.graph.nodes if n.op == "call_function"
+              and is_comm_op(n.target) and not ops.is_wait(n)]
+    plan = memory.plan_memory(gm)
+    timeline = simulator.simulate(gm)
+    allocated = {e.buffer.alloc_node.name for e in plan.events if e.kind == "alloc"}
+    before = original(*[t.clone() for t in inputs])
+    after = gm(*[t.clone() for t in inputs])
+    return {"mismatch": compare(before, after), "moded": moded, "issued": issued,
+            "simulated": sorted(c.node.name for c in timeline.collectives),
+            "unplanned": sorted(set(issued) - allocated), "peak_bytes": plan.peak_bytes}
 
 
 def log_records(spec: str) -> list:

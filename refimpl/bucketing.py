@@ -17,12 +17,14 @@ member's result move after its wait (BK-7); every node of a merged bucket is tag
 its FSDP block (BK-17). Both passes cost O(N log N) in graph size. Candidates with bad
 arguments are refused before anything is rewritten (BK-16). `deduplicate_waits` removes
 the repeated waits of one value, so a collective waited twice becomes a candidate (BK-18).
+`dedup_fsdp_reduce_scatter` turns a sum of two reduce_scatters' results into one
+reduce_scatter of the summed inputs where that is the same sum (BK-26, BK-27).
 
 In a world of real ranks the ranks agree on each bucket's cap (the smallest among them), so
 cap functions that differ by rank (a profile per rank) still make one set of buckets
 (BK-24).
 
-Implements SPEC.md section "Bucketing": BK-1 .. BK-25.
+Implements SPEC.md section "Bucketing": BK-1 .. BK-27.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from refimpl._errors import InternalError, require, require_type
 from refimpl._world import Agreement, real_world
 
 __all__ = ["bucket_all_gather", "bucket_reduce_scatter", "bucket_all_reduce", "plan_buckets",
-           "deduplicate_waits", "Bucket", "KINDS", "BLOCK_META"]
+           "deduplicate_waits", "dedup_fsdp_reduce_scatter", "Bucket", "KINDS", "BLOCK_META"]
 
 logger = logging.getLogger("refimpl.bucketing")
 
@@ -990,6 +992,90 @@ def deduplicate_waits(gm: torch.fx.GraphModule, *, recompile: bool = True) -> in
         removed += 1
     if removed:
         logger.debug("deduplicate_waits: removed %d repeated waits", removed)
+        if recompile:
+            gm.recompile()
+    return removed
+
+
+# --------------------------------------------------------------------------------------
+# Summed reduce_scatters (BK-26, BK-27)
+# --------------------------------------------------------------------------------------
+# Reductions for which RS(a) + RS(b) == RS(a + b) elementwise in exact arithmetic.
+_LINEAR_REDUCE_OPS = ("sum", "avg")
+
+
+def _summed_reduce_scatter(wait) -> tuple[torch.fx.Node, dict] | None:
+    """The reduce_scatter a summand waits for, and its arguments, if the pair (collective,
+    wait) is read by the sum alone (BK-26)."""
+    if not _is_single_wait(wait) or len(wait.users) != 1:
+        return None
+    collective = wait.args[0]
+    if not (isinstance(collective, torch.fx.Node)
+            and _is_candidate(collective, KINDS["reduce_scatter"])):
+        return None
+    return collective, _fx.arguments(collective, "BK-26")
+
+
+def _same_sum(a: dict, b: dict) -> bool:
+    """Whether RS(x) + RS(y) == RS(x + y) for these two calls: one group, one linear
+    reduce op, inputs of one dtype and shape (BK-26; a shape that broadcasts reads another
+    rank's rows, BK-27)."""
+    if not all(isinstance(call["input"], torch.fx.Node) for call in (a, b)):
+        return False
+    op_a, op_b = (str(call["reduce_op"]).lower() for call in (a, b))
+    x, y = _fx.fake_value(a["input"], "BK-26"), _fx.fake_value(b["input"], "BK-26")
+    return (a["group_name"] == b["group_name"] and a["group_size"] == b["group_size"]
+            and op_a == op_b and op_a in _LINEAR_REDUCE_OPS
+            and x.dtype == y.dtype and x.shape == y.shape)
+
+
+def _plain_add(node: torch.fx.Node) -> bool:
+    """`aten.add.Tensor(x, y)` of two nodes, alpha 1 (BK-26)."""
+    return (node.op == "call_function" and node.target is aten.add.Tensor
+            and len(node.args) == 2 and all(isinstance(a, torch.fx.Node) for a in node.args)
+            and node.kwargs.get("alpha", 1) == 1)
+
+
+def _merge_summands(graph: torch.fx.Graph, add: torch.fx.Node) -> bool:
+    """Rewrite add(wait(RS(a)), wait(RS(b))) as wait(RS(a + b)) at the add, if it is the
+    same sum (BK-26, BK-27); whether it did."""
+    if not _plain_add(add):
+        return False
+    summands = [_summed_reduce_scatter(w) for w in add.args]
+    if None in summands or summands[0][0] is summands[1][0]:
+        return False
+    (first, a), (second, b) = summands
+    if not _same_sum(a, b):
+        return False
+    x, y = a["input"], b["input"]
+    with graph.inserting_before(add):
+        combined = graph.call_function(aten.add.Tensor, (x, y))
+        with _fx.fake_value(x, "BK-26").fake_mode:
+            combined.meta["val"] = _fx.fake_value(x, "BK-26") + _fx.fake_value(y, "BK-26")
+        collective = graph.call_function(
+            first.target, (combined,) + tuple(first.args[1:]), dict(first.kwargs))
+        collective.meta["val"] = first.meta["val"]
+        wait = graph.call_function(add.args[0].target, (collective,))
+        wait.meta["val"] = add.args[0].meta["val"]
+    add.replace_all_uses_with(wait)
+    for node in (add, *add.args, first, second):  # the sum, the waits, the collectives
+        graph.erase_node(node)
+    return True
+
+
+def dedup_fsdp_reduce_scatter(gm: torch.fx.GraphModule, *, recompile: bool = True) -> int:
+    """Replace each sum of two reduce_scatters' results by one reduce_scatter of the summed
+    inputs, in place, until none is left; returns how many reduce_scatters it removed
+    (BK-26). Only where the sum is the same in exact arithmetic (BK-27): one group, reduce
+    op sum or avg, inputs of one dtype and one shape, each collective and wait read by the
+    sum alone. A tree of N summed reduce_scatters becomes one. The sum is then rounded
+    before the reduction rather than after: not bit for bit in a floating dtype."""
+    require_type(gm, torch.fx.GraphModule, "gm", "a torch.fx.GraphModule", "BK-26")
+    removed = 0
+    for add in list(gm.graph.nodes):  # a merged pair's wait is read by the next add on
+        removed += _merge_summands(gm.graph, add)
+    if removed:
+        logger.debug("dedup_fsdp_reduce_scatter: removed %d reduce_scatters", removed)
         if recompile:
             gm.recompile()
     return removed

@@ -7,6 +7,8 @@ any other refimpl option is reported as not implemented.
 
 `deduplicate_waits` is 2.15's post-grad pass `deduplicate_wait_tensors` (BK-18), which
 returns nothing: the adapter counts the waits it removed. Older releases have none.
+`dedup_fsdp_reduce_scatter` is `fsdp.dedup_fsdp_reduce_scatter` (BK-26, the post-grad
+pass of `config.dedup_reduce_scatters`), counted alike.
 
 Upstream's passes leave users of an earlier member's wait before the merged wait and
 rely on Inductor running `stable_topological_sort` right after them (post_grad.py);
@@ -80,4 +82,23 @@ def concept():
             return before - _wait_count(gm)
 
         passes.deduplicate_waits = deduplicate_waits
+    passes.dedup_fsdp_reduce_scatter = _dedup_fsdp_reduce_scatter()
     return passes
+
+
+def _dedup_fsdp_reduce_scatter():
+    """Upstream's `fsdp.dedup_fsdp_reduce_scatter` (BK-26), which returns nothing: the
+    adapter counts the reduce_scatters it removed. None where the release lacks it."""
+    try:
+        from torch._inductor.fx_passes.fsdp import dedup_fsdp_reduce_scatter as upstream
+    except ImportError:
+        return None
+
+    from conformance.bucketing_programs import reduce_scatter_count as reduce_scatters
+
+    def dedup_fsdp_reduce_scatter(gm, *, recompile=True):
+        before = reduce_scatters(gm)
+        upstream(gm)  # recompiles
+        return before - reduce_scatters(gm)
+
+    return dedup_fsdp_reduce_scatter

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from expecttest import assert_expected_inline
 
-from conformance import harness, oracle
+from conformance import bucketing_programs, harness, oracle
 from conformance.bucketing_programs import (
     BAD_ARGUMENTS,
     BAD_GRAPHS,
@@ -1488,3 +1488,93 @@ def test_a_coalesced_bucket_is_one_coalesced_reduce_scatter(backend, world_size,
         assert len(waits) == 4, f"rank {rank}: {len(waits)} waits, one per member [BK-25]"
         assert not re.search(r"= (cat|view)\(", result["canonical"]), \
             f"rank {rank}: a copy into a bucket buffer [BK-25]:\n{result['canonical']}"
+
+
+# --------------------------------------------------------------------------------------
+# BK-26, BK-27: summed reduce_scatters (upstream's dedup_fsdp_reduce_scatter)
+# --------------------------------------------------------------------------------------
+I32, F64 = torch.int32, torch.float64
+# (world, dtype, parts, reduce op, group, rows per rank, NaN): every dtype family, sum and
+# avg, 2 to 4 parts, a subgroup whose group ranks are not global ranks, empty parts, a NaN.
+SUMS_THAT_MERGE = {
+    "2-f32-2-sum": (2, F32, 2, "sum", WORLD, 2, False),
+    "2-bf16-3-avg": (2, BF16, 3, "avg", WORLD, 2, False),
+    "4-i32-4-sum-rows": (4, I32, 4, "sum", ROWS_2x2, 1, False),
+    "4-f64-2-avg": (4, F64, 2, "avg", WORLD, 3, False),
+    "2-f16-2-sum-nan": (2, F16, 2, "sum", WORLD, 2, True),
+    "2-f32-3-sum-empty": (2, F32, 3, "sum", WORLD, 0, False),
+}
+
+
+def _summed(backend, world_size, dtype, program_args) -> list[dict]:
+    """Every rank's outcome of summed_once; its values checked on every rank."""
+    from conformance.bucketing_programs import summed_once
+
+    backend.require("functional_collectives")
+    backend.require("bucketing", "dedup_fsdp_reduce_scatter")
+    results = harness.run(backend, summed_once, world_size, dtype, program_args)
+    for rank, result in enumerate(results):
+        assert result["mismatch"] == "", f"rank {rank}: {result['mismatch']} [BK-26, BK-27]"
+        before, after = result["reduce_scatters"]
+        assert result["removed"] == before - after, f"rank {rank}: {result} [BK-26]"
+    return results
+
+
+@pytest.mark.spec("BK-26")
+@pytest.mark.parametrize("name", list(SUMS_THAT_MERGE))
+def test_summed_reduce_scatters_become_one_of_the_summed_inputs(backend, name):
+    """A gradient summed from N parts, each reduce-scattered: after the pass every rank
+    issues one reduce_scatter on the group (the parts added first) and computes the
+    original's values bit for bit (small integers: exact in either order; NaN where NaN)."""
+    world, dtype, count, reduce_op, group, rows, nan = SUMS_THAT_MERGE[name]
+    args = {"count": count, "reduce_op": reduce_op, "group": group, "rows": rows, "nan": nan}
+    for rank, result in enumerate(_summed(backend, world, dtype, args)):
+        assert result["reduce_scatters"] == (count, 1), f"rank {rank}: {result} [BK-26]"
+        issued = [op for ops_ in result["issued"].values() for op in ops_]
+        assert len(issued) == 1 and \
+            issued[0].startswith(f"funcol.reduce_scatter_tensor {reduce_op} "), \
+            f"rank {rank}: issued {result['issued']} [BK-26]"
+
+
+# Changes whose values alone tell a wrong merge, and those the count of collectives tells.
+CHANGES_TOLD_BY_VALUES = ("shape_broadcasts", "other_group", "max", "sum_and_avg", "alpha")
+
+
+@pytest.mark.spec("BK-27", "BK-26")
+@pytest.mark.parametrize("change", list(bucketing_programs.SUMMAND_CHANGES))
+def test_a_sum_one_reduce_scatter_would_not_give_is_left_alone(backend, change):
+    """Two parts (three for shape_broadcasts) whose last one differs: inputs that
+    broadcast on dim 0 (the sum adds this rank's one row of a part to every row of the
+    other, where the summed input would add each row's own), a group of other ranks, max,
+    avg beside sum, another dtype, a wait read again, an add with alpha 2. Every rank's
+    values stay the original's; where one reduce_scatter would not give the sum, the
+    reduce_scatters stay as they were (an add with alpha may merge with its alpha)."""
+    world = 4 if change == "other_group" else 2
+    args = {"count": 2, "change": change,
+            "group": [[0, 1], [2, 3]] if change == "other_group" else WORLD}
+    for rank, result in enumerate(_summed(backend, world, F32, args)):
+        if change not in CHANGES_TOLD_BY_VALUES:
+            before, after = result["reduce_scatters"]
+            assert after == before, f"rank {rank}: {result} [BK-27]"
+
+
+@pytest.mark.spec("BK-25", "BK-26", "CL-15", "RO-13", "MEM-1", "SIM-2")
+@pytest.mark.parametrize("mode, world_size, dtype", [
+    ("coalesced", 2, BF16), ("coalesced", 4, I32), ("dedup", 2, F32), ("dedup", 4, F64)])
+def test_the_graph_of_each_mode_goes_through_every_later_stage(backend, mode, world_size,
+                                                               dtype):
+    """The graph a coalesced bucket makes (BK-25) and the one summed reduce_scatters make
+    (BK-26), through the backend's lowering and then its reorder, as its compiler would
+    run them: every rank computes the traced program's values bit for bit; the memory plan
+    and the simulated timeline of the final graph hold every collective it issues."""
+    from conformance.bucketing_programs import through_later_stages
+
+    for name in ("functional_collectives", "reorder", "memory", "simulator"):
+        backend.require(name)
+    backend.require("lowering", "lower")
+    results = harness.run(backend, through_later_stages, world_size, mode, dtype)
+    for rank, result in enumerate(results):
+        assert result["mismatch"] == "", f"rank {rank}: {result['mismatch']}"
+        assert len(result["issued"]) == 1, f"rank {rank}: the mode's one collective: {result}"
+        assert result["simulated"] == sorted(result["issued"]), f"rank {rank}: {result}"
+        assert result["unplanned"] == [], f"rank {rank}: {result}"
