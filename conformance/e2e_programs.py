@@ -330,3 +330,102 @@ def opaque_then_collective_on_rank(spec: str, options: dict) -> dict:
     same = all(torch.allclose(e, c) for e, c in zip(results["eager"], results["compiled"],
                                                     strict=True))
     return {"eager": seen["eager"], "compiled": seen["compiled"], "same": same}
+
+
+# --------------------------------------------------------------------------------------
+# Module plans (BK-28): an nn.Module model, so that Dynamo records each node's module
+# --------------------------------------------------------------------------------------
+PLAN_BLOCKS = 3
+DIM = 8
+
+
+class ShardedLinear(torch.nn.Module):
+    """A linear layer holding this rank's shard of its weight (SimpleFSDP's way): its
+    forward gathers the weight, its backward reduce-scatters the weight's gradient."""
+
+    def __init__(self, fc, group, full: torch.Tensor):
+        super().__init__()
+        self.fc, self.group, self.shape = fc, group, tuple(full.shape)
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        self.shard = torch.nn.Parameter(shard_of(full, rank, size))
+
+    def forward(self, x):
+        return F.linear(x, gathered(self.fc, self.shard, self.shape, self.group))
+
+
+class PlannedBlock(torch.nn.Module):
+    """Two sharded linears and two all_reduces of statistics of their shards (sum): a
+    block's collectives of each kind are independent of each other."""
+
+    def __init__(self, fc, group, gen: torch.Generator):
+        super().__init__()
+        self.fc, self.group = fc, group
+        self.up = ShardedLinear(fc, group, torch.randn(2 * DIM, DIM, generator=gen) / 3)
+        self.down = ShardedLinear(fc, group, torch.randn(DIM, 2 * DIM, generator=gen) / 4)
+
+    def forward(self, x):
+        norms = [self.fc.all_reduce(linear.shard.detach().square().sum(), "sum", self.group)
+                 for linear in (self.up, self.down)]
+        return x + self.down(torch.tanh(self.up(x))) * (1 + 1e-3 * (norms[0] - norms[1]))
+
+
+class PlannedModel(torch.nn.Module):
+    """`layers.0` .. `layers.{PLAN_BLOCKS - 1}`, then a `head` outside every plan."""
+
+    def __init__(self, fc, group):
+        super().__init__()
+        gen = torch.Generator().manual_seed(4321)
+        self.layers = torch.nn.ModuleList(PlannedBlock(fc, group, gen)
+                                          for _ in range(PLAN_BLOCKS))
+        self.head = ShardedLinear(fc, group, torch.randn(DIM, DIM, generator=gen) / 3)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def _planned_compiler(passes, plans):
+    """A torch.compile backend: AOTAutograd, each graph through the backend's
+    `manual_overlap_bucketing` with `plans` (None: left as traced), run as FX."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def compile_graph(gm, _example_inputs):
+        if plans is not None:
+            gm = passes.manual_overlap_bucketing(gm, plans)
+        return make_boxed_func(gm)
+
+    return aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph)
+
+
+def module_plan_on_rank(spec: str, plans, steps: int = 2) -> dict:
+    """On a rank: PlannedModel trained `steps` SGD steps compiled as traced, then with the
+    backend's module-plan bucketing: per step the losses and the collectives each
+    forward and backward issued (c10d's count), and the final shards."""
+    from conformance.harness import backend_in_rank
+
+    backend = backend_in_rank(spec)
+    fc = backend.require("functional_collectives")
+    passes = backend.require("bucketing", "manual_overlap_bucketing")
+    group = dist.group.WORLD
+    runs = {}
+    for name, plan in (("traced", None), ("planned", plans)):
+        model = PlannedModel(fc, group)
+        optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
+        torch._dynamo.reset()
+        step = torch.compile(model, backend=_planned_compiler(passes, plan), fullgraph=True,
+                             dynamic=False)
+        records = []
+        for i in range(steps):
+            x = batch(Model("mlp", dim=DIM), dist.get_rank(), i)[0]
+            before = _issued(group)
+            loss = _plain(step(x)).square().mean()
+            forward = _issued(group) - before
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            records.append((loss.item(), forward, _issued(group) - before - forward))
+        runs[name] = {"steps": records,
+                      "shards": [p.detach().clone() for p in model.parameters()]}
+    return runs

@@ -19,12 +19,14 @@ arguments are refused before anything is rewritten (BK-16). `deduplicate_waits` 
 the repeated waits of one value, so a collective waited twice becomes a candidate (BK-18).
 `dedup_fsdp_reduce_scatter` turns a sum of two reduce_scatters' results into one
 reduce_scatter of the summed inputs where that is the same sum (BK-26, BK-27).
+`manual_overlap_bucketing` buckets by module plans instead of caps: each plan entry's
+collectives of a key become one bucket (BK-28).
 
 In a world of real ranks the ranks agree on each bucket's cap (the smallest among them), so
 cap functions that differ by rank (a profile per rank) still make one set of buckets
 (BK-24).
 
-Implements SPEC.md section "Bucketing": BK-1 .. BK-27.
+Implements SPEC.md section "Bucketing": BK-1 .. BK-29.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import json
 import logging
 import math
 import operator
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -46,7 +49,8 @@ from refimpl._errors import InternalError, require, require_type
 from refimpl._world import Agreement, real_world
 
 __all__ = ["bucket_all_gather", "bucket_reduce_scatter", "bucket_all_reduce", "plan_buckets",
-           "deduplicate_waits", "dedup_fsdp_reduce_scatter", "Bucket", "KINDS", "BLOCK_META"]
+           "deduplicate_waits", "dedup_fsdp_reduce_scatter", "manual_overlap_bucketing",
+           "module_fqns", "Bucket", "KINDS", "BLOCK_META"]
 
 logger = logging.getLogger("refimpl.bucketing")
 
@@ -238,8 +242,10 @@ class _Caps:
 class _Planner:
     """The single forward pass that decides the buckets of one kind (BK-3, BK-4)."""
 
-    def __init__(self, kind: Kind, caps: _Caps, mixed_dtypes: bool):
+    def __init__(self, kind: Kind, caps: _Caps, mixed_dtypes: bool, entry_of=None):
         self.kind, self.caps, self.mixed_dtypes = kind, caps, mixed_dtypes
+        # With module plans (BK-28): node -> its plan entry, or None (no candidate then).
+        self.entry_of = entry_of
         self.groups = _Groups()
         self.open: dict[tuple, Bucket] = {}
         self.families: dict[tuple, str] = {}  # key -> its family (_family)
@@ -253,7 +259,8 @@ class _Planner:
             mask = 0
             for inp in node.all_input_nodes:
                 mask |= reach[inp]
-            if _is_candidate(node, self.kind):
+            if _is_candidate(node, self.kind) and (
+                    self.entry_of is None or self.entry_of(node) is not None):
                 bucket = self._admit(node, mask)
                 if bucket is not None:
                     mask |= bucket.bit
@@ -263,6 +270,8 @@ class _Planner:
     def _admit(self, node: torch.fx.Node, upstream: int) -> Bucket | None:
         call = _check_call(node, self.kind, self.groups)
         key = _bucket_key(node, call, self.mixed_dtypes)
+        if self.entry_of is not None:  # one bucket per plan entry and key (BK-28)
+            key += (f"module plan entry {self.entry_of(node)}",)
         size = _size_bytes(node, call)
         self.sizes.setdefault(self._family(key, call), []).append(size)
         bucket = self.open.get(key)
@@ -1079,3 +1088,90 @@ def dedup_fsdp_reduce_scatter(gm: torch.fx.GraphModule, *, recompile: bool = Tru
         if recompile:
             gm.recompile()
     return removed
+
+
+# --------------------------------------------------------------------------------------
+# Module plans (BK-28)
+# --------------------------------------------------------------------------------------
+# A root module's name in Dynamo's module stacks: L['self'] (the argument's name).
+_ROOT = re.compile(r"^L\[['\"][^'\"]*['\"]\]\.?")
+_ACCESSOR = re.compile(r"\[['\"]?([^'\"\]]+)['\"]?\]")
+# A cap no bucket of a plan entry reaches: an entry's collectives are one bucket (BK-28).
+_UNBOUNDED_MIB = float(2**40)
+
+
+def _clean_fqn(path: str) -> str:
+    """Dynamo's path of a module ("L['self'].layers[0]._modules['attn']") as its FQN
+    ("layers.0.attn")."""
+    path = _ROOT.sub("", path).replace("._modules", "")
+    return _ACCESSOR.sub(r".\1", path).strip(".").replace("..", ".")
+
+
+def module_fqns(node: torch.fx.Node) -> list[str]:
+    """The FQNs of the modules whose forward computed `node`, outermost first: Dynamo's
+    `nn_module_stack`, or, in a backward graph, the `fwd_nn_module_stack` AOTAutograd
+    copies from the forward node it differentiates (BK-28)."""
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
+    return [_clean_fqn(path) for path, _type in stack.values()]
+
+
+def _plan_entries(module_bucket_plans) -> list[tuple[str, ...]]:
+    """The plan's entries as tuples of FQNs, refused unless they are disjoint (BK-29)."""
+    if not isinstance(module_bucket_plans, (list, tuple)):
+        raise TypeError(f"module_bucket_plans: expected a list of module FQNs or of lists "
+                        f"of them, got {type(module_bucket_plans).__name__} [BK-29]")
+    entries = [(e,) if isinstance(e, str) else tuple(e) for e in module_bucket_plans]
+    fqns = [fqn for entry in entries for fqn in entry]
+    if not all(isinstance(fqn, str) and fqn for fqn in fqns) or not all(entries):
+        raise TypeError("module_bucket_plans: every entry is a module FQN (a non-empty str) "
+                        "or a non-empty list of them [BK-29]")
+    for i, a in enumerate(fqns):
+        for b in fqns[i + 1:]:
+            if a == b or b.startswith(a + ".") or a.startswith(b + "."):
+                raise ValueError(f"module_bucket_plans: {a!r} and {b!r} overlap; a node "
+                                 f"belongs to one entry at most [BK-29]")
+    return entries
+
+
+def _entry_finder(entries: list[tuple[str, ...]], module_stack_fn):
+    """node -> the index of the plan entry holding one of its modules, or None."""
+    def entry_of(node: torch.fx.Node) -> int | None:
+        for fqn in module_stack_fn(node):
+            for index, entry in enumerate(entries):
+                if any(fqn == e or fqn.startswith(e + ".") for e in entry):
+                    return index
+        return None
+
+    return entry_of
+
+
+def manual_overlap_bucketing(gm: torch.fx.GraphModule, module_bucket_plans, *,
+                             module_stack_fn=None, recompile: bool = True
+                             ) -> torch.fx.GraphModule:
+    """Bucket by module plans, in place; returns `gm` (BK-28).
+
+    `module_bucket_plans` lists entries, each a module FQN ("layers.0") or a list of them
+    (["layers.0", "layers.1"]): every candidate (BK-1) of a kind computed inside an
+    entry's modules (or modules below them) joins that entry's one bucket of its key,
+    whatever its size; a candidate dependent on the open bucket is left alone (BK-4), as
+    is every candidate outside the plan. all_gathers, then reduce_scatters, then
+    all_reduces. `module_stack_fn(node)` gives a node's module FQNs (default: Dynamo's
+    module stack, module_fqns). Where the merged collectives then run is the reorder
+    stage's choice (upstream's pass of this name also reorders them)."""
+    require_type(gm, torch.fx.GraphModule, "gm", "a torch.fx.GraphModule", "BK-28")
+    entries = _plan_entries(module_bucket_plans)
+    if module_stack_fn is not None and not callable(module_stack_fn):
+        raise TypeError("module_stack_fn: expected a callable node -> module FQNs [BK-28]")
+    entry_of = _entry_finder(entries, module_stack_fn or module_fqns)
+    for name in ("all_gather", "reduce_scatter", "all_reduce"):
+        planner = _Planner(KINDS[name], _Caps(lambda _index: _UNBOUNDED_MIB), False, entry_of)
+        planner.plan(gm.graph)
+        buckets = [b for b in planner.buckets if len(b.members) > 1]
+        logger.info("%s: module plans: %d buckets of %d candidates", name, len(buckets),
+                    sum(len(b.members) for b in buckets))
+        if buckets:
+            _rewrite(gm, KINDS[name], buckets, _MergeOptions(agree_across_ranks=False),
+                     recompile=False)
+    if recompile:
+        gm.recompile()
+    return gm

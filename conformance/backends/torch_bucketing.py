@@ -8,7 +8,9 @@ any other refimpl option is reported as not implemented.
 `deduplicate_waits` is 2.15's post-grad pass `deduplicate_wait_tensors` (BK-18), which
 returns nothing: the adapter counts the waits it removed. Older releases have none.
 `dedup_fsdp_reduce_scatter` is `fsdp.dedup_fsdp_reduce_scatter` (BK-26, the post-grad
-pass of `config.dedup_reduce_scatters`), counted alike.
+pass of `config.dedup_reduce_scatters`), counted alike. `manual_overlap_bucketing` is
+`overlap_manual_scheduling.manual_overlap_bucketing` (BK-28), as torchtitan calls it;
+its scheduler's compute estimates are 0 (what 2.15 gives it; 2.13 asks triton for a GPU).
 
 Upstream's passes leave users of an earlier member's wait before the merged wait and
 rely on Inductor running `stable_topological_sort` right after them (post_grad.py);
@@ -83,7 +85,30 @@ def concept():
 
         passes.deduplicate_waits = deduplicate_waits
     passes.dedup_fsdp_reduce_scatter = _dedup_fsdp_reduce_scatter()
+    passes.manual_overlap_bucketing = _manual_overlap_bucketing()
     return passes
+
+
+def _manual_overlap_bucketing():
+    """Upstream's `overlap_manual_scheduling.manual_overlap_bucketing` (BK-28) as it is
+    (it buckets, then reorders); None where the release lacks it."""
+    try:
+        from torch._inductor.fx_passes.overlap_manual_scheduling import (
+            manual_overlap_bucketing as upstream,
+        )
+    except ImportError:
+        return None
+
+    from conformance.backends.torch_reorder import roofline
+
+    def manual_overlap_bucketing(gm, module_bucket_plans, **options):
+        _refuse(options, "manual_overlap_bucketing")
+        # The scheduler it builds on asks triton for a GPU's bandwidth on torch 2.13 (2.15
+        # gives it estimates of 0 itself): estimates of 0 here too, nothing else changed.
+        with roofline({}):
+            return upstream(gm, module_bucket_plans)
+
+    return manual_overlap_bucketing
 
 
 def _dedup_fsdp_reduce_scatter():
