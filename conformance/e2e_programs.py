@@ -370,7 +370,8 @@ class PlannedBlock(torch.nn.Module):
 
 
 class PlannedModel(torch.nn.Module):
-    """`layers.0` .. `layers.{PLAN_BLOCKS - 1}`, then a `head` outside every plan."""
+    """`layers.0` .. `layers.{PLAN_BLOCKS - 1}`, then `head` and `head2` (whose name starts
+    with another module's: a plan of `head` does not hold it)."""
 
     def __init__(self, fc, group):
         super().__init__()
@@ -378,14 +379,15 @@ class PlannedModel(torch.nn.Module):
         self.layers = torch.nn.ModuleList(PlannedBlock(fc, group, gen)
                                           for _ in range(PLAN_BLOCKS))
         self.head = ShardedLinear(fc, group, torch.randn(DIM, DIM, generator=gen) / 3)
+        self.head2 = ShardedLinear(fc, group, torch.randn(DIM, DIM, generator=gen) / 3)
 
     def forward(self, x):
         for layer in self.layers:
             x = layer(x)
-        return self.head(x)
+        return self.head2(torch.tanh(self.head(x)))
 
 
-def _planned_compiler(passes, plans):
+def planned_compiler(passes, plans):
     """A torch.compile backend: AOTAutograd, each graph through the backend's
     `manual_overlap_bucketing` with `plans` (None: left as traced), run as FX."""
     from functorch.compile import make_boxed_func
@@ -414,7 +416,7 @@ def module_plan_on_rank(spec: str, plans, steps: int = 2) -> dict:
         model = PlannedModel(fc, group)
         optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
         torch._dynamo.reset()
-        step = torch.compile(model, backend=_planned_compiler(passes, plan), fullgraph=True,
+        step = torch.compile(model, backend=planned_compiler(passes, plan), fullgraph=True,
                              dynamic=False)
         records = []
         for i in range(steps):

@@ -247,3 +247,90 @@ def _check_graph(gm, what, expected, inputs, report) -> None:
 def functools_caps(caps_bytes):
     """Cap of bucket i in MiB: the drawn byte caps, cycling."""
     return lambda i: caps_bytes[i % len(caps_bytes)] / (1024 * 1024)
+
+
+def _through_refimpls_stages(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """refimpl's later stages as its compiler runs them (lowering, then reorder), and its
+    memory plan and timeline of the result (which must not refuse the graph)."""
+    from refimpl.comm_lowering import CommLoweringConfig, lower
+    from refimpl.memory import plan_memory
+    from refimpl.reorder import ReorderConfig, reorder
+    from refimpl.simulator import simulate
+
+    gm = reorder(lower(gm, CommLoweringConfig()), ReorderConfig(memory_budget=None))
+    plan_memory(gm)
+    simulate(gm)
+    return gm
+
+
+def upstream_mode_through_refimpl(mode: str) -> dict:
+    """A program traced with upstream's functional collectives, rewritten by upstream's
+    pass of `mode` (coalesced bucketing, summed reduce_scatters), then through refimpl's
+    stages: whether the values are the traced program's bit for bit, and the collectives
+    the final graph issues."""
+    import types
+
+    import torch.distributed._functional_collectives as ufc
+    from torch._inductor.pattern_matcher import stable_topological_sort
+
+    fc_ = types.SimpleNamespace(reduce_scatter_tensor=ufc.reduce_scatter_tensor)
+    if mode == "coalesced":
+        from torch._inductor.fx_passes.bucketing import bucket_reduce_scatter
+
+        fn, xs = bp.PROGRAMS["fsdp_reduce_scatter"](fc_, torch.float32)
+        rewrite = lambda gm: bucket_reduce_scatter(gm, bp.cap_fn(25), mode="coalesced")
+    else:
+        from torch._inductor.fx_passes.fsdp import dedup_fsdp_reduce_scatter as rewrite
+
+        fn, xs = bp.PROGRAMS["summed_reduce_scatters"](fc_, torch.float32, count=3)
+    traced, gm = bp.trace(fn, xs), bp.trace(fn, xs)
+    rewrite(gm)
+    stable_topological_sort(gm.graph)
+    gm.recompile()
+    gm = _through_refimpls_stages(gm)
+    return {"mismatch": bp.compare(traced(*[x.clone() for x in xs]),
+                                   gm(*[x.clone() for x in xs])),
+            "issued": sorted(bp.issued_by_group(gm).values())}
+
+
+def upstream_module_plans_through_refimpl(plans) -> dict:
+    """conformance's PlannedModel with upstream's functional collectives, compiled with
+    AOTAutograd: each graph as traced, or through upstream's manual_overlap_bucketing
+    (`plans`) and then refimpl's stages. One step each: whether the losses and gradients
+    are alike bit for bit, and the ops upstream's pass left that are neither ATen nor
+    c10d's."""
+    import torch.distributed._functional_collectives as ufc
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor.fx_passes.overlap_manual_scheduling import manual_overlap_bucketing
+
+    from conformance.backends.torch_reorder import roofline
+    from conformance.e2e_programs import PlannedModel
+
+    other_ops: set[str] = set()
+
+    def compiler(with_plans: bool):
+        def compile_graph(gm, _inputs):
+            if with_plans:
+                with roofline({}):  # no GPU for its estimates (conformance's torch adapter)
+                    gm = manual_overlap_bucketing(gm, plans)
+                other_ops.update(str(n.target) for n in gm.graph.nodes
+                                 if n.op == "call_function" and "aten" not in str(n.target)
+                                 and "c10d" not in str(n.target) and "getitem" not in str(n.target))
+                gm = _through_refimpls_stages(gm)
+            return make_boxed_func(gm)
+
+        return aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph)
+
+    runs = []
+    for with_plans in (False, True):
+        torch._dynamo.reset()
+        model = PlannedModel(ufc, dist.group.WORLD)
+        step = torch.compile(model, backend=compiler(with_plans), fullgraph=True)
+        loss = step(rank_input(dist.get_rank(), (4, 8), salt=5)).square().mean()
+        loss.backward()
+        runs.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (loss_a, grads_a), (loss_b, grads_b) = runs
+    same = torch.equal(loss_a, loss_b) and all(
+        torch.equal(a, b) for a, b in zip(grads_a, grads_b, strict=True))
+    return {"same": same, "other_ops": sorted(other_ops)}

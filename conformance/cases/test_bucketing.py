@@ -1583,18 +1583,19 @@ def test_the_graph_of_each_mode_goes_through_every_later_stage(backend, mode, wo
 # --------------------------------------------------------------------------------------
 # BK-28: module plans (upstream's manual_overlap_bucketing), judged on a compiled model
 # --------------------------------------------------------------------------------------
-# layers.0 alone, layers.1 and layers.2 together; the head outside the plan.
-MODULE_PLANS = ["layers.0", ["layers.1", "layers.2"]]
+# layers.0 alone, layers.1 and layers.2 together, head alone; head2 outside the plan.
+MODULE_PLANS = ["layers.0", ["layers.1", "layers.2"], "head"]
 
 
 @pytest.mark.spec("BK-28", "BK-8", "BK-10", "BK-11", "E2E-3")
 def test_each_module_plan_entry_makes_one_bucket_of_each_kind(backend):
-    """A model of three blocks and a head, each linear holding its shard of a weight
+    """A model of three blocks and two heads, each linear holding its shard of a weight
     (gathered in its forward, its gradient reduce-scattered), each block two all_reduces
     of 0-d statistics, compiled with AOTAutograd: with MODULE_PLANS every entry issues one
-    all_gather and one all_reduce in the forward and one reduce_scatter in the backward,
-    the head's collectives stay as they were, and two SGD steps give the losses and shards
-    of the graphs left as traced, bit for bit on both ranks."""
+    all_gather and one all_reduce (of those it has) in the forward and one reduce_scatter
+    in the backward, head2's collectives (a name that starts with the entry head's) stay
+    as they were, and two SGD steps give the losses and shards of the graphs left as
+    traced, bit for bit on both ranks."""
     from conformance.e2e_programs import module_plan_on_rank
 
     backend.require("functional_collectives")
@@ -1604,18 +1605,19 @@ def test_each_module_plan_entry_makes_one_bucket_of_each_kind(backend):
         for (loss, *_), (planned_loss, forward, backward) in zip(
                 traced["steps"], planned["steps"], strict=True):
             assert planned_loss == loss, f"rank {rank}: loss {planned_loss} != {loss}"
-            # forward: 2 entries x (all_gather + all_reduce), the head's all_gather
-            assert (forward, backward) == (5, 3), \
+            # forward: 2 blocks' entries x (all_gather + all_reduce), head's and head2's
+            # all_gathers; backward: a reduce_scatter for each of the four
+            assert (forward, backward) == (6, 4), \
                 f"rank {rank}: issued {forward} forward, {backward} backward [BK-28]"
-        assert traced["steps"][0][1:] == (13, 7), f"rank {rank}: {traced['steps']}"
+        assert traced["steps"][0][1:] == (14, 8), f"rank {rank}: {traced['steps']}"
         for i, (a, b) in enumerate(zip(traced["shards"], planned["shards"], strict=True)):
             assert torch.equal(a, b), f"rank {rank}: shard {i} differs after two steps"
 
 
-def _refusal_of_overlapping_plans(spec: str) -> str:
-    """On a rank: the backend's manual_overlap_bucketing given plans whose entries
-    overlap ("layers" holds "layers.0"), on a compiled model's forward graph."""
-    from conformance.e2e_programs import PlannedModel, _planned_compiler
+def _plan_refusal(spec: str, plans) -> str:
+    """On a rank: what the backend's manual_overlap_bucketing raised given `plans` on a
+    compiled model's forward graph ('' if nothing)."""
+    from conformance.e2e_programs import PlannedModel, planned_compiler
     from conformance.harness import backend_in_rank
 
     backend = backend_in_rank(spec)
@@ -1623,7 +1625,7 @@ def _refusal_of_overlapping_plans(spec: str) -> str:
     passes = backend.require("bucketing", "manual_overlap_bucketing")
     torch._dynamo.reset()
     model = torch.compile(PlannedModel(fc, dist.group.WORLD), fullgraph=True,
-                          backend=_planned_compiler(passes, ["layers", "layers.0"]))
+                          backend=planned_compiler(passes, plans))
     try:
         with torch.no_grad():
             model(torch.ones(2, 8))
@@ -1632,12 +1634,32 @@ def _refusal_of_overlapping_plans(spec: str) -> str:
     return ""
 
 
+# Plans whose entries overlap, and the two FQNs each refusal names.
+OVERLAPPING_PLANS = {
+    "parent_first": (["layers", "layers.0"], ("'layers'", "'layers.0'")),
+    "child_first": (["layers.1", ["head", "layers"]], ("'layers.1'", "'layers'")),
+    "one_fqn_twice": (["head", ["layers.2", "head"]], ("'head'", "'head'")),
+}
+
+
 @pytest.mark.spec("BK-29", "BK-28")
-def test_overlapping_module_plans_are_refused_naming_them(backend):
-    """Entries "layers" and "layers.0" overlap: refused on every rank before anything is
-    merged, naming module_bucket_plans, both FQNs and the rule."""
+@pytest.mark.parametrize("name", list(OVERLAPPING_PLANS))
+def test_overlapping_module_plans_are_refused_naming_them(backend, name):
+    """Entries that overlap (a module and one below it, in either order; one FQN in two
+    entries): refused on every rank before anything is merged, naming
+    module_bucket_plans, both FQNs and the rule."""
+    plans, fqns = OVERLAPPING_PLANS[name]
     backend.require("functional_collectives")
     backend.require("bucketing", "manual_overlap_bucketing")
-    for rank, error in enumerate(harness.run(backend, _refusal_of_overlapping_plans, 2)):
-        assert all(word in error for word in ("module_bucket_plans", "'layers'",
-                                              "'layers.0'", "BK-29")), f"rank {rank}: {error!r}"
+    for rank, error in enumerate(harness.run(backend, _plan_refusal, 2, plans)):
+        assert all(word in error for word in ("module_bucket_plans", *fqns, "BK-29")), \
+            f"rank {rank}: {error!r}"
+
+
+@pytest.mark.spec("BK-29", "BK-28")
+def test_modules_whose_names_share_a_prefix_do_not_overlap(backend):
+    """`head` and `head2` are siblings: a plan of both is taken on every rank."""
+    backend.require("functional_collectives")
+    backend.require("bucketing", "manual_overlap_bucketing")
+    for rank, error in enumerate(harness.run(backend, _plan_refusal, 2, ["head", "head2"])):
+        assert error == "", f"rank {rank}: {error}"
