@@ -627,7 +627,7 @@ def unmatched_issues(every: list[dict[str, list[str]]]) -> str:
 
 
 def per_rank_caps_case(spec: str, program: str, pass_name: str, caps_by_rank, dtype,
-                       program_args_by_rank=None) -> dict:
+                       program_args_by_rank=None, options: dict | None = None) -> dict:
     """On a rank: `program` bucketed with this rank's own caps (caps_by_rank[rank] in MiB,
     a tuple as cap_fn's, or "raise": a cap function that raises), run for real only when
     every rank bucketed and every group's ranks issue one sequence (BK-24). Else
@@ -646,7 +646,7 @@ def per_rank_caps_case(spec: str, program: str, pass_name: str, caps_by_rank, dt
     program_args = program_args_by_rank[me] if program_args_by_rank else None
     try:
         traced, refused = _trace_and_bucket(fc, bucketing, program, pass_name, caps, dtype,
-                                            program_args=program_args), None
+                                            options, program_args=program_args), None
     except Exception as exc:  # a refusal is a verdict, reported with its type
         traced, refused = None, (type(exc).__name__, str(exc))
     every: list = [None] * dist.get_world_size()  # every rank comes, even one that raised
@@ -730,7 +730,7 @@ def _graph_of_calls(fc, calls, mode) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(torch.nn.Module(), graph)
 
 
-def padded_reduce_scatter(spec: str, shapes) -> dict:
+def padded_reduce_scatter(spec: str, shapes, options: dict | None = None) -> dict:
     """On a rank: reduce_scatters whose dim 0 does not divide by the group size, bucketed.
 
     No traced program holds one (the op refuses it, FC-20), so the graph is built by hand
@@ -747,11 +747,12 @@ def padded_reduce_scatter(spec: str, shapes) -> dict:
     calls = [("reduce_scatter_tensor", shape, (-(-shape[0] // n), *shape[1:]), ("sum", n, name))
              for shape in shapes]
     gm = _graph_of_calls(fc, calls, FakeTensorMode())
-    bucketing.bucket_reduce_scatter(gm, cap_fn(25))
+    bucketing.bucket_reduce_scatter(gm, cap_fn(25), **(options or {}))
     inputs = [rank_input(me, s, torch.float32, salt=80 + i) for i, s in enumerate(shapes)]
     checker = MetaChecker(gm)
     got = [t.clone() for t in checker.run(*inputs)]
-    return {"got": got, "collectives": collective_count(gm), "untrue_meta": checker.report()}
+    return {"got": got, "collectives": collective_count(gm), "untrue_meta": checker.report(),
+            "comm_trace": format_comm_trace(comm_trace_of_graph(gm))}
 
 
 W = "WORLD"  # stands for the default group's name, known only on the rank

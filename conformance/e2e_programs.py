@@ -387,15 +387,18 @@ class PlannedModel(torch.nn.Module):
         return self.head2(torch.tanh(self.head(x)))
 
 
-def planned_compiler(passes, plans):
+def planned_compiler(passes, plans, later=None):
     """A torch.compile backend: AOTAutograd, each graph through the backend's
-    `manual_overlap_bucketing` with `plans` (None: left as traced), run as FX."""
+    `manual_overlap_bucketing` with `plans` (None: left as traced), then through
+    `later(gm) -> gm` if given, run as FX."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
     def compile_graph(gm, _example_inputs):
         if plans is not None:
             gm = passes.manual_overlap_bucketing(gm, plans)
+        if later is not None:
+            gm = later(gm)
         return make_boxed_func(gm)
 
     return aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph)
@@ -431,3 +434,46 @@ def module_plan_on_rank(spec: str, plans, steps: int = 2) -> dict:
         runs[name] = {"steps": records,
                       "shards": [p.detach().clone() for p in model.parameters()]}
     return runs
+
+
+def module_plans_through_later_stages(spec: str, plans) -> dict:
+    """On a rank: PlannedModel compiled as traced, then with the backend's module-plan
+    bucketing followed by its lowering, its reorder (no memory bound), its memory plan
+    and its simulated timeline (the compiler's stages, BK-28): one step each; whether the
+    loss and gradients are alike bit for bit, and per planned graph the collectives it
+    issues and those the timeline holds."""
+    from conformance.comm_trace import is_comm_op
+    from conformance.harness import backend_in_rank
+    from conformance.ops import is_wait
+
+    backend = backend_in_rank(spec)
+    fc = backend.require("functional_collectives")
+    passes = backend.require("bucketing", "manual_overlap_bucketing")
+    lowering = backend.require("lowering", "lower")
+    reorder, memory = backend.require("reorder"), backend.require("memory")
+    simulator = backend.require("simulator")
+    graphs = []
+
+    def later(gm):
+        gm = reorder.reorder(lowering.lower(gm, lowering.Config()),
+                             reorder.ReorderConfig(memory_budget=None))
+        memory.plan_memory(gm)
+        timeline = simulator.simulate(gm)
+        issued = sorted(n.name for n in gm.graph.nodes if n.op == "call_function"
+                        and is_comm_op(n.target) and not is_wait(n))
+        graphs.append((issued, sorted(c.node.name for c in timeline.collectives)))
+        return gm
+
+    runs = []
+    for plan, stages in ((None, None), (plans, later)):
+        torch._dynamo.reset()
+        model = PlannedModel(fc, dist.group.WORLD)
+        step = torch.compile(model, backend=planned_compiler(passes, plan, stages),
+                             fullgraph=True, dynamic=False)
+        loss = _plain(step(batch(Model("mlp", dim=DIM), dist.get_rank(), 0)[0])).square().mean()
+        loss.backward()
+        runs.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (loss_a, grads_a), (loss_b, grads_b) = runs
+    same = torch.equal(loss_a, loss_b) and all(
+        torch.equal(a, b) for a, b in zip(grads_a, grads_b, strict=True))
+    return {"same": same, "graphs": graphs}

@@ -1409,6 +1409,19 @@ BK = [
            '            if b.startswith(a) or a.startswith(b):',
            'overlap tested as a plain prefix: siblings head and head2 refused (blind red team)',
            catch='test_modules_whose_names_share_a_prefix_do_not_overlap'),
+    Mutant("coalesced_members_not_padded", "BK-25", _BK,
+           "    inputs = [_padded_input(b, inp, group_size) for inp in bucket.inputs]\n"
+           "    results = tuple(",
+           "    inputs = list(bucket.inputs)\n    results = tuple(",
+           "the coalesced path hands each input over as it is: a dim 0 the group size does "
+           "not divide is not padded (upstream's coalesced mode)",
+           catch="test_a_coalesced_bucket_pads_what_the_group_size_does_not_divide"),
+    Mutant("coalesced_results_unpadded_by_the_padded_rows", "BK-25", _BK,
+           "        rows = _val(inp).shape[0]\n        outs.append(_unpad(b, out, rows, bucket) "
+           "if rows % group_size else out)",
+           "        rows = _val(inp).shape[0]\n        outs.append(out)",
+           "a padded member's result is not cut back to this rank's real rows",
+           catch="test_a_coalesced_bucket_pads_what_the_group_size_does_not_divide"),
     Mutant("bk24_only_own_plan_checked", "BK-24", _BK,
            '        if all(_used_agreed_caps(post, caps.agreed) for post in posts.values()):\n',
            '        if _used_agreed_caps(posts[agreement.me], caps.agreed):\n',

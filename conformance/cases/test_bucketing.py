@@ -714,8 +714,14 @@ def test_padded_reduce_scatter_gives_each_rank_its_chunk(backend, world_size):
     # receives none; 4 rows need no padding.
     backend.require("functional_collectives")
     backend.require("bucketing", RS)
+    _padded_chunks(backend, world_size, {})
+
+
+def _padded_chunks(backend, world_size: int, options: dict) -> list[dict]:
+    """padded_reduce_scatter's three members (3, 5 and 4 rows) bucketed with `options`:
+    every rank's chunks checked against torch.chunk of the sum; every rank's results."""
     shapes = [(3, 2), (5,), (4, 1)]
-    results = harness.run(backend, padded_reduce_scatter, world_size, shapes)
+    results = harness.run(backend, padded_reduce_scatter, world_size, shapes, options)
     for rank, result in enumerate(results):
         assert result["collectives"] == 1, f"rank {rank}: {result['collectives']}"
         for i, shape in enumerate(shapes):
@@ -727,6 +733,7 @@ def test_padded_reduce_scatter_gives_each_rank_its_chunk(backend, world_size):
     # BK-7 on rank 0, whose chunks are the full ones the graph's static meta states (a
     # later rank's last chunk is shorter, or empty).
     assert results[0]["untrue_meta"] == "", f"rank 0: {results[0]['untrue_meta']} [BK-7]"
+    return results
 
 
 @functools.cache
@@ -1312,11 +1319,11 @@ def test_a_wait_stays_where_an_op_returning_nothing_writes(backend, writer, worl
 # BK-24: buckets alike on every rank of a group, whatever each rank's caps
 # --------------------------------------------------------------------------------------
 def _per_rank_caps(backend, world_size, program, pass_name, caps_by_rank, dtype,
-                   program_args_by_rank=None) -> list[dict]:
+                   program_args_by_rank=None, options=None) -> list[dict]:
     backend.require("functional_collectives")
     backend.require("bucketing", pass_name)
     return harness.run(backend, per_rank_caps_case, world_size, program, pass_name,
-                       caps_by_rank, dtype, program_args_by_rank)
+                       caps_by_rank, dtype, program_args_by_rank, options)
 
 
 def _ran_alike(results: list[dict]) -> None:
@@ -1349,6 +1356,12 @@ ONE_SET_OF_BUCKETS = {
     # 96 48 | 144, not 72 | the rest
     "all_gather_caps_by_index": (AG, "fsdp_all_gather", torch.float32,
                                  ((72 / MiB, 25), (25, 150 / MiB)), (6, 4)),
+    # the coalesced form (BK-25): float16 8 24 | 16 8, one coalesced collective a bucket
+    "reduce_scatter_coalesced_f16": (RS, "fsdp_reduce_scatter", F16, (byte_caps(32), 25),
+                                     (4, 2), {"coalesced": True}),
+    # an empty member (0 bytes): float32 16 0 48 | 32 with the 64-byte caps of rank 1
+    "reduce_scatter_empty_member_f32": (RS, "fsdp_reduce_scatter", F32, (25, byte_caps(64)),
+                                        (4, 2), {}, {"rows_per_rank": (1, 0, 3, 2)}),
 }
 
 
@@ -1358,8 +1371,10 @@ def test_ranks_with_their_own_caps_make_one_set_of_buckets(backend, name):
     """Each rank buckets with a cap function of its own (a profile per rank): both ranks
     make the buckets the smaller caps make, and the bucketed program runs to eager's
     values (never a hang: the ranks' issued collectives are compared before it runs)."""
-    pass_name, program, dtype, caps, counts = ONE_SET_OF_BUCKETS[name]
-    results = _per_rank_caps(backend, 2, program, pass_name, caps, dtype)
+    pass_name, program, dtype, caps, counts, *more = ONE_SET_OF_BUCKETS[name]
+    options, program_args = (*more, {}, {})[:2]
+    results = _per_rank_caps(backend, 2, program, pass_name, caps, dtype,
+                             [program_args] * 2 if program_args else None, options)
     _ran_alike(results)
     for rank, result in enumerate(results):
         assert result["collectives"] == counts, \
@@ -1663,3 +1678,60 @@ def test_modules_whose_names_share_a_prefix_do_not_overlap(backend):
     backend.require("bucketing", "manual_overlap_bucketing")
     for rank, error in enumerate(harness.run(backend, _plan_refusal, 2, ["head", "head2"])):
         assert error == "", f"rank {rank}: {error}"
+
+
+# The coalesced mode across its neighbour classes: (world, program, dtype, program args).
+COALESCED_CLASSES = {
+    "rows_f16": (4, "fsdp_reduce_scatter", F16, {"group": ROWS_2x2}),
+    "transposed_i32": (2, "ops_on_transposed_views", I32, {}),
+    "empty_member_f64": (2, "fsdp_reduce_scatter", F64, {"rows_per_rank": (1, 0, 2)}),
+}
+
+
+@pytest.mark.spec("BK-25", "BK-10")
+@pytest.mark.parametrize("name", list(COALESCED_CLASSES))
+def test_a_coalesced_bucket_takes_every_member_as_it_is(backend, name):
+    """coalesced=True on a subgroup whose group ranks are not global ranks (float16), on
+    inputs that are transposed views (int32: the ops' own inputs, no copy first) and with
+    an empty member (float64): one reduce_scatter_tensor_coalesced of the group's
+    reduce_scatters, the values the original's on every rank."""
+    world, program, dtype, args = COALESCED_CLASSES[name]
+    results = run_case(backend, world, program, RS, dtype=dtype, options={"coalesced": True},
+                       program_args=args, every_rank=True)
+    for rank, result in enumerate(results):
+        scatters = [line for line in result["comm_trace"].splitlines()
+                    if line.startswith("reduce_scatter")]
+        assert len(scatters) == 1 and scatters[0].startswith(
+            "reduce_scatter_tensor_coalesced"), f"rank {rank}: {scatters} [BK-25]"
+
+
+@pytest.mark.spec("BK-25", "BK-23")
+def test_a_coalesced_bucket_pads_what_the_group_size_does_not_divide(backend):
+    """padded_reduce_scatter's members on 4 ranks with coalesced=True: each padded alike
+    (BK-23), one coalesced reduce_scatter, each rank's chunk of torch.chunk of the sum."""
+    for rank, result in enumerate(_padded_chunks(backend, 4, {"coalesced": True})):
+        issued = [line for line in result["comm_trace"].splitlines()
+                  if not line.startswith("wait")]
+        assert len(issued) == 1 and issued[0].startswith("reduce_scatter_tensor_coalesced"), \
+            f"rank {rank}: {issued} [BK-25]"
+
+
+
+@pytest.mark.spec("BK-28", "CL-15", "RO-13", "MEM-1", "SIM-2")
+def test_a_module_planned_graph_goes_through_every_later_stage(backend):
+    """PlannedModel's forward and backward graphs bucketed by MODULE_PLANS, then through
+    the backend's lowering, reorder, memory plan and timeline, as its compiler would run
+    them: one step gives the loss and gradients of the graphs left as traced, bit for bit
+    on both ranks, and each timeline holds every collective its graph issues."""
+    from conformance.e2e_programs import module_plans_through_later_stages
+
+    for name in ("functional_collectives", "reorder", "memory", "simulator"):
+        backend.require(name)
+    backend.require("bucketing", "manual_overlap_bucketing")
+    backend.require("lowering", "lower")
+    for rank, result in enumerate(harness.run(backend, module_plans_through_later_stages, 2,
+                                              MODULE_PLANS)):
+        assert result["same"], f"rank {rank}: values differ from the traced graphs'"
+        assert len(result["graphs"]) == 2, f"rank {rank}: {result['graphs']}"
+        for issued, simulated in result["graphs"]:
+            assert issued and simulated == issued, f"rank {rank}: {issued} {simulated}"
