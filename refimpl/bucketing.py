@@ -1032,7 +1032,7 @@ def _same_sum(a: dict, b: dict) -> bool:
     if not all(isinstance(call["input"], torch.fx.Node) for call in (a, b)):
         return False
     op_a, op_b = (str(call["reduce_op"]).lower() for call in (a, b))
-    x, y = _fx.fake_value(a["input"], "BK-26"), _fx.fake_value(b["input"], "BK-26")
+    x, y = _val(a["input"]), _val(b["input"])
     return (a["group_name"] == b["group_name"] and a["group_size"] == b["group_size"]
             and op_a == op_b and op_a in _LINEAR_REDUCE_OPS
             and x.dtype == y.dtype and x.shape == y.shape)
@@ -1059,8 +1059,8 @@ def _merge_summands(graph: torch.fx.Graph, add: torch.fx.Node) -> bool:
     x, y = a["input"], b["input"]
     with graph.inserting_before(add):
         combined = graph.call_function(aten.add.Tensor, (x, y))
-        with _fx.fake_value(x, "BK-26").fake_mode:
-            combined.meta["val"] = _fx.fake_value(x, "BK-26") + _fx.fake_value(y, "BK-26")
+        with _val(x).fake_mode:
+            combined.meta["val"] = _val(x) + _val(y)
         collective = graph.call_function(
             first.target, (combined,) + tuple(first.args[1:]), dict(first.kwargs))
         collective.meta["val"] = first.meta["val"]

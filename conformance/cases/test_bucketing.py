@@ -1709,6 +1709,8 @@ def test_a_coalesced_bucket_takes_every_member_as_it_is(backend, name):
 def test_a_coalesced_bucket_pads_what_the_group_size_does_not_divide(backend):
     """padded_reduce_scatter's members on 4 ranks with coalesced=True: each padded alike
     (BK-23), one coalesced reduce_scatter, each rank's chunk of torch.chunk of the sum."""
+    backend.require("functional_collectives")
+    backend.require("bucketing", RS)
     for rank, result in enumerate(_padded_chunks(backend, 4, {"coalesced": True})):
         issued = [line for line in result["comm_trace"].splitlines()
                   if not line.startswith("wait")]
