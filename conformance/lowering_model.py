@@ -143,8 +143,9 @@ def _one_shot_refusal(inp, reduce_op: str, group: str, options: dict,
 
 
 def _sent_by_upstream(node: torch.fx.Node) -> str | None:
-    """CL-10: "isend" when upstream's isend sends `node`, a view of it, or a batch's isend
-    member of it (upstream finding 25: it keeps the tensor alive past its wait)."""
+    """CL-10: "isend" when upstream's isend sends `node`, a view or alias of it (an in-place
+    op's result), or a batch's isend member of it (upstream finding 25: it keeps the
+    tensor alive past its wait)."""
     readers, seen = [node], set()
     while readers:
         current = readers.pop()
@@ -157,7 +158,9 @@ def _sent_by_upstream(node: torch.fx.Node) -> str | None:
                     op == "isend" and t is current for op, t in zip(user.args[0], user.args[3],
                                                                     strict=False)):
                 return "isend"
-            if key is not None and key[0] == "aten" and user not in seen and \
+            # a view of it, or an in-place collective's result (all_reduce_ returns its
+            # argument): sending that sends the same tensor
+            if key is not None and user not in seen and \
                     _returns_alias(user.target) and user.args and user.args[0] is current:
                 readers.append(user)
     return None

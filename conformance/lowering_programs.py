@@ -456,6 +456,19 @@ def ar_of_a_tensor_upstream_sends(fc, x):
     return reduced, up.wait_tensor(received) + 0
 
 
+def ar_in_place_of_a_tensor_upstream_sends(fc, x):
+    """all_reduce_ in place on a small intermediate, which upstream's isend then sends:
+    the all_reduce_'s result is the intermediate itself (the trace sends that result), so
+    the send sends it: no one-shot either (CL-10; the fuzzer's seed 2148 had it)."""
+    up, peer = _upstream_p2p(), 1 - dist.get_rank()
+    y = x * 3
+    fc.ops.wait_tensor(fc.ops.all_reduce_(y, "sum", WORLD))
+    received = up.irecv(torch.empty_like(y), peer, 0, WORLD)
+    sent = up.isend(y, peer, 0, WORLD)
+    up.wait_tensor(sent)
+    return y + 0, up.wait_tensor(received) + 0
+
+
 def ar_of_a_view_upstream_batch_sends(fc, x):
     """The same with a view of the intermediate sent as a batch's isend member."""
     up, peer = _upstream_p2p(), 1 - dist.get_rank()
@@ -488,7 +501,8 @@ def ar_beside_a_reversed_ring(fc, x):
 
 PROGRAMS = {f.__name__: f for f in [
     ar_beside_a_row_group, ar_beside_a_ring, ar_beside_a_reversed_ring, ar_beside_a_broadcast,
-    ar_of_a_tensor_upstream_sends, ar_of_a_view_upstream_batch_sends,
+    ar_of_a_tensor_upstream_sends, ar_in_place_of_a_tensor_upstream_sends,
+    ar_of_a_view_upstream_batch_sends,
     ar_graph_input, ar_intermediate, ar_intermediate_shared, ar_inplace, ar_coalesced,
     ar_coalesced_inplace, ar_coalesced_waited_together, ar_coalesced_same_tensor_twice,
     ar_inplace_wait_result_written, ar_inplace_argument_written_after_wait,

@@ -961,10 +961,12 @@ def _kernels_on_rank(spec: str, name: str) -> list[str]:
 
 @pytest.mark.spec("CL-10", "CL-13", "FC-52")
 @pytest.mark.parametrize("program", ["ar_of_a_tensor_upstream_sends",
+                                     "ar_in_place_of_a_tensor_upstream_sends",
                                      "ar_of_a_view_upstream_batch_sends"])
 def test_a_tensor_upstream_sends_is_no_one_shot_comm_buffer(backend, program):
     """A small sum all_reduce of an intermediate that upstream's isend also sends (itself,
-    or a view of it as a batch's member): upstream's send keeps the tensor alive after its
+    after an in-place all_reduce_ of it, or a view of it as a batch's member): upstream's
+    send keeps the tensor alive after its
     wait (finding 25), so it is no comm buffer: the all_reduce is not one-shot, and two
     calls, the first one's outputs alive, give eager's values on every rank."""
     backend.require("lowering", "lowered_graph")
