@@ -979,6 +979,17 @@ CL = [
            "    if not val.dtype.is_floating_point:\n",
            "dtype support judged by 'floating', which lets float64 through",
            catch="test_one_shot_not_chosen[float64]"),
+    Mutant("sends_of_an_in_place_result_not_followed", "CL-10", "refimpl/comm_lowering.py",
+           "            if aliasing_of(user.target)[:1] == [0] and user.args and "
+           "user.args[0] is current:\n",
+           "            if aliasing_of(user.target)[:1] == [0] and user.args and "
+           "user.args[0] is current \\\n                    and user.target.namespace == "
+           "\"aten\":\n",
+           "only ATen views followed to a send: an in-place all_reduce_'s result, which "
+           "upstream's isend then sends, is taken for another tensor (the fuzzer's seed 2148 "
+           "found the judge's model doing this)",
+           catch="test_a_tensor_upstream_sends_is_no_one_shot_comm_buffer"
+                 "[ar_in_place_of_a_tensor_upstream_sends]"),
     Mutant("one_shot_without_comm_buffer_check", "CL-10", _CL,
            "    return comm_buffer_refusal(inp) or _sent_by_upstream(inp)\n",
            "    return _sent_by_upstream(inp)\n",
@@ -1422,17 +1433,6 @@ BK = [
            "        rows = _val(inp).shape[0]\n        outs.append(out)",
            "a padded member's result is not cut back to this rank's real rows",
            catch="test_a_coalesced_bucket_pads_what_the_group_size_does_not_divide"),
-    Mutant("sends_of_an_in_place_result_not_followed", "CL-10", "refimpl/comm_lowering.py",
-           "            if aliasing_of(user.target)[:1] == [0] and user.args and "
-           "user.args[0] is current:\n",
-           "            if aliasing_of(user.target)[:1] == [0] and user.args and "
-           "user.args[0] is current \\\n                    and user.target.namespace == "
-           "\"aten\":\n",
-           "only ATen views followed to a send: an in-place all_reduce_'s result, which "
-           "upstream's isend then sends, is taken for another tensor (the fuzzer's seed 2148 "
-           "found the judge's model doing this)",
-           catch="test_a_tensor_upstream_sends_is_no_one_shot_comm_buffer"
-                 "[ar_in_place_of_a_tensor_upstream_sends]"),
     Mutant("bk24_only_own_plan_checked", "BK-24", _BK,
            '        if all(_used_agreed_caps(post, caps.agreed) for post in posts.values()):\n',
            '        if _used_agreed_caps(posts[agreement.me], caps.agreed):\n',
