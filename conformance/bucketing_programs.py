@@ -497,13 +497,21 @@ def _flat(out) -> list[torch.Tensor]:
     return [t for o in out for t in _flat(o)]
 
 
-def compare(before, after) -> str:
-    """'' if every output is bit-identical, else where they differ."""
+def _equal(x: torch.Tensor, y: torch.Tensor, nans_alike: bool) -> bool:
+    if not nans_alike or not x.is_floating_point():
+        return torch.equal(x, y)
+    return torch.equal(x.isnan(), y.isnan()) and torch.equal(x.nan_to_num(0.0),
+                                                              y.nan_to_num(0.0))
+
+
+def compare(before, after, *, nans_alike: bool = False) -> str:
+    """'' if every output is bit-identical (with `nans_alike`, NaNs where NaNs were), else
+    where they differ."""
     a, b = _flat(before), _flat(after)
     if len(a) != len(b):
         return f"{len(a)} outputs before, {len(b)} after"
     for i, (x, y) in enumerate(zip(a, b, strict=True)):
-        if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(x, y):
+        if x.dtype != y.dtype or x.shape != y.shape or not _equal(x, y, nans_alike):
             return f"output {i}: {x.dtype}{list(x.shape)} {x.tolist()} != " \
                    f"{y.dtype}{list(y.shape)} {y.tolist()}"
     return ""
@@ -879,36 +887,30 @@ def wait_count(gm: torch.fx.GraphModule) -> int:
     return sum(1 for n in gm.graph.nodes if ops.is_wait(n))
 
 
-def deduplicated(spec: str, program: str) -> dict:
-    """On a rank: trace `program`, run the backend's `deduplicate_waits` on a copy, run
-    both for real (BK-18)."""
+def _pass_on_a_copy(spec: str, pass_name: str, make_program) -> tuple:
+    """On a rank: `make_program(fc)`'s program traced twice, the backend's bucketing pass
+    `pass_name` run on the second trace; (original, rewritten, what the pass returned,
+    the original's outputs, the rewritten's), both run for real on clones of the inputs."""
     from conformance.harness import backend_in_rank
 
     backend = backend_in_rank(spec)
     fc = backend.require("functional_collectives")
-    bucketing = backend.require("bucketing", "deduplicate_waits")
-    fn, inputs = PROGRAMS[program](fc, torch.float32)
-    original, deduped = trace(fn, inputs), trace(fn, inputs)
-    removed = bucketing.deduplicate_waits(deduped)
-    before = original(*[t.clone() for t in inputs])
-    after = deduped(*[t.clone() for t in inputs])
+    passes = backend.require("bucketing", pass_name)
+    fn, inputs = make_program(fc)
+    original, rewritten = trace(fn, inputs), trace(fn, inputs)
+    returned = getattr(passes, pass_name)(rewritten)
+    return (original, rewritten, returned, original(*[t.clone() for t in inputs]),
+            rewritten(*[t.clone() for t in inputs]))
+
+
+def deduplicated(spec: str, program: str) -> dict:
+    """On a rank: trace `program`, run the backend's `deduplicate_waits` on a copy, run
+    both for real (BK-18)."""
+    original, deduped, removed, before, after = _pass_on_a_copy(
+        spec, "deduplicate_waits", lambda fc: PROGRAMS[program](fc, torch.float32))
     return {"mismatch": compare(before, after), "removed": removed,
             "waits": (wait_count(original), wait_count(deduped)),
             "collectives": (collective_count(original), collective_count(deduped))}
-
-
-def nan_aware_compare(before, after) -> str:
-    """'' if every output is bit-identical, NaNs where NaNs were, else where they differ."""
-    a, b = _flat(before), _flat(after)
-    if len(a) != len(b):
-        return f"{len(a)} outputs before, {len(b)} after"
-    for i, (x, y) in enumerate(zip(a, b, strict=True)):
-        same_nan = torch.equal(x.isnan(), y.isnan()) if x.is_floating_point() else True
-        if x.dtype != y.dtype or x.shape != y.shape or not same_nan or \
-                not torch.equal(x.nan_to_num(0.0), y.nan_to_num(0.0)):
-            return f"output {i}: {x.dtype}{list(x.shape)} {x.tolist()} != " \
-                   f"{y.dtype}{list(y.shape)} {y.tolist()}"
-    return ""
 
 
 def reduce_scatter_count(gm: torch.fx.GraphModule) -> int:
@@ -922,17 +924,10 @@ def summed_once(spec: str, dtype, program_args: dict) -> dict:
     `dedup_fsdp_reduce_scatter` on a copy, run both for real (BK-26, BK-27): whether the
     values are bit for bit the original's (NaN where NaN), the reduce_scatters before and
     after, what the pass returned and the collectives each group issues after it."""
-    from conformance.harness import backend_in_rank
-
-    backend = backend_in_rank(spec)
-    fc = backend.require("functional_collectives")
-    bucketing = backend.require("bucketing", "dedup_fsdp_reduce_scatter")
-    fn, inputs = summed_reduce_scatters(fc, dtype, **program_args)
-    original, summed = trace(fn, inputs), trace(fn, inputs)
-    removed = bucketing.dedup_fsdp_reduce_scatter(summed)
-    before = original(*[t.clone() for t in inputs])
-    after = summed(*[t.clone() for t in inputs])
-    return {"mismatch": nan_aware_compare(before, after), "removed": removed,
+    original, summed, removed, before, after = _pass_on_a_copy(
+        spec, "dedup_fsdp_reduce_scatter",
+        lambda fc: summed_reduce_scatters(fc, dtype, **program_args))
+    return {"mismatch": compare(before, after, nans_alike=True), "removed": removed,
             "reduce_scatters": (reduce_scatter_count(original), reduce_scatter_count(summed)),
             "issued": issued_by_group(summed)}
 
@@ -947,37 +942,42 @@ MODES = {
 }
 
 
+def later_stages(backend, gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict]:
+    """`gm` through the backend's lowering (its default config), then its reorder (no
+    memory bound), as its compiler runs them; and what the final graph's memory plan and
+    simulated timeline hold of the collectives it issues: (final graph, {"issued",
+    "simulated", "unplanned": issued collectives the plan allocates nothing at})."""
+    lowering = backend.require("lowering", "lower")
+    reorder = backend.require("reorder")
+    memory, simulator = backend.require("memory"), backend.require("simulator")
+    gm = reorder.reorder(lowering.lower(gm, lowering.Config()),
+                         reorder.ReorderConfig(memory_budget=None))
+    issued = sorted(n.name for n in gm.graph.nodes if n.op == "call_function"
+                    and is_comm_op(n.target) and not ops.is_wait(n))
+    allocated = {e.buffer.alloc_node.name for e in memory.plan_memory(gm).events
+                 if e.kind == "alloc"}
+    simulated = sorted(c.node.name for c in simulator.simulate(gm).collectives)
+    return gm, {"issued": issued, "simulated": simulated,
+                "unplanned": sorted(set(issued) - allocated)}
+
+
 def through_later_stages(spec: str, mode: str, dtype) -> dict:
-    """On a rank: the mode's graph through the backend's lowering (its default config),
-    then its reorder (no memory bound), run for real against the traced program; and the
-    memory plan and the simulated timeline of the final graph: what each holds of the
-    issued collectives."""
+    """On a rank: the mode's graph through the backend's later stages (later_stages), run
+    for real against the traced program."""
     from conformance.harness import backend_in_rank
 
     backend = backend_in_rank(spec)
     fc = backend.require("functional_collectives")
     passes = backend.require("bucketing", "dedup_fsdp_reduce_scatter" if mode == "dedup"
                              else "bucket_reduce_scatter")
-    lowering = backend.require("lowering", "lower")
-    reorder = backend.require("reorder")
-    memory, simulator = backend.require("memory"), backend.require("simulator")
     program, args, make_mode = MODES[mode]
     fn, inputs = PROGRAMS[program](fc, dtype, **args)
     original, gm = trace(fn, inputs), trace(fn, inputs)
     make_mode(passes, gm)
-    moded = canonical_graph(gm)
-    gm = lowering.lower(gm, lowering.Config())
-    gm = reorder.reorder(gm, reorder.ReorderConfig(memory_budget=None))
-    issued = [n.name for n in gm.graph.nodes if n.op == "call_function"
-              and is_comm_op(n.target) and not ops.is_wait(n)]
-    plan = memory.plan_memory(gm)
-    timeline = simulator.simulate(gm)
-    allocated = {e.buffer.alloc_node.name for e in plan.events if e.kind == "alloc"}
+    gm, held = later_stages(backend, gm)
     before = original(*[t.clone() for t in inputs])
     after = gm(*[t.clone() for t in inputs])
-    return {"mismatch": compare(before, after), "moded": moded, "issued": issued,
-            "simulated": sorted(c.node.name for c in timeline.collectives),
-            "unplanned": sorted(set(issued) - allocated), "peak_bytes": plan.peak_bytes}
+    return {"mismatch": compare(before, after), **held}
 
 
 def log_records(spec: str) -> list:

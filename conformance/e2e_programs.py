@@ -442,26 +442,17 @@ def module_plans_through_later_stages(spec: str, plans) -> dict:
     and its simulated timeline (the compiler's stages, BK-28): one step each; whether the
     loss and gradients are alike bit for bit, and per planned graph the collectives it
     issues and those the timeline holds."""
-    from conformance.comm_trace import is_comm_op
+    from conformance.bucketing_programs import later_stages
     from conformance.harness import backend_in_rank
-    from conformance.ops import is_wait
 
     backend = backend_in_rank(spec)
     fc = backend.require("functional_collectives")
     passes = backend.require("bucketing", "manual_overlap_bucketing")
-    lowering = backend.require("lowering", "lower")
-    reorder, memory = backend.require("reorder"), backend.require("memory")
-    simulator = backend.require("simulator")
     graphs = []
 
     def later(gm):
-        gm = reorder.reorder(lowering.lower(gm, lowering.Config()),
-                             reorder.ReorderConfig(memory_budget=None))
-        memory.plan_memory(gm)
-        timeline = simulator.simulate(gm)
-        issued = sorted(n.name for n in gm.graph.nodes if n.op == "call_function"
-                        and is_comm_op(n.target) and not is_wait(n))
-        graphs.append((issued, sorted(c.node.name for c in timeline.collectives)))
+        gm, held = later_stages(backend, gm)
+        graphs.append((held["issued"], held["simulated"]))
         return gm
 
     runs = []

@@ -259,19 +259,29 @@ class _Planner:
             mask = 0
             for inp in node.all_input_nodes:
                 mask |= reach[inp]
-            if _is_candidate(node, self.kind) and (
-                    self.entry_of is None or self.entry_of(node) is not None):
-                bucket = self._admit(node, mask)
+            entry = self._entry(node)
+            if entry is not False:
+                bucket = self._admit(node, mask, entry)
                 if bucket is not None:
                     mask |= bucket.bit
             reach[node] = mask
         return self.buckets
 
-    def _admit(self, node: torch.fx.Node, upstream: int) -> Bucket | None:
+    def _entry(self, node: torch.fx.Node) -> int | None | bool:
+        """False for no candidate (BK-1; with module plans, one outside every entry, BK-28);
+        else the candidate's plan entry, None without plans. Asked once per node."""
+        if not _is_candidate(node, self.kind):
+            return False
+        if self.entry_of is None:
+            return None
+        entry = self.entry_of(node)
+        return False if entry is None else entry
+
+    def _admit(self, node: torch.fx.Node, upstream: int, entry: int | None) -> Bucket | None:
         call = _check_call(node, self.kind, self.groups)
         key = _bucket_key(node, call, self.mixed_dtypes)
-        if self.entry_of is not None:  # one bucket per plan entry and key (BK-28)
-            key += (f"module plan entry {self.entry_of(node)}",)
+        if entry is not None:  # one bucket per plan entry and key (BK-28)
+            key += (f"module plan entry {entry}",)
         size = _size_bytes(node, call)
         self.sizes.setdefault(self._family(key, call), []).append(size)
         bucket = self.open.get(key)

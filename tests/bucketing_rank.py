@@ -252,15 +252,9 @@ def functools_caps(caps_bytes):
 def _through_refimpls_stages(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """refimpl's later stages as its compiler runs them (lowering, then reorder), and its
     memory plan and timeline of the result (which must not refuse the graph)."""
-    from refimpl.comm_lowering import CommLoweringConfig, lower
-    from refimpl.memory import plan_memory
-    from refimpl.reorder import ReorderConfig, reorder
-    from refimpl.simulator import simulate
+    from conformance.backends import get_backend
 
-    gm = reorder(lower(gm, CommLoweringConfig()), ReorderConfig(memory_budget=None))
-    plan_memory(gm)
-    simulate(gm)
-    return gm
+    return bp.later_stages(get_backend("refimpl"), gm)[0]
 
 
 def upstream_mode_through_refimpl(mode: str) -> dict:

@@ -1383,7 +1383,7 @@ BK = [
            "an entry that lists modules matched by its first: layers.2 joins no bucket",
            catch="test_each_module_plan_entry_makes_one_bucket_of_each_kind"),
     Mutant("module_plan_entry_left_out_of_the_key", "BK-28", _BK,
-           '            key += (f"module plan entry {self.entry_of(node)}",)\n',
+           '            key += (f"module plan entry {entry}",)\n',
            "            pass\n",
            "every entry's candidates of a key share one bucket: the plan's entries merged",
            catch="test_each_module_plan_entry_makes_one_bucket_of_each_kind"),
